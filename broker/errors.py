@@ -1,0 +1,119 @@
+"""Typed broker errors, one root, each carrying the values an operator needs.
+
+Every error knows its gRPC status code (``grpc_code``), so the service layer
+maps them in one place (npstream.broker.grpc_errors) and never guesses.
+Messages always name the stream and, for offsets, the offending and valid
+values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+
+__all__ = [
+    "AlreadyExistsError",
+    "BrokerError",
+    "CorruptRecordError",
+    "GroupNotFoundError",
+    "InvalidArgumentError",
+    "MessageTooLargeError",
+    "OffsetOutOfRangeError",
+    "ShuttingDownError",
+    "StreamNeedsRepairError",
+    "StreamNotFoundError",
+]
+
+
+class BrokerError(Exception):
+    """Root of every error the broker reports to a client."""
+
+    grpc_code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+
+class InvalidArgumentError(BrokerError, ValueError):
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class StreamNotFoundError(BrokerError, KeyError):
+    grpc_code = grpc.StatusCode.NOT_FOUND
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(f"stream '{stream}' does not exist")
+        self.stream = stream
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class GroupNotFoundError(BrokerError, KeyError):
+    grpc_code = grpc.StatusCode.NOT_FOUND
+
+    def __init__(self, stream: str, group: str) -> None:
+        super().__init__(f"group '{group}' does not exist on stream '{stream}'")
+        self.stream = stream
+        self.group = group
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class AlreadyExistsError(BrokerError):
+    grpc_code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class OffsetOutOfRangeError(BrokerError):
+    grpc_code = grpc.StatusCode.OUT_OF_RANGE
+
+    def __init__(self, stream: str, offset: int, start: int, end: int) -> None:
+        super().__init__(
+            f"offset {offset} is out of range for stream '{stream}': "
+            f"start_offset={start}, end_offset={end}"
+        )
+        self.stream = stream
+        self.offset = offset
+        self.start = start
+        self.end = end
+
+
+class MessageTooLargeError(BrokerError):
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, stream: str, index: int, size: int, limit: int) -> None:
+        super().__init__(
+            f"message {index} for stream '{stream}' is {size} bytes, "
+            f"over the stream's max_message_bytes={limit}; nothing was stored"
+        )
+        self.stream = stream
+        self.index = index
+        self.size = size
+        self.limit = limit
+
+
+class CorruptRecordError(BrokerError):
+    """A frame before the tail failed its length or CRC check."""
+
+    grpc_code = grpc.StatusCode.DATA_LOSS
+
+    def __init__(self, path: Path | str, position: int, detail: str) -> None:
+        super().__init__(f"corrupt record in {path} at byte {position}: {detail}")
+        self.path = Path(path)
+        self.position = position
+        self.detail = detail
+
+
+class StreamNeedsRepairError(BrokerError):
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+
+    def __init__(self, stream: str, cause: CorruptRecordError) -> None:
+        super().__init__(
+            f"stream '{stream}' cannot be opened: {cause}; "
+            f"run `npstream streams repair {stream}` to truncate the log there"
+        )
+        self.stream = stream
+        self.cause = cause
+
+
+class ShuttingDownError(BrokerError):
+    grpc_code = grpc.StatusCode.UNAVAILABLE

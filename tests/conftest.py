@@ -1,0 +1,75 @@
+"""Shared fixtures: one broker process per test module, one SparkSession per session."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness import BrokerProcess
+
+# Spark starts Python workers with `python3` from PATH unless told otherwise;
+# they must run this interpreter, which has npstream and pyarrow installed.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """A real broker process shared by the tests of one module."""
+    proc = BrokerProcess(tmp_path_factory.mktemp("broker") / "data").start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path) -> Iterator[object]:
+    """Start extra brokers with their own env/args; all are killed at teardown."""
+    started: list[BrokerProcess] = []
+
+    def make(name: str = "data", **kwargs: object) -> BrokerProcess:
+        proc = BrokerProcess(tmp_path / name, **kwargs).start()  # type: ignore[arg-type]
+        started.append(proc)
+        return proc
+
+    yield make
+    for proc in started:
+        proc.kill()
+
+
+@pytest.fixture
+def client(broker: BrokerProcess) -> Iterator[object]:
+    from npstream import Client
+
+    with Client(broker.address) as c:
+        yield c
+
+
+@pytest.fixture
+def stream_name(request: pytest.FixtureRequest) -> str:
+    """A stream name unique to this test."""
+    base = request.node.name.replace("[", "-").replace("]", "").replace("_", "-")[:40]
+    return f"{base}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local[2] SparkSession for the whole test session."""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("npstream-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .getOrCreate()
+    )
+    yield session
+    session.stop()

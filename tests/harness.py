@@ -1,0 +1,104 @@
+"""Test harness: a real broker process on a loopback ephemeral port.
+
+Tests never mock the broker: ``BrokerProcess`` runs ``python -m npstream.broker``
+with its own data dir, waits for the ready file the broker writes once it
+serves, and can stop (SIGTERM), kill -9 and restart it on the same data dir
+and port.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["BrokerProcess"]
+
+
+class BrokerProcess:
+    """One broker process; ``address`` is "127.0.0.1:PORT" once started."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        args: list[str] | None = None,
+        config: Path | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.extra_env = dict(env or {})
+        self.extra_args = list(args or [])
+        self.config = config
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}-broker.log"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, timeout: float = 30.0) -> BrokerProcess:
+        ready = self.data_dir.parent / f"{self.data_dir.name}.ready"
+        ready.unlink(missing_ok=True)
+        cmd = [
+            sys.executable, "-m", "npstream.broker",
+            "--data-dir", str(self.data_dir),
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--ready-file", str(ready),
+            *self.extra_args,
+        ]
+        if self.config is not None:
+            cmd += ["--config", str(self.config)]
+        env = {**os.environ, "NPSTREAM_METRICS_PORT": "0", **self.extra_env}
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready.exists() and ready.read_text().strip():
+                self.port = int(ready.read_text().strip().rsplit(":", 1)[1])
+                return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"broker exited with {self.proc.returncode}:\n{self.log_text()[-4000:]}"
+                )
+            time.sleep(0.02)
+        self.kill()
+        raise TimeoutError(f"broker not ready after {timeout}s:\n{self.log_text()[-4000:]}")
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait: the broker flushes everything and exits 0."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        """kill -9: no flush, no cleanup; what was acknowledged must survive."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def restart(self, *, hard: bool = False) -> BrokerProcess:
+        """Restart on the same data dir and port (hard: kill -9 first)."""
+        if hard:
+            self.kill()
+        else:
+            self.stop()
+        return self.start()
+
+    def open_fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
