@@ -26,7 +26,9 @@ def parse_timestamp_ms(value: object) -> int:
     numeric string is epoch milliseconds too.
     """
     if isinstance(value, bool):
-        raise ValueError(f"invalid timestamp {value!r}")
+        raise ValueError(
+            f"invalid timestamp {value!r}: use a datetime, an ISO-8601 string or epoch milliseconds"
+        )
     if isinstance(value, int):
         return value
     if isinstance(value, float):

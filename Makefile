@@ -1,0 +1,44 @@
+# The two README commands. Both set up everything a fresh machine lacks:
+# a Java 17+ runtime (apt-get, only when `java` is absent or too old), the
+# virtualenv .venv and the package with its dev extras.
+#
+#   make demo   broker + producer + Spark sensor pipeline, results on the console
+#   make test   the whole test suite (what .ci/run runs)
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.npstream-installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test setup java lint proto clean
+
+demo: setup
+	$(PY) examples/sensor_pipeline/run_demo.py
+
+test: setup
+	$(PY) -m ruff check .
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest $(PYTEST_ARGS)
+
+setup: java $(STAMP)
+
+java:
+	@if ! java -version 2>&1 | grep -qE 'version "(1[7-9]|[2-9][0-9])'; then \
+		echo "installing a Java 17+ runtime (apt-get)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+lint: setup
+	$(PY) -m ruff check .
+
+proto: setup
+	$(PY) proto/generate.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info data
