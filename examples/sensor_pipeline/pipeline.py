@@ -1,0 +1,277 @@
+"""The sensor tutorial's streaming processor, on Spark, reading from npstream.
+
+Reads JSON sensor readings from an npstream stream, drops invalid ones,
+computes per-sensor 5 s tumbling windows (count, sum, avg, min, max and the
+number of readings over 80) with a 10 s event-time watermark (late readings
+inside the watermark still count; later ones are dropped), optionally a
+sliding-window variant, and fans each finished window out to the console,
+JSON-lines files, an npstream results stream and an HTTP webhook from
+foreachBatch. A StreamingQueryListener logs rows/s, batch duration and the
+watermark for every batch.
+
+    spark-submit examples/sensor_pipeline/pipeline.py --broker localhost:7070 \
+        --run-seconds 60 --output-dir /tmp/sensor-out
+
+Exactly-once: the source's offsets live in the checkpoint; results written to
+the npstream results stream carry the id "<sensorId>@<windowStart ms>", so a
+micro-batch replayed after a crash is deduplicated by the stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQueryListener
+
+log = logging.getLogger("sensor-pipeline")
+
+READING_SCHEMA = "sensorId STRING, timestamp LONG, value DOUBLE, unit STRING"
+ALERT_THRESHOLD = 80.0
+RESULT_COLUMNS = ["windowStart", "windowEnd", "sensorId", "count", "sum", "avg", "min", "max",
+                  "alertCount"]
+
+
+def parse_readings(raw: DataFrame) -> DataFrame:
+    """Decode the JSON value and keep only valid readings (a number, celsius, a sensor id)."""
+    parsed = raw.select(F.from_json(F.col("value").cast("string"), READING_SCHEMA).alias("r"))
+    return (
+        parsed.select("r.*")
+        .where(
+            F.col("sensorId").isNotNull()
+            & F.col("timestamp").isNotNull()
+            & F.col("value").isNotNull()
+            & (F.col("unit") == "celsius")
+        )
+        .withColumn("eventTime", F.timestamp_millis("timestamp"))
+    )
+
+
+def windowed(readings: DataFrame, window: str, watermark: str, slide: str | None = None
+             ) -> DataFrame:
+    """Per-sensor aggregates per event-time window (tumbling, or sliding when slide is set)."""
+    win = F.window("eventTime", window, slide) if slide else F.window("eventTime", window)
+    return (
+        readings.withWatermark("eventTime", watermark)
+        .groupBy(win.alias("w"), "sensorId")
+        .agg(
+            F.count("*").alias("count"),
+            F.sum("value").alias("sum"),
+            F.avg("value").alias("avg"),
+            F.min("value").alias("min"),
+            F.max("value").alias("max"),
+            F.sum(F.when(F.col("value") > ALERT_THRESHOLD, 1).otherwise(0)).alias("alertCount"),
+        )
+        .select(
+            F.col("w.start").alias("windowStart"),
+            F.col("w.end").alias("windowEnd"),
+            "sensorId", "count", "sum", "avg", "min", "max",
+            F.col("alertCount").cast("long").alias("alertCount"),
+        )
+    )
+
+
+class FanOut:
+    """foreachBatch target: every finished window goes to each configured sink.
+
+    Runs on the driver. Sinks fail independently: a webhook that is down is
+    logged, it does not fail the query.
+    """
+
+    def __init__(self, *, broker: str, results_stream: str | None, output_dir: str | None,
+                 webhook_url: str | None, console: bool, label: str) -> None:
+        self.broker = broker
+        self.results_stream = results_stream
+        self.output_dir = output_dir
+        self.webhook_url = webhook_url
+        self.console = console
+        self.label = label
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        batch = batch.orderBy("windowStart", "sensorId").cache()
+        try:
+            rows = batch.count()
+            if rows == 0:
+                return
+            if self.console:
+                print(f"--- {self.label} windows, batch {batch_id} ({rows} rows) ---", flush=True)
+                batch.show(n=rows, truncate=False)
+            if self.output_dir:
+                batch.write.mode("append").json(os.path.join(self.output_dir, self.label))
+            if self.results_stream:
+                self._to_npstream(batch)
+            if self.webhook_url:
+                self._to_webhook(batch, batch_id)
+        finally:
+            batch.unpersist()
+
+    def _to_npstream(self, batch: DataFrame) -> None:
+        ids = F.concat_ws("@", "sensorId", F.unix_millis("windowStart").cast("string"))
+        (
+            batch.select(
+                F.to_json(F.struct(*RESULT_COLUMNS)).alias("value"),
+                ids.alias("id"),
+                F.col("sensorId").alias("key"),
+            )
+            .write.format("npstream")
+            .option("broker", self.broker)
+            .option("stream", self.results_stream)
+            .mode("append")
+            .save()
+        )
+
+    def _to_webhook(self, batch: DataFrame, batch_id: int) -> None:
+        payload = {
+            "label": self.label,
+            "batchId": batch_id,
+            "windows": [json.loads(r) for r in batch.toJSON().collect()],
+        }
+        request = urllib.request.Request(
+            self.webhook_url, data=json.dumps(payload).encode(), method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                response.read()
+        except OSError as exc:
+            log.warning("webhook %s failed for batch %d: %s", self.webhook_url, batch_id, exc)
+
+
+class ProgressLogger(StreamingQueryListener):
+    """One log line per micro-batch: rows/s, batch duration, watermark."""
+
+    def onQueryStarted(self, event) -> None:
+        log.info("query %s started", event.name or event.id)
+
+    def onQueryProgress(self, event) -> None:
+        p = event.progress
+        log.info(
+            "query %s batch %d: %d rows, %.1f rows/s, %d ms, watermark %s",
+            p.name, p.batchId, p.numInputRows, p.processedRowsPerSecond or 0.0,
+            p.batchDuration, (p.eventTime or {}).get("watermark", "-"),
+        )
+
+    def onQueryIdle(self, event) -> None:
+        pass
+
+    def onQueryTerminated(self, event) -> None:
+        log.info("query %s terminated%s", event.id,
+                 f" with {event.exception}" if event.exception else "")
+
+
+def build_queries(spark: SparkSession, args: argparse.Namespace) -> list:
+    """Start the tumbling (and optionally sliding) window queries; returns them."""
+    reader = (
+        spark.readStream.format("npstream")
+        .option("broker", args.broker)
+        .option("stream", args.source_stream)
+        .option("startingOffsets", args.starting_offsets)
+    )
+    if args.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
+    readings = parse_readings(reader.load())
+    variants: list[tuple[str, str | None]] = [("tumbling", None)]
+    if args.slide:
+        variants.append(("sliding", args.slide))
+    queries = []
+    for label, slide in variants:
+        window = args.sliding_window if slide else args.window
+        fan_out = FanOut(
+            broker=args.broker,
+            results_stream=args.results_stream if label == "tumbling" else None,
+            output_dir=args.output_dir, webhook_url=args.webhook_url,
+            console=not args.quiet, label=label,
+        )
+        writer = (
+            windowed(readings, window, args.watermark, slide)
+            .writeStream.outputMode("append")
+            .queryName(f"sensor-{label}")
+            .option("checkpointLocation", os.path.join(args.checkpoint_dir, label))
+            .foreachBatch(fan_out)
+        )
+        if args.available_now:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=f"{args.trigger_seconds} seconds")
+        queries.append(writer.start())
+    return queries
+
+
+def run(spark: SparkSession, args: argparse.Namespace,
+        should_stop: Callable[[], bool] = lambda: False) -> None:
+    """Run until --run-seconds pass, should_stop() is true, or (availableNow) all is read."""
+    spark.streams.addListener(ProgressLogger())
+    queries = build_queries(spark, args)
+    deadline = time.monotonic() + args.run_seconds if args.run_seconds else None
+    try:
+        while any(q.isActive for q in queries):
+            if (deadline and time.monotonic() > deadline) or should_stop():
+                break
+            for q in queries:
+                q.awaitTermination(0.5)
+    finally:
+        for q in queries:
+            if q.isActive:
+                q.stop()
+        for q in queries:
+            if q.exception():
+                raise RuntimeError(f"query {q.name} failed: {q.exception()}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--broker", default=os.environ.get("NPSTREAM_BROKER", "localhost:7070"))
+    p.add_argument("--source-stream", default="sensor-readings")
+    p.add_argument("--results-stream", default="sensor-windows",
+                   help="npstream stream for tumbling-window results ('' to skip)")
+    p.add_argument("--output-dir", default=None, help="JSON-lines output root (default: none)")
+    p.add_argument("--webhook-url", default=None, help="POST each batch's windows here")
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="checkpoint root (default: a fresh temporary directory)")
+    p.add_argument("--starting-offsets", default="earliest")
+    p.add_argument("--window", default="5 seconds")
+    p.add_argument("--watermark", default="10 seconds")
+    p.add_argument("--slide", default=None, help="also run sliding windows with this slide, "
+                   "e.g. '5 seconds'")
+    p.add_argument("--sliding-window", default="10 seconds")
+    p.add_argument("--trigger-seconds", type=float, default=2.0)
+    p.add_argument("--max-offsets-per-trigger", type=int, default=0)
+    p.add_argument("--available-now", action="store_true",
+                   help="process what is in the stream now, then stop")
+    p.add_argument("--run-seconds", type=float, default=0.0, help="stop after this long")
+    p.add_argument("--quiet", action="store_true", help="no console sink")
+    args = p.parse_args(argv)
+    args.results_stream = args.results_stream or None
+    if args.checkpoint_dir is None:
+        args.checkpoint_dir = tempfile.mkdtemp(prefix="sensor-pipeline-ckpt-")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = parse_args(argv)
+    spark = (
+        SparkSession.builder.appName("npstream-sensor-pipeline")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    try:
+        run(spark, args)
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
