@@ -1,0 +1,361 @@
+#!/usr/bin/env python3
+"""Broker core benchmark: npstream vs Redis Streams and NATS JetStream, in one run.
+
+    .venv/bin/python bench/broker.py                 # full run (about 10-15 min on 2 cores)
+    .venv/bin/python bench/broker.py --quick --skip-peers
+    .venv/bin/python bench/broker.py --messages 500000 --size 200 --json out.json
+
+Each peer runs alone (start_peers.sh <peer>, its bench script with the same --messages,
+--size and --batch, stop_peers.sh), then our broker alone (a subprocess on a temp data dir
+and a free port). Measured for each configuration:
+
+* publish: ``Client.publish_batch`` with an Arrow table of ``batch`` rows per call, one
+  call after the other (the next is sent when the previous is acknowledged, like the
+  peers' pipelined windows), ack=fsync by default;
+* replay: ``Client.read_range`` from offset 0 to the end, collected into one Arrow table;
+* publish-to-fetch latency p50/p99 at --latency-rate msg/s (bench/latency_probe.py), the
+  median over --latency-repeats runs for every system.
+
+Prints one table of throughput (with ratios vs Redis and vs JetStream measured in this
+run), one of latency, and PASS/FAIL lines for the issue's goals. See docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from bench_common import BrokerUnderTest, CpuMeter, machine_info, median_of, rate
+from latency_probe import measure_fetch_latency
+from peer_runner import PeersMissing, PeersNotInstalled, check_peers, peer_running, run_peer_script
+from report import Goal, fmt, ratio, render_goals, render_table, write_json
+
+# ---------------------------------------------------------------- tuning / run sizes
+# (messages, payload bytes, batch): the peers' anchor configurations (run_all.sh). The
+# batch is the rows per publish_batch call for us, the pipeline/ack window for the peers.
+FULL_CONFIGS = [(1_000_000, 100, 1000), (200_000, 1000, 500)]
+# --quick: small enough for a smoke run (seconds), large enough to cross several batches.
+QUICK_CONFIGS = [(20_000, 100, 1000), (5_000, 1000, 500)]
+LATENCY_MESSAGES = 2000        # per latency run, as in the peers' scripts
+QUICK_LATENCY_MESSAGES = 200
+LATENCY_RATE = 1000.0          # msg/s, as the issue asks
+LATENCY_REPEATS = 3            # p99 swings on 2 cores: report the median of the repeats
+PHASE_TIMEOUT_S = 300.0        # wall-clock cap per phase, ours and the peers'
+GOAL_PUBLISH_X = 10.0          # publish >= 10x Redis and >= 10x JetStream
+GOAL_REPLAY_X = 10.0           # replay >= 10x Redis XRANGE
+# JetStream's API-path phases are not in our table; keep them short.
+NATS_API_MESSAGES = 1000
+
+PEER_LABEL = {"redis": "redis-streams", "nats": "nats-jetstream"}
+
+
+def default_batch(size: int) -> int:
+    """The peers' windows: 1000 for small messages, 500 from 1 KB up."""
+    return 1000 if size < 1000 else 500
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--messages", type=int, help="messages per run (default: the anchor "
+                   "configurations 1,000,000 x 100 B and 200,000 x 1 KB)")
+    p.add_argument("--size", type=int, help="payload bytes per message (>= 8)")
+    p.add_argument("--batch", type=int, help="rows per publish_batch call / peer window "
+                   "(default 1000 below 1 KB, else 500)")
+    p.add_argument("--ack", choices=["fsync", "write"], default="fsync",
+                   help="our publish ack mode (default fsync)")
+    p.add_argument("--latency-messages", type=int, help=f"default {LATENCY_MESSAGES}")
+    p.add_argument("--latency-rate", type=float, default=LATENCY_RATE)
+    p.add_argument("--latency-repeats", type=int, help=f"default {LATENCY_REPEATS}")
+    p.add_argument("--phase-timeout", type=float, default=PHASE_TIMEOUT_S)
+    p.add_argument("--quick", action="store_true", help="small counts for a smoke run")
+    p.add_argument("--skip-peers", action="store_true", help="measure npstream only")
+    p.add_argument("--peers", default="redis,nats", help="comma list (default redis,nats)")
+    p.add_argument("--json", metavar="PATH", help="also write the raw results here")
+    a = p.parse_args(argv)
+    if a.messages is not None or a.size is not None:
+        size = a.size if a.size is not None else 100
+        messages = a.messages if a.messages is not None else (20_000 if a.quick else 1_000_000)
+        a.configs = [(messages, size, a.batch or default_batch(size))]
+    else:
+        base = QUICK_CONFIGS if a.quick else FULL_CONFIGS
+        a.configs = [(n, s, a.batch or b) for n, s, b in base]
+    if any(s < 8 for _n, s, _b in a.configs):
+        p.error("--size must be >= 8 (the latency phase stores a timestamp in the payload)")
+    if any(n < 1 or b < 1 for n, _s, b in a.configs):
+        p.error("--messages and --batch must be >= 1")
+    a.latency_messages = a.latency_messages or (
+        QUICK_LATENCY_MESSAGES if a.quick else LATENCY_MESSAGES)
+    a.latency_repeats = a.latency_repeats or (1 if a.quick else LATENCY_REPEATS)
+    a.peers = [x for x in a.peers.split(",") if x]
+    unknown = set(a.peers) - set(PEER_LABEL)
+    if unknown:
+        p.error(f"unknown peer(s) {sorted(unknown)}; choose from {sorted(PEER_LABEL)}")
+    return a
+
+
+# ---------------------------------------------------------------- npstream phases
+
+def publish_phase(client: Any, stream: str, n: int, size: int, batch: int, ack: str,
+                  data: bytes, broker_pid: int | None, timeout_s: float) -> dict[str, Any]:
+    table = pa.table({"value": pa.array([data] * batch, type=pa.binary())})
+    sent = stored = 0
+    deadline = time.monotonic() + timeout_s
+    with CpuMeter(broker_pid) as cpu:
+        t0 = time.perf_counter()
+        while sent < n and time.monotonic() < deadline:
+            k = min(batch, n - sent)
+            result = client.publish_batch(stream, table if k == batch else table.slice(0, k),
+                                          ack=ack)
+            stored += result.stored_count
+            sent += k
+        seconds = time.perf_counter() - t0
+    res = rate(sent, size, seconds)
+    res.update(cpu.as_dict())
+    res["stored"] = client.stream_info(stream).end_offset
+    res["acked_stored"] = stored
+    res["partial"] = sent < n
+    res["method"] = f"publish_batch(Arrow table of {batch} rows, ack={ack}), one call at a time"
+    return res
+
+
+def replay_phase(client: Any, stream: str, expect: int, size: int,
+                 broker_pid: int | None) -> dict[str, Any]:
+    with CpuMeter(broker_pid) as cpu:
+        t0 = time.perf_counter()
+        table = pa.Table.from_batches(list(client.read_range(stream, 0, expect)))
+        payload_bytes = pc.sum(pc.binary_length(table.column("value"))).as_py() or 0
+        seconds = time.perf_counter() - t0
+    offsets = table.column("offset")
+    res = rate(table.num_rows, size, seconds)
+    res.update(cpu.as_dict())
+    res["payload_bytes_ok"] = payload_bytes == expect * size
+    res["offsets_ok"] = (table.num_rows == expect and expect > 0
+                         and offsets[0].as_py() == 0 and offsets[-1].as_py() == expect - 1)
+    res["partial"] = table.num_rows < expect
+    res["method"] = "read_range(0, end) into one Arrow table"
+    return res
+
+
+def run_npstream(a: argparse.Namespace) -> dict[str, Any]:
+    from npstream import Client
+
+    out: dict[str, Any] = {"system": "npstream", "ack": a.ack,
+                           "durability": f"ack={a.ack}: " + (
+                               "reply after the fsync covering the batch (group commit)"
+                               if a.ack == "fsync" else "reply once written to the page cache"),
+                           "configs": []}
+    with BrokerUnderTest() as broker, Client(broker.address) as client:
+        out["address"] = broker.address
+        for n, size, batch in a.configs:
+            data = os.urandom(size)
+            cfg: dict[str, Any] = {"messages": n, "size": size, "batch": batch}
+            stream = f"bench-tp-{uuid.uuid4().hex[:8]}"
+            client.create_stream(stream)
+            print(f"# npstream publish {n:,} x {size} B, batch {batch}", file=sys.stderr)
+            cfg["produce"] = publish_phase(client, stream, n, size, batch, a.ack, data,
+                                           broker.pid, a.phase_timeout)
+            print(f"# npstream replay {cfg['produce']['stored']:,}", file=sys.stderr)
+            cfg["consume"] = replay_phase(client, stream, cfg["produce"]["stored"], size,
+                                          broker.pid)
+            client.delete_stream(stream)
+            runs = []
+            for _ in range(a.latency_repeats):
+                lat_stream = f"bench-lat-{uuid.uuid4().hex[:8]}"
+                client.create_stream(lat_stream)
+                time.sleep(1.0)  # settle after the bulk phases, as the peers do
+                runs.append(measure_fetch_latency(
+                    client, broker.address, lat_stream, size=size, filler=data,
+                    messages=a.latency_messages, rate_hz=a.latency_rate, ack=a.ack))
+                client.delete_stream(lat_stream)
+            cfg["latency_runs"] = runs
+            out["configs"].append(cfg)
+    return out
+
+
+# ---------------------------------------------------------------- peers
+
+def run_peer(name: str, a: argparse.Namespace) -> dict[str, Any]:
+    script = f"bench_{name}.py"
+    extra = ["--api-messages", str(NATS_API_MESSAGES)] if name == "nats" else []
+    out: dict[str, Any] = {"system": PEER_LABEL[name], "configs": []}
+    with peer_running(name):
+        for n, size, batch in a.configs:
+            common = ["--size", str(size), "--phase-timeout", str(a.phase_timeout)]
+            print(f"# {name} produce/consume {n:,} x {size} B, batch {batch}", file=sys.stderr)
+            cfg = run_peer_script(script, ["--messages", str(n), "--batch", str(batch),
+                                           "--phases", "produce,consume", *common, *extra])
+            out["durability"] = cfg.get("durability")
+            out["server_version"] = cfg.get("server_version")
+            cfg["latency_runs"] = []
+            cfg["latency_pull_runs"] = []
+            for _ in range(a.latency_repeats):
+                lat = run_peer_script(script, [
+                    "--messages", "1", "--batch", "1", "--phases", "latency",
+                    "--latency-messages", str(a.latency_messages),
+                    "--latency-rate", str(a.latency_rate), *common])
+                cfg["latency_runs"].append(lat.get("latency", {}))
+                if "latency_pull" in lat:
+                    cfg["latency_pull_runs"].append(lat["latency_pull"])
+            out["configs"].append(cfg)
+    return out
+
+
+# ---------------------------------------------------------------- report
+
+def _phase(system: dict[str, Any] | None, i: int, key: str) -> dict[str, Any]:
+    if not system or i >= len(system["configs"]):
+        return {}
+    return system["configs"][i].get(key) or {}
+
+
+def _best(system: dict[str, Any] | None, i: int, keys: list[str]) -> float | None:
+    vals = [_phase(system, i, k).get("msgs_per_s") for k in keys]
+    vals = [v for v in vals if v]
+    return max(vals) if vals else None
+
+
+def build_report(a: argparse.Namespace, ours: dict[str, Any],
+                 peers: dict[str, dict[str, Any]]) -> tuple[str, list[Goal]]:
+    redis, nats = peers.get("redis"), peers.get("nats")
+    tp_rows: list[list[str]] = []
+    lat_rows: list[list[str]] = []
+    goals: list[Goal] = []
+    for i, (n, size, batch) in enumerate(a.configs):
+        shape = f"{n:,} x {size} B"
+        redis_pub = _best(redis, i, ["produce"])
+        nats_pub = _best(nats, i, ["produce"])
+        redis_replay = _best(redis, i, ["consume"])
+        nats_replay = _best(nats, i, ["consume", "consume_ordered"])
+        rows = [
+            ("npstream", f"publish {shape}, {batch}/publish_batch, ack={a.ack}",
+             _phase(ours, i, "produce"), redis_pub, nats_pub),
+            ("redis-streams", f"publish {shape}, XADD pipelined {batch}, AOF everysec",
+             _phase(redis, i, "produce"), redis_pub, nats_pub),
+            ("nats-jetstream", f"publish {shape}, PubAck window {batch}, file store",
+             _phase(nats, i, "produce"), redis_pub, nats_pub),
+            ("npstream", f"replay {shape} from 0 into an Arrow table",
+             _phase(ours, i, "consume"), redis_replay, nats_replay),
+            ("redis-streams", f"replay {shape}, XRANGE COUNT {batch}",
+             _phase(redis, i, "consume"), redis_replay, nats_replay),
+            ("redis-streams", f"replay {shape}, XREADGROUP + XACK",
+             _phase(redis, i, "consume_group"), redis_replay, nats_replay),
+            ("nats-jetstream", f"replay {shape}, ordered consumer",
+             _phase(nats, i, "consume_ordered"), redis_replay, nats_replay),
+            ("nats-jetstream", f"replay {shape}, pull consumer + ack",
+             _phase(nats, i, "consume"), redis_replay, nats_replay),
+        ]
+        for system, config, ph, vs_redis, vs_nats in rows:
+            if not ph:
+                continue
+            partial = " (partial)" if ph.get("partial") else ""
+            tp_rows.append([system, config + partial, fmt(ph.get("msgs_per_s")),
+                            fmt(ph.get("mb_per_s")), ratio(ph.get("msgs_per_s"), vs_redis),
+                            ratio(ph.get("msgs_per_s"), vs_nats)])
+
+        our_pub = _phase(ours, i, "produce").get("msgs_per_s")
+        our_replay = _phase(ours, i, "consume").get("msgs_per_s")
+        for peer_name, peer_value, goal_x, what in [
+            ("Redis Streams", redis_pub, GOAL_PUBLISH_X, "publish"),
+            ("JetStream", nats_pub, GOAL_PUBLISH_X, "publish"),
+            ("Redis XRANGE", redis_replay, GOAL_REPLAY_X, "replay"),
+        ]:
+            mine = our_pub if what == "publish" else our_replay
+            name = f"{what} {shape} >= {goal_x:g}x {peer_name}"
+            if not mine or not peer_value:
+                goals.append(Goal(name, None, "not measured in this run"))
+            else:
+                goals.append(Goal(name, mine >= goal_x * peer_value,
+                                  f"{mine / peer_value:.1f}x ({fmt(mine)} vs {fmt(peer_value)} "
+                                  "msg/s)"))
+
+        lat_sets = [
+            ("npstream", f"size {size}, fetch long-poll, ack={a.ack}",
+             _runs(ours, i, "latency_runs")),
+            ("redis-streams", f"size {size}, XREAD BLOCK", _runs(redis, i, "latency_runs")),
+            ("nats-jetstream", f"size {size}, push consumer", _runs(nats, i, "latency_runs")),
+            ("nats-jetstream", f"size {size}, pull consumer",
+             _runs(nats, i, "latency_pull_runs")),
+        ]
+        for system, config, runs in lat_sets:
+            if runs:
+                received = sum(r.get("received") or 0 for r in runs)
+                sent = sum(r.get("sent") or 0 for r in runs)
+                lat_rows.append([system, config, str(len(runs)),
+                                 f"{received:,}/{sent:,}", fmt(median_of(runs, "p50_ms"), 2),
+                                 fmt(median_of(runs, "p99_ms"), 2),
+                                 fmt(median_of(runs, "max_ms"), 2)])
+        our_p99 = median_of(_runs(ours, i, "latency_runs"), "p99_ms")
+        nats_p99 = median_of(_runs(nats, i, "latency_runs"), "p99_ms")
+        name = f"latency p99 (size {size}) <= JetStream push consumer's"
+        if our_p99 is None or nats_p99 is None:
+            goals.append(Goal(name, None, "not measured in this run"))
+        else:
+            goals.append(Goal(name, our_p99 <= nats_p99,
+                              f"{our_p99:.2f} ms vs {nats_p99:.2f} ms (median of "
+                              f"{a.latency_repeats} runs)"))
+
+    text = [
+        render_table(["system", "config", "msg/s", "MB/s", "vs Redis", "vs JetStream"],
+                     tp_rows),
+        "",
+        f"publish-to-delivery latency at {a.latency_rate:g} msg/s, "
+        f"{a.latency_messages:,} messages per run, median of runs (ms)",
+        render_table(["system", "config", "runs", "received", "p50 ms", "p99 ms", "max ms"],
+                     lat_rows),
+        "",
+        "durability:",
+        f"  npstream        {ours.get('durability', '-')}",
+    ]
+    for key, system in peers.items():
+        text.append(f"  {PEER_LABEL[key]:<15} {system.get('durability', '-')}")
+    text.append("ratios: our msg/s over the peer's in this run; replay ratios use Redis "
+                "XRANGE and the faster JetStream consumer")
+    return "\n".join(text), goals
+
+
+def _runs(system: dict[str, Any] | None, i: int, key: str) -> list[dict[str, Any]]:
+    if not system or i >= len(system["configs"]):
+        return []
+    return [r for r in system["configs"][i].get(key, []) if r and r.get("p99_ms") is not None]
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    peers: dict[str, dict[str, Any]] = {}
+    notes: list[str] = []
+    if not a.skip_peers:
+        try:
+            check_peers(a.peers)
+        except PeersMissing as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except PeersNotInstalled as exc:
+            notes.append(f"peers skipped: {exc}")
+            print(f"# {notes[-1]}", file=sys.stderr)
+        else:
+            for name in a.peers:
+                peers[name] = run_peer(name, a)
+    ours = run_npstream(a)
+    text, goals = build_report(a, ours, peers)
+    meta = machine_info()
+    print(f"npstream broker benchmark, {meta['date_utc']}, {meta['cores']} cores, "
+          f"Python {meta['python']}")
+    print(text)
+    for note in notes:
+        print(note)
+    print()
+    print(render_goals(goals))
+    if a.json:
+        write_json(a.json, {"meta": meta, "args": {k: v for k, v in vars(a).items()},
+                            "npstream": ours, "peers": peers}, goals)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

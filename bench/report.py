@@ -1,0 +1,71 @@
+"""Plain-text tables and PASS/FAIL goal lines for the benchmark scripts."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Goal", "fmt", "ratio", "render_goals", "render_table", "write_json"]
+
+
+def fmt(value: object, digits: int = 1) -> str:
+    """Numbers with thousands separators; None as '-'."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:,.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def ratio(ours: float | None, theirs: float | None) -> str:
+    if not ours or not theirs:
+        return "-"
+    return f"{ours / theirs:.2f}x"
+
+
+def _is_numeric(cell: str) -> bool:
+    text = cell.replace(",", "").replace(".", "").replace("x", "").replace("-", "")
+    return text.isdigit()
+
+
+def render_table(headers: list[str], rows: list[list[str]]) -> str:
+    """Aligned columns: text left, numbers right; a dashed rule under the header."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        out = []
+        for i, cell in enumerate(cells):
+            out.append(cell.rjust(widths[i]) if i and _is_numeric(cell) else cell.ljust(widths[i]))
+        return "  ".join(out).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), rule, *(line(r) for r in rows)])
+
+
+@dataclass
+class Goal:
+    """One goal from the issue, evaluated on figures from the same run."""
+
+    name: str
+    passed: bool | None  # None: not measured (e.g. peers skipped)
+    detail: str
+
+    def line(self) -> str:
+        state = {True: "PASS", False: "FAIL", None: "N/A "}[self.passed]
+        return f"{state}  {self.name}: {self.detail}"
+
+
+def render_goals(goals: list[Goal]) -> str:
+    return "\n".join(g.line() for g in goals)
+
+
+def write_json(path: str | Path, result: dict[str, Any], goals: list[Goal]) -> None:
+    payload = {**result, "goals": [asdict(g) for g in goals]}
+    Path(path).write_text(json.dumps(payload, indent=2, default=str) + "\n")
