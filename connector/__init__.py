@@ -1,0 +1,57 @@
+"""npstream: a durable, ordered, partitionless event log with a Spark connector.
+
+``from npstream import Client`` is the entry point for applications; the
+Spark data source lives in ``npstream.spark`` and is imported only by Spark,
+so ``import npstream`` stays light (pyarrow and grpc, never pyspark).
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
+
+from npstream.client import Client
+from npstream.errors import (
+    AlreadyExists,
+    BrokerUnavailable,
+    GroupNotFound,
+    InvalidArgument,
+    NpstreamError,
+    OffsetOutOfRange,
+    StreamNeedsRepair,
+    StreamNotFound,
+    Unauthenticated,
+)
+from npstream.models import (
+    BatchPublishResult,
+    PublishResult,
+    RepairResult,
+    StreamConfig,
+    StreamInfo,
+)
+from npstream.schema import MESSAGE_SCHEMA
+
+try:
+    __version__ = _version("npstream")
+except PackageNotFoundError:  # running from a source tree without an install
+    __version__ = "0.0.0+unknown"
+
+__all__ = [
+    "MESSAGE_SCHEMA",
+    "AlreadyExists",
+    "BatchPublishResult",
+    "BrokerUnavailable",
+    "Client",
+    "GroupNotFound",
+    "InvalidArgument",
+    "NpstreamError",
+    "OffsetOutOfRange",
+    "PublishResult",
+    "RepairResult",
+    "StreamConfig",
+    "StreamInfo",
+    "StreamNeedsRepair",
+    "StreamNotFound",
+    "Unauthenticated",
+    "__version__",
+]
