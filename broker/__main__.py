@@ -1,0 +1,53 @@
+"""``python -m npstream.broker`` and ``npstream broker``: run one broker process.
+
+Flags override NPSTREAM_* environment variables, which override the toml file,
+which overrides the built-in defaults (npstream.broker.config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["build_parser", "main"]
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def build_parser(prog: str = "python -m npstream.broker") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Run the npstream broker.")
+    parser.add_argument("--config", type=Path,
+                        help="broker.toml to read (default: $NPSTREAM_CONFIG, else built-ins)")
+    parser.add_argument("--data-dir", help="where streams and metadata live (default ./data)")
+    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="gRPC port (default 7070; 0 picks a free one)")
+    parser.add_argument("--ready-file", type=Path,
+                        help="write host:port here once serving (removed at stop)")
+    parser.add_argument("--log-level", help="DEBUG, INFO (default), WARNING or ERROR")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # Imported after parsing so that --help works even when a dependency is broken.
+    from npstream.broker.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config, os.environ, cli={
+            "data_dir": args.data_dir, "host": args.host, "port": args.port,
+            "log_level": args.log_level,
+        })
+    except ConfigError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    logging.basicConfig(level=config.log_level, format=LOG_FORMAT, stream=sys.stderr)
+    from npstream.broker.server import run
+
+    return run(config, ready_file=args.ready_file)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

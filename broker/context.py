@@ -1,0 +1,30 @@
+"""The objects every broker service shares, built once by the server and handed to each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from npstream.broker.config import BrokerConfig
+from npstream.broker.metadata import Metadata
+from npstream.broker.metrics import BrokerMetrics
+from npstream.broker.registry import StreamRegistry
+from npstream.broker.storage import Storage
+
+__all__ = ["BrokerContext"]
+
+
+@dataclass
+class BrokerContext:
+    """Shared broker state; ``on_stream_deleted`` listeners run after a stream is deleted.
+
+    Groups and sink append a listener to drop their state for the stream; the
+    registry calls them (each failure is logged, never hidden).
+    """
+
+    config: BrokerConfig
+    metadata: Metadata
+    storage: Storage
+    registry: StreamRegistry
+    metrics: BrokerMetrics
+    on_stream_deleted: list[Callable[[str], None]] = field(default_factory=list)

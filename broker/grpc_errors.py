@@ -1,0 +1,148 @@
+"""Broker errors to gRPC statuses, in one place, and the auth-token check.
+
+Servicers raise typed ``BrokerError``s; ``rpc_method`` turns each into its
+``grpc_code`` with the error's message as details. OUT_OF_RANGE also carries
+the stream's offsets as trailing metadata (keys in npstream.errors), so
+clients get numbers rather than text to parse. Anything else is a bug: it is
+logged once at ERROR with its traceback and reported as INTERNAL, never
+swallowed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import inspect
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+
+from npstream.broker.errors import BrokerError, OffsetOutOfRangeError
+
+__all__ = ["AuthInterceptor", "abort_with", "observe_errors", "rpc_method"]
+
+log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Method-name prefixes that never need the token: load balancers and
+# orchestrators probe health without credentials.
+AUTH_EXEMPT_PREFIXES = ("/grpc.health.v1.Health/",)
+
+_error_observer: Callable[[str], None] | None = None
+
+
+def observe_errors(observer: Callable[[str], None] | None) -> None:
+    """Call observer(status_name) for every failed RPC (the server counts them in metrics)."""
+    global _error_observer
+    _error_observer = observer
+
+
+def abort_with(context: grpc.ServicerContext, exc: BaseException, method: str = "") -> NoReturn:
+    """End the RPC with the status for exc (INTERNAL, logged, when exc is not a BrokerError)."""
+    if isinstance(exc, BrokerError):
+        code = exc.grpc_code
+        if isinstance(exc, OffsetOutOfRangeError):
+            context.set_trailing_metadata((
+                ("x-npstream-stream", exc.stream),
+                ("x-npstream-offset", str(exc.offset)),
+                ("x-npstream-start-offset", str(exc.start)),
+                ("x-npstream-end-offset", str(exc.end)),
+            ))
+        details = str(exc)
+        log.debug("%s failed with %s: %s", method, code.name, details)
+    else:
+        code = grpc.StatusCode.INTERNAL
+        details = f"internal broker error in {method}: {type(exc).__name__}: {exc}"
+        log.error("unexpected error in %s", method, exc_info=exc)
+    if _error_observer is not None:
+        _error_observer(code.name)
+    context.abort(code, details)
+    raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
+
+
+def _already_aborted(exc: BaseException, context: grpc.ServicerContext) -> bool:
+    """True for the exception grpc raises from context.abort (must propagate untouched)."""
+    return type(exc) is Exception and not exc.args and context.code() is not None
+
+
+def rpc_method(func: F) -> F:
+    """Decorate a servicer method (unary or streaming response) with the error mapping."""
+    name = func.__name__
+
+    if inspect.isgeneratorfunction(func):
+
+        @functools.wraps(func)
+        def stream_wrapper(self: object, request: object,
+                           context: grpc.ServicerContext) -> Iterator[object]:
+            try:
+                yield from func(self, request, context)
+            except GeneratorExit:
+                raise
+            except Exception as exc:
+                if _already_aborted(exc, context):
+                    raise
+                abort_with(context, exc, name)
+
+        return stream_wrapper  # type: ignore[return-value]
+
+    @functools.wraps(func)
+    def unary_wrapper(self: object, request: object, context: grpc.ServicerContext) -> object:
+        try:
+            return func(self, request, context)
+        except Exception as exc:
+            if _already_aborted(exc, context):
+                raise
+            abort_with(context, exc, name)
+
+    return unary_wrapper  # type: ignore[return-value]
+
+
+class AuthInterceptor(grpc.ServerInterceptor):
+    """Reject calls without ``authorization: Bearer <token>`` with UNAUTHENTICATED."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    def _authorized(self, details: grpc.HandlerCallDetails) -> bool:
+        for key, value in details.invocation_metadata or ():
+            if key == "authorization":
+                given = value.encode() if isinstance(value, str) else value
+                return hmac.compare_digest(given, self._expected)
+        return False
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        method = handler_call_details.method or ""
+        handler = continuation(handler_call_details)
+        if handler is None or method.startswith(AUTH_EXEMPT_PREFIXES):
+            return handler
+        if self._authorized(handler_call_details):
+            return handler
+        log.warning("rejected %s: missing or wrong auth token", method)
+        if _error_observer is not None:
+            _error_observer(grpc.StatusCode.UNAUTHENTICATED.name)
+
+        def deny(_request: object, context: grpc.ServicerContext) -> None:
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or invalid auth token: send metadata 'authorization: Bearer <token>'",
+            )
+
+        kinds = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }
+        make = kinds[(handler.request_streaming, handler.response_streaming)]
+        return make(
+            deny,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )

@@ -1,0 +1,286 @@
+"""StreamService: the gRPC face of the stream registry and the logs.
+
+Each method validates its request, calls the registry or a StreamLog, and
+builds the reply; errors are typed BrokerErrors mapped by grpc_errors. Message
+data stays columnar: Publish turns the request into one Arrow table (the
+``messages`` field of simple clients is converted column by column), and
+Fetch returns the stored Arrow IPC batches as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import grpc
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from npstream.broker.context import BrokerContext
+from npstream.broker.errors import (
+    CorruptRecordError,
+    InvalidArgumentError,
+    StreamNeedsRepairError,
+)
+from npstream.broker.grpc_errors import rpc_method
+from npstream.broker.registry import CONFIG_FIELDS, StreamStatus, check_stream_name
+from npstream.broker.storage import AckMode, StreamLog
+from npstream.proto import pb, pb_grpc
+from npstream.schema import HEADERS_TYPE, normalize_publish_table
+
+__all__ = ["StreamServicer", "add_to_server", "stream_info"]
+
+log = logging.getLogger(__name__)
+
+# Fetch defaults when the request leaves a field 0 (proto: FetchRequest).
+DEFAULT_FETCH_MESSAGES = 10_000
+DEFAULT_FETCH_BYTES = 8 << 20
+# A long poll re-checks for shutdown and client cancellation this often; data
+# arriving wakes it at once (StreamLog.wait_for_data), so this costs no latency.
+LONG_POLL_SLICE_S = 0.25
+
+T = TypeVar("T")
+
+
+def stream_info(status: StreamStatus) -> pb.StreamInfo:
+    config = pb.StreamConfig(
+        max_age_ms=status.config.max_age_ms,
+        max_bytes=status.config.max_bytes,
+        dedup_window_ms=status.config.dedup_window_ms,
+        max_message_bytes=status.config.max_message_bytes,
+    )
+    info = pb.StreamInfo(name=status.name, config=config, created_ms=status.created_ms,
+                         error=status.error)
+    if status.stats is not None:
+        stats = status.stats
+        info.start_offset = stats.start_offset
+        info.end_offset = stats.end_offset
+        info.message_count = stats.end_offset - stats.start_offset
+        info.bytes_on_disk = stats.bytes_on_disk
+        info.first_timestamp_ms = stats.first_timestamp_ms
+        info.last_timestamp_ms = stats.last_timestamp_ms
+        info.segment_count = stats.segment_count
+    return info
+
+
+def _overrides(config: pb.StreamConfig) -> dict[str, int]:
+    """Only the fields the caller set (absent = broker default)."""
+    return {f: getattr(config, f) for f in CONFIG_FIELDS if config.HasField(f)}
+
+
+def _messages_table(messages: list[pb.Message]) -> pa.Table:
+    """Columns from repeated Message (the simple-client path; arrow_stream is the fast one)."""
+    columns: dict[str, pa.Array] = {
+        "value": pa.array([m.value for m in messages], pa.binary()),
+    }
+    ids = [m.id or None for m in messages]
+    if any(ids):
+        columns["id"] = pa.array(ids, pa.string())
+    keys = [m.key if m.HasField("key") else None for m in messages]
+    if any(k is not None for k in keys):
+        columns["key"] = pa.array(keys, pa.binary())
+    if any(m.headers for m in messages):
+        columns["headers"] = pa.array(
+            [list(m.headers.items()) if m.headers else None for m in messages], HEADERS_TYPE
+        )
+    return pa.table(columns)
+
+
+def _arrow_table(stream: str, data: bytes) -> pa.Table:
+    try:
+        return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+        raise InvalidArgumentError(
+            f"arrow_stream for stream '{stream}' is not a valid Arrow IPC stream: {exc}"
+        ) from None
+
+
+def _empty_ids_to_null(table: pa.Table) -> pa.Table:
+    """An empty id means "assign one", in both the messages and the Arrow path."""
+    if "id" not in table.column_names:
+        return table
+    index = table.column_names.index("id")
+    column = table.column(index)
+    empty = pc.equal(column, "")
+    if not pc.any(empty).as_py():
+        return table
+    nulls = pa.nulls(len(column), pa.string())
+    return table.set_column(index, table.field(index), pc.if_else(empty, nulls, column))
+
+
+class StreamServicer(pb_grpc.StreamServiceServicer):
+    def __init__(self, ctx: BrokerContext, stopping: threading.Event) -> None:
+        self._ctx = ctx
+        self._registry = ctx.registry
+        self._metrics = ctx.metrics
+        self._stopping = stopping
+
+    def _on_log(self, stream: str, action: Callable[[], T]) -> T:
+        """Run a log operation; corruption found now marks the stream as needing repair."""
+        try:
+            return action()
+        except CorruptRecordError as exc:
+            self._registry.mark_broken(stream, exc)
+            raise StreamNeedsRepairError(stream, exc) from None
+
+    # ------------------------------------------------------------ admin
+
+    @rpc_method
+    def CreateStream(self, request: pb.CreateStreamRequest,
+                     context: grpc.ServicerContext) -> pb.StreamInfo:
+        status, _created = self._registry.create(
+            request.name, _overrides(request.config), exist_ok=request.exist_ok
+        )
+        return stream_info(status)
+
+    @rpc_method
+    def DescribeStream(self, request: pb.DescribeStreamRequest,
+                       context: grpc.ServicerContext) -> pb.StreamInfo:
+        return stream_info(self._registry.describe(request.name))
+
+    @rpc_method
+    def ListStreams(self, request: pb.ListStreamsRequest,
+                    context: grpc.ServicerContext) -> pb.ListStreamsResponse:
+        statuses, token = self._registry.list(
+            request.prefix, request.pattern, request.page_size, request.page_token
+        )
+        return pb.ListStreamsResponse(streams=[stream_info(s) for s in statuses],
+                                      next_page_token=token)
+
+    @rpc_method
+    def UpdateStream(self, request: pb.UpdateStreamRequest,
+                     context: grpc.ServicerContext) -> pb.StreamInfo:
+        return stream_info(self._registry.update(request.name, _overrides(request.config)))
+
+    @rpc_method
+    def DeleteStream(self, request: pb.DeleteStreamRequest,
+                     context: grpc.ServicerContext) -> pb.DeleteStreamResponse:
+        return pb.DeleteStreamResponse(deleted=self._registry.delete(request.name))
+
+    @rpc_method
+    def DeleteMessages(self, request: pb.DeleteMessagesRequest,
+                       context: grpc.ServicerContext) -> pb.StreamInfo:
+        before = request.before_offset if request.HasField("before_offset") else None
+        status = self._on_log(request.name,
+                              lambda: self._registry.delete_messages(request.name, before))
+        return stream_info(status)
+
+    @rpc_method
+    def RepairStream(self, request: pb.RepairStreamRequest,
+                     context: grpc.ServicerContext) -> pb.RepairStreamResponse:
+        status, truncated, detail = self._registry.repair(request.name)
+        return pb.RepairStreamResponse(stream=stream_info(status), truncated_bytes=truncated,
+                                       detail=detail)
+
+    # ------------------------------------------------------------ data
+
+    @rpc_method
+    def Publish(self, request: pb.PublishRequest,
+                context: grpc.ServicerContext) -> pb.PublishResponse:
+        stream = check_stream_name(request.stream)
+        if request.messages and request.arrow_stream:
+            raise InvalidArgumentError(
+                f"publish to stream '{stream}' sets both messages and arrow_stream; send one"
+            )
+        raw = _arrow_table(stream, request.arrow_stream) if request.arrow_stream else (
+            _messages_table(list(request.messages)) if request.messages else None
+        )
+        if raw is None or raw.num_rows == 0:
+            stream_log = self._registry.get(stream, create_if_missing=True)
+            return pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
+        try:
+            table = _empty_ids_to_null(normalize_publish_table(raw))
+        except ValueError as exc:
+            raise InvalidArgumentError(f"publish to stream '{stream}': {exc}") from None
+        ack = AckMode.WRITE if request.ack == pb.ACK_WRITE else AckMode.FSYNC
+        stream_log = self._registry.get(stream, create_if_missing=True)
+        started = time.perf_counter()
+        result = self._on_log(stream, lambda: stream_log.append(table, ack))
+        self._metrics.append_latency.observe(time.perf_counter() - started)
+        self._metrics.publish_requests.inc()
+        self._metrics.published_messages.inc(result.stored_count)
+        self._metrics.published_bytes.inc(table.nbytes)
+        if result.duplicates:
+            self._metrics.duplicate_messages.inc(len(result.duplicates))
+        log.debug("published %d message(s) to '%s' at offset %d (%d duplicate(s))",
+                  result.stored_count, stream, result.first_offset, len(result.duplicates))
+        return pb.PublishResponse(
+            first_offset=result.first_offset,
+            stored_count=result.stored_count,
+            duplicates=[pb.Duplicate(index=i, offset=o) for i, o in result.duplicates],
+            timestamp_ms=result.timestamp_ms,
+        )
+
+    def _long_poll(self, stream_log: StreamLog, offset: int, wait_ms: int,
+                   context: grpc.ServicerContext) -> None:
+        """Wait until data past offset exists, the wait ends, the client leaves or we stop."""
+        wait_s = min(wait_ms, self._ctx.config.max_fetch_wait_ms) / 1000
+        remaining = context.time_remaining()
+        if remaining is not None:
+            wait_s = min(wait_s, max(remaining - 0.05, 0.0))
+        deadline = time.monotonic() + wait_s
+        while not self._stopping.is_set() and context.is_active():
+            left = deadline - time.monotonic()
+            if left <= 0 or stream_log.wait_for_data(offset, min(left, LONG_POLL_SLICE_S)):
+                return
+
+    @rpc_method
+    def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> pb.FetchResponse:
+        stream = check_stream_name(request.stream)
+        for field in ("max_messages", "max_bytes", "wait_ms", "end_offset"):
+            if getattr(request, field) < 0:
+                raise InvalidArgumentError(
+                    f"fetch from stream '{stream}': {field}={getattr(request, field)} must be >= 0"
+                )
+        end = request.end_offset or None
+        if end is not None and end < request.offset:
+            raise InvalidArgumentError(
+                f"fetch from stream '{stream}': end_offset={end} is below offset={request.offset}"
+            )
+        stream_log = self._registry.get(stream)
+        if (request.wait_ms > 0 and request.offset == stream_log.end_offset
+                and (end is None or end > request.offset)):
+            self._long_poll(stream_log, request.offset, request.wait_ms, context)
+        max_bytes = min(request.max_bytes or DEFAULT_FETCH_BYTES,
+                        self._ctx.config.max_message_bytes_limit)
+        result = self._on_log(stream, lambda: stream_log.read(
+            request.offset,
+            max_messages=request.max_messages or DEFAULT_FETCH_MESSAGES,
+            max_bytes=max_bytes,
+            end_offset=end,
+        ))
+        batches = [b if isinstance(b, bytes) else bytes(b) for b in result.batches]
+        self._metrics.fetch_requests.inc()
+        self._metrics.fetched_messages.inc(result.count)
+        self._metrics.fetched_bytes.inc(sum(len(b) for b in batches))
+        return pb.FetchResponse(
+            batches=batches,
+            next_offset=result.next_offset,
+            start_offset=stream_log.start_offset,
+            end_offset=stream_log.end_offset,
+            count=result.count,
+        )
+
+    @rpc_method
+    def OffsetForTimestamp(self, request: pb.OffsetForTimestampRequest,
+                           context: grpc.ServicerContext) -> pb.OffsetForTimestampResponse:
+        stream_log = self._registry.get(check_stream_name(request.stream))
+        offset = self._on_log(request.stream,
+                              lambda: stream_log.offset_for_timestamp(request.timestamp_ms))
+        return pb.OffsetForTimestampResponse(offset=offset)
+
+    @rpc_method
+    def EndOffsets(self, request: pb.EndOffsetsRequest,
+                   context: grpc.ServicerContext) -> pb.EndOffsetsResponse:
+        rows = self._registry.end_offsets(list(request.streams), request.pattern)
+        return pb.EndOffsetsResponse(streams=[
+            pb.StreamOffsets(stream=name, start_offset=start, end_offset=end)
+            for name, start, end in rows
+        ])
+
+
+def add_to_server(server: grpc.Server, ctx: BrokerContext, stopping: threading.Event) -> None:
+    pb_grpc.add_StreamServiceServicer_to_server(StreamServicer(ctx, stopping), server)
