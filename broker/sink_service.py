@@ -1,16 +1,203 @@
 """SinkService: the gRPC face of exactly-once writes (Stage, CommitBatch, AbortBatch, SinkState).
 
-Work in progress: the servicer is being written; until then nothing is
-registered, so the broker serves without SinkService.
+The protocol lives in sink_commit (commit, recovery, GC) and sink_staging
+(what a Stage stores); this module decodes requests, maps them onto those,
+counts what happened in metrics, and runs the staging sweep thread. Sink
+recovery runs inside ``add_to_server``, before the server starts, so no client
+ever sees a half-finished commit of a previous run.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import os
+import threading
+from typing import TYPE_CHECKING
 
-__all__ = ["add_to_server"]
+import grpc
+import pyarrow as pa
+from prometheus_client import Counter
+
+from npstream.broker.errors import InvalidArgumentError, StreamNotFoundError
+from npstream.broker.grpc_errors import rpc_method
+from npstream.broker.sink_commit import FAULT_ENV, SinkCommitter, parse_fault
+from npstream.broker.sink_staging import (
+    StagingArea,
+    check_batch_id,
+    check_sink_id,
+    check_staging_id,
+    prepare_stage,
+)
+from npstream.proto import pb, pb_grpc
+
+if TYPE_CHECKING:
+    from npstream.broker.context import BrokerContext
+
+__all__ = ["SinkMetrics", "SinkServicer", "StagingSweeper", "add_to_server"]
+
+log = logging.getLogger(__name__)
+
+# ---- tuning -------------------------------------------------------------
+# The sweep runs a quarter of the TTL apart, so staging lives at most 1.25 x
+# sink_staging_ttl; never more often than every SWEEP_MIN_INTERVAL_S (a short
+# TTL in tests) and never less often than every SWEEP_MAX_INTERVAL_S (a sweep
+# also deletes staging left behind by committed batches).
+SWEEP_TTL_FRACTION = 0.25
+SWEEP_MIN_INTERVAL_S = 0.2
+SWEEP_MAX_INTERVAL_S = 60.0
+DEFAULT_STAGING_TTL_MS = 24 * 3600 * 1000  # when the broker config has no sink_staging_ttl
 
 
-def add_to_server(server: Any, ctx: Any) -> None:
-    """Register SinkService on ``server`` after running sink recovery; returns a closeable."""
-    return None
+class SinkMetrics:
+    """Sink counters on the broker's registry (no labels: cost independent of sink count)."""
+
+    def __init__(self, ctx: BrokerContext) -> None:
+        registry = ctx.metrics.registry
+        self.staged_rows = Counter("npstream_sink_staged_rows", "Rows stored by Stage",
+                                   registry=registry)
+        self.staged_bytes = Counter("npstream_sink_staged_bytes",
+                                    "Bytes of staging files written by Stage", registry=registry)
+        self.commits = Counter("npstream_sink_commits", "CommitBatch calls that appended",
+                               registry=registry)
+        self.replayed_commits = Counter("npstream_sink_replayed_commits",
+                                        "CommitBatch calls for an already committed batch",
+                                        registry=registry)
+        self.committed_rows = Counter("npstream_sink_committed_rows",
+                                      "Rows appended by CommitBatch", registry=registry)
+        self.dropped_staging = Counter("npstream_sink_dropped_staging_files",
+                                       "Staging files dropped by AbortBatch or the sweep",
+                                       registry=registry)
+
+
+def _decode(request: pb.StageRequest) -> pa.Table:
+    if not request.arrow_stream:
+        raise InvalidArgumentError(
+            f"stage for sink '{request.sink_id}' batch {request.batch_id} has an empty "
+            "arrow_stream; send an Arrow IPC stream with at least a 'value' column")
+    try:
+        return pa.ipc.open_stream(pa.py_buffer(request.arrow_stream)).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InvalidArgumentError(
+            f"arrow_stream of sink '{request.sink_id}' batch {request.batch_id} staging "
+            f"'{request.staging_id}' is not a valid Arrow IPC stream: {exc}") from None
+
+
+class SinkServicer(pb_grpc.SinkServiceServicer):
+    def __init__(self, ctx: BrokerContext, committer: SinkCommitter,
+                 metrics: SinkMetrics) -> None:
+        self._registry = ctx.registry
+        self._committer = committer
+        self._staging = committer.staging
+        self._metrics = metrics
+
+    def _max_message_bytes(self, stream: str) -> int:
+        """The target's limit; for a stream Commit will auto-create, the broker default."""
+        try:
+            return self._registry.get(stream).config.max_message_bytes
+        except StreamNotFoundError:
+            if not self._registry.auto_create:
+                raise
+            return self._registry.effective_config({}).max_message_bytes
+
+    @rpc_method
+    def Stage(self, request: pb.StageRequest, context: grpc.ServicerContext) -> pb.StageResponse:
+        sink_id = check_sink_id(request.sink_id)
+        batch_id = check_batch_id(request.batch_id)
+        staging_id = check_staging_id(request.staging_id)
+        data = _decode(request)
+        if self._committer.is_committed(sink_id, batch_id):
+            # A restarted query re-runs its last batch before learning it was committed:
+            # accept (the task must not fail) and keep nothing; the commit will be a no-op.
+            log.info("sink '%s' batch %d is already committed: staging '%s' (%d rows) "
+                     "discarded", sink_id, batch_id, staging_id, data.num_rows)
+            return pb.StageResponse(staged_rows=data.num_rows, staged_bytes=0)
+        table = prepare_stage(data, request.stream, self._max_message_bytes,
+                              f"{sink_id}.{staging_id}.")
+        size = self._staging.write(sink_id, batch_id, staging_id, table)
+        self._metrics.staged_rows.inc(table.num_rows)
+        self._metrics.staged_bytes.inc(size)
+        log.debug("sink '%s' batch %d staged '%s': %d rows, %d bytes",
+                  sink_id, batch_id, staging_id, table.num_rows, size)
+        return pb.StageResponse(staged_rows=table.num_rows, staged_bytes=size)
+
+    @rpc_method
+    def CommitBatch(self, request: pb.CommitBatchRequest,
+                    context: grpc.ServicerContext) -> pb.CommitBatchResponse:
+        outcome = self._committer.commit(request.sink_id, request.batch_id,
+                                         list(request.staging_ids))
+        if outcome.already_committed:
+            self._metrics.replayed_commits.inc()
+        else:
+            self._metrics.commits.inc()
+            self._metrics.committed_rows.inc(
+                sum(end - start for start, end in outcome.written.values()))
+        return pb.CommitBatchResponse(
+            already_committed=outcome.already_committed,
+            written=[pb.StreamOffsets(stream=s, start_offset=a, end_offset=b)
+                     for s, (a, b) in outcome.written.items()],
+        )
+
+    @rpc_method
+    def AbortBatch(self, request: pb.AbortBatchRequest,
+                   context: grpc.ServicerContext) -> pb.AbortBatchResponse:
+        dropped = self._committer.abort(request.sink_id, request.batch_id,
+                                        list(request.staging_ids) or None)
+        self._metrics.dropped_staging.inc(dropped)
+        return pb.AbortBatchResponse(dropped=dropped)
+
+    @rpc_method
+    def SinkState(self, request: pb.SinkStateRequest,
+                  context: grpc.ServicerContext) -> pb.SinkStateResponse:
+        exists, last = self._committer.state(request.sink_id)
+        return pb.SinkStateResponse(exists=exists, last_batch_id=last)
+
+
+class StagingSweeper:
+    """Background thread deleting expired and committed staging; ``close()`` stops it."""
+
+    def __init__(self, committer: SinkCommitter, ttl_ms: int, metrics: SinkMetrics) -> None:
+        self._committer = committer
+        self.ttl_ms = ttl_ms
+        self._metrics = metrics
+        self.interval_s = min(max(ttl_ms / 1000 * SWEEP_TTL_FRACTION, SWEEP_MIN_INTERVAL_S),
+                              SWEEP_MAX_INTERVAL_S)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sink-sweep", daemon=True)
+
+    def start(self) -> StagingSweeper:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._metrics.dropped_staging.inc(self._committer.sweep(self.ttl_ms))
+            except Exception:
+                log.exception("sink staging sweep failed; retrying in %.1fs", self.interval_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def add_to_server(server: grpc.Server, ctx: BrokerContext) -> StagingSweeper:
+    """Recover unfinished commits, register SinkService, start the staging sweep."""
+    config = ctx.config
+    staging = StagingArea(config.data_dir / "sink")
+    committer = SinkCommitter(
+        ctx.metadata, ctx.registry, staging,
+        streams_dir=config.data_dir / "streams",
+        durable_metadata=getattr(config, "metadata_sync", "normal") != "full",
+        fault=parse_fault(os.environ.get(FAULT_ENV)),
+    )
+    finished = committer.recover()
+    if finished:
+        log.warning("sink recovery finished %d interrupted commit(s)", finished)
+    ctx.on_stream_deleted.append(committer.on_stream_deleted)
+    metrics = SinkMetrics(ctx)
+    pb_grpc.add_SinkServiceServicer_to_server(SinkServicer(ctx, committer, metrics), server)
+    ttl_ms = int(getattr(config, "sink_staging_ttl_ms", DEFAULT_STAGING_TTL_MS))
+    sweeper = StagingSweeper(committer, ttl_ms, metrics).start()
+    log.info("sink service ready: staging in %s, staging ttl %d ms, sweep every %.1fs",
+             staging.root, ttl_ms, sweeper.interval_s)
+    return sweeper

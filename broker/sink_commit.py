@@ -1,0 +1,539 @@
+"""Atomic sink commits: markers, roll-forward recovery and staging garbage collection.
+
+The promise: once CommitBatch(sink_id, batch_id, staging_ids) has replied, the
+rows of exactly the listed stagings are in their target streams exactly once,
+contiguous per stream, and (sink_id, batch_id) is recorded so that a replay of
+that commit appends nothing. A broker crash at any point of a commit is
+repaired at the next start, before anything is served, by finishing it (roll
+forward): staged data is durable, so the commit never has to be undone.
+
+State in SQLite (through ``ctx.metadata``):
+
+``sink_state``    one row per sink: the last committed batch id.
+``sink_pending``  the commit in progress of a sink: its batch, the staging ids
+                  listed by the driver and the target streams. Recorded
+                  (durably) before the first byte is appended, deleted in the
+                  same transaction that records the batch as committed.
+``sink_markers``  one row per (commit, stream): ``first_offset`` and
+                  ``row_count`` of the rows being appended, ``state``
+                  'committing' while the append may be incomplete, 'done' once
+                  it returned (fsynced).
+
+Per stream, ``StreamLog.append_atomic`` records the 'committing' marker from
+its ``before_write`` callback, under the log's append lock, before any byte
+is written; nothing else can append to the stream until the sink's rows are
+written and fsynced. So when recovery finds a 'committing' marker:
+
+* ``end_offset >= first_offset + row_count``: the append completed (later
+  offsets, if any, are other writers' data appended after it); mark it done.
+* otherwise the crash tore the append: every offset from ``first_offset`` on
+  belongs to it, so ``truncate_to(first_offset)`` and append it again from the
+  staging files. Rows staged without an id got deterministic ids at Stage
+  time, so the rewrite is byte-for-byte the rows a reader may have seen.
+
+Markers and the pending row must be durable before the log bytes they
+describe. With ``metadata_sync = "normal"`` SQLite does not fsync its WAL on
+commit (a process crash keeps it, a power loss may not), so the sink forces a
+WAL checkpoint (which syncs the WAL) after each marker; with "full" every
+commit is synced already.
+
+Test-only fault hook: the environment variable ``NPSTREAM_SINK_FAULT`` makes
+the broker ``os._exit(FAULT_EXIT_CODE)`` in the middle of the first commit:
+
+* ``marker``  after the 'committing' marker is durable, before any byte;
+* ``append``  after append_atomic returned, before the marker becomes 'done';
+* ``torn:N``  like ``append``, but first cuts the stream's newest segment file
+  back to its size before the commit plus N bytes, as if the broker had died
+  after writing N bytes of the commit;
+* ``done:K``  after K streams of the commit are done (partial multi-stream
+  commit).
+
+Never set it in production: it exists so tests can kill the broker at exact
+points of the protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import grpc
+import pyarrow as pa
+
+from npstream.broker.errors import BrokerError, InvalidArgumentError
+from npstream.broker.sink_staging import (
+    StagingArea,
+    check_batch_id,
+    check_sink_id,
+    check_staging_id,
+)
+
+if TYPE_CHECKING:
+    from npstream.broker.storage import StreamLog
+
+__all__ = [
+    "FAULT_ENV",
+    "FAULT_EXIT_CODE",
+    "CommitOutcome",
+    "SinkCommitter",
+    "SinkConflictError",
+    "StagingNotFoundError",
+    "parse_fault",
+]
+
+log = logging.getLogger(__name__)
+
+FAULT_ENV = "NPSTREAM_SINK_FAULT"
+FAULT_EXIT_CODE = 86
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sink_state (
+    sink_id       TEXT PRIMARY KEY,
+    last_batch_id INTEGER NOT NULL,
+    committed_ms  INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sink_pending (
+    sink_id     TEXT PRIMARY KEY,
+    batch_id    INTEGER NOT NULL,
+    staging_ids TEXT NOT NULL,      -- JSON list, in commit order
+    streams     TEXT NOT NULL,      -- JSON list of target streams, sorted
+    started_ms  INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sink_markers (
+    sink_id      TEXT NOT NULL,
+    batch_id     INTEGER NOT NULL,
+    stream       TEXT NOT NULL,
+    first_offset INTEGER NOT NULL,
+    row_count    INTEGER NOT NULL,
+    state        TEXT NOT NULL CHECK (state IN ('committing', 'done')),
+    PRIMARY KEY (sink_id, batch_id, stream)
+) WITHOUT ROWID;
+"""
+
+
+class SinkConflictError(BrokerError):
+    """The request contradicts the sink's state (another batch's commit is unfinished)."""
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class StagingNotFoundError(BrokerError):
+    """A commit lists a staging id the broker does not hold (aborted, expired or never staged)."""
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    already_committed: bool
+    written: dict[str, tuple[int, int]] = field(default_factory=dict)  # [start, end) per stream
+
+
+@dataclass(frozen=True)
+class _Pending:
+    sink_id: str
+    batch_id: int
+    staging_ids: list[str]
+    streams: list[str]
+
+
+@dataclass(frozen=True)
+class _Marker:
+    first_offset: int
+    row_count: int
+    state: str
+
+
+class StreamSource(Protocol):
+    """What the committer needs from the registry: a target's log, created if allowed."""
+
+    def get(self, name: str, *, create_if_missing: bool = False) -> StreamLog: ...
+
+
+class MetadataStore(Protocol):
+    def execute(self, sql: str, params: tuple[object, ...] = ()) -> list: ...  # type: ignore[type-arg]
+    def executescript(self, script: str) -> None: ...
+    def transaction(self) -> object: ...
+
+
+# ---------------------------------------------------------------- fault hook (tests only)
+
+
+@dataclass(frozen=True)
+class Fault:
+    point: str        # "marker" | "append" | "torn" | "done"
+    amount: int = 0   # bytes kept for "torn", streams done for "done"
+
+
+def parse_fault(text: str | None) -> Fault | None:
+    """The fault of NPSTREAM_SINK_FAULT, None when unset; ValueError when malformed."""
+    if not text:
+        return None
+    point, _, amount = text.partition(":")
+    if point in ("marker", "append") and not amount:
+        return Fault(point)
+    if point in ("torn", "done") and amount.isdigit():
+        return Fault(point, int(amount))
+    raise ValueError(
+        f"invalid {FAULT_ENV}={text!r}: use marker, append, torn:<bytes> or done:<streams>"
+    )
+
+
+def _die(reason: str) -> None:
+    log.critical("test fault hook %s: exiting now (%s)", FAULT_ENV, reason)
+    logging.shutdown()
+    os._exit(FAULT_EXIT_CODE)
+
+
+def _segment_sizes(stream_dir: Path) -> dict[Path, int]:
+    """Sizes of every file of a stream (the torn-write fault cuts the one that grew)."""
+    try:
+        return {p: p.stat().st_size for p in stream_dir.iterdir() if p.is_file()}
+    except FileNotFoundError:
+        return {}
+
+
+def _tear(stream_dir: Path, before: dict[Path, int], keep_bytes: int) -> None:
+    """Cut the data written since ``before`` back to keep_bytes (newest data file first grew)."""
+    after = _segment_sizes(stream_dir)
+    grown = sorted(p for p, size in after.items()
+                   if size > before.get(p, 0) and p.suffix in (".log", ".seg", ".data"))
+    if not grown:
+        grown = sorted(p for p, size in after.items() if size > before.get(p, 0))
+    for index, path in enumerate(grown):
+        base = before.get(path, 0)
+        with open(path, "r+b") as handle:
+            handle.truncate(base + keep_bytes if index == 0 else base)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+# ---------------------------------------------------------------- committer
+
+
+class SinkCommitter:
+    """Commits, aborts, recovery and GC of one broker's sinks; thread-safe (a lock per sink)."""
+
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        streams: StreamSource,
+        staging: StagingArea,
+        *,
+        streams_dir: Path | None = None,
+        durable_metadata: bool = True,
+        fault: Fault | None = None,
+        clock: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
+        self._metadata = metadata
+        self._streams = streams
+        self.staging = staging
+        self._streams_dir = streams_dir
+        self._durable_metadata = durable_metadata
+        self._fault = fault
+        self._clock = clock
+        self._locks_guard = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+        metadata.executescript(SCHEMA)
+
+    def _lock(self, sink_id: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(sink_id, threading.Lock())
+
+    # ------------------------------------------------------------ queries
+
+    def last_batch_id(self, sink_id: str) -> int | None:
+        rows = self._metadata.execute(
+            "SELECT last_batch_id FROM sink_state WHERE sink_id = ?", (sink_id,))
+        return int(rows[0][0]) if rows else None
+
+    def state(self, sink_id: str) -> tuple[bool, int]:
+        """(exists, last committed batch id or -1): a sink exists once it staged or committed."""
+        check_sink_id(sink_id)
+        last = self.last_batch_id(sink_id)
+        if last is not None:
+            return True, last
+        exists = bool(self._pending(sink_id)) or (self.staging.root / sink_id).is_dir()
+        return exists, -1
+
+    def _pending(self, sink_id: str) -> _Pending | None:
+        rows = self._metadata.execute(
+            "SELECT batch_id, staging_ids, streams FROM sink_pending WHERE sink_id = ?",
+            (sink_id,))
+        if not rows:
+            return None
+        return _Pending(sink_id, int(rows[0][0]), json.loads(rows[0][1]), json.loads(rows[0][2]))
+
+    def _all_pending(self) -> list[_Pending]:
+        rows = self._metadata.execute(
+            "SELECT sink_id, batch_id, staging_ids, streams FROM sink_pending ORDER BY sink_id")
+        return [_Pending(r[0], int(r[1]), json.loads(r[2]), json.loads(r[3])) for r in rows]
+
+    def _marker(self, pending: _Pending, stream: str) -> _Marker | None:
+        rows = self._metadata.execute(
+            "SELECT first_offset, row_count, state FROM sink_markers "
+            "WHERE sink_id = ? AND batch_id = ? AND stream = ?",
+            (pending.sink_id, pending.batch_id, stream))
+        return _Marker(int(rows[0][0]), int(rows[0][1]), rows[0][2]) if rows else None
+
+    def is_committed(self, sink_id: str, batch_id: int) -> bool:
+        """True when the batch is committed: staging for it would never be appended."""
+        last = self.last_batch_id(sink_id)
+        return last is not None and batch_id <= last
+
+    # ------------------------------------------------------------ commit
+
+    def commit(self, sink_id: str, batch_id: int, staging_ids: list[str]) -> CommitOutcome:
+        """Append the listed stagings atomically per stream, record the batch (module doc)."""
+        check_sink_id(sink_id)
+        check_batch_id(batch_id)
+        for staging_id in staging_ids:
+            check_staging_id(staging_id)
+        if len(set(staging_ids)) != len(staging_ids):
+            raise InvalidArgumentError(
+                f"commit of sink '{sink_id}' batch {batch_id} lists a staging id twice")
+        with self._lock(sink_id):
+            last = self.last_batch_id(sink_id)
+            if last is not None and batch_id <= last:
+                log.info("sink '%s' batch %d already committed (last committed batch %d); "
+                         "nothing appended", sink_id, batch_id, last)
+                self.staging.drop_up_to(sink_id, last)
+                return CommitOutcome(True)
+            pending = self._pending(sink_id)
+            if pending is not None and pending.batch_id != batch_id:
+                raise SinkConflictError(
+                    f"sink '{sink_id}' has an unfinished commit of batch {pending.batch_id}; "
+                    f"retry that commit before committing batch {batch_id}")
+            if pending is None:
+                pending = self._begin(sink_id, batch_id, staging_ids)
+            return CommitOutcome(False, self._run(pending))
+
+    def _begin(self, sink_id: str, batch_id: int, staging_ids: list[str]) -> _Pending:
+        """Check every staging exists, create the targets, record the pending commit."""
+        missing = [s for s in staging_ids if not self.staging.exists(sink_id, batch_id, s)]
+        if missing:
+            raise StagingNotFoundError(
+                f"cannot commit sink '{sink_id}' batch {batch_id}: staging "
+                f"{', '.join(repr(m) for m in missing)} not found (aborted, expired after "
+                "sink_staging_ttl, or never staged); nothing was appended")
+        streams: set[str] = set()
+        for staging_id in staging_ids:
+            streams.update(self.staging.targets(sink_id, batch_id, staging_id))
+        for stream in sorted(streams):  # NOT_FOUND here, before anything is recorded
+            self._streams.get(stream, create_if_missing=True)
+        pending = _Pending(sink_id, batch_id, list(staging_ids), sorted(streams))
+        self._metadata.execute(
+            "INSERT INTO sink_pending (sink_id, batch_id, staging_ids, streams, started_ms) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (sink_id, batch_id, json.dumps(pending.staging_ids), json.dumps(pending.streams),
+             self._clock()))
+        self._sync_metadata()
+        return pending
+
+    def _run(self, pending: _Pending) -> dict[str, tuple[int, int]]:
+        """Append every stream of a pending commit not done yet, then record the batch."""
+        staged = [self.staging.read(pending.sink_id, pending.batch_id, s)
+                  for s in pending.staging_ids]
+        written: dict[str, tuple[int, int]] = {}
+        for done_streams, stream in enumerate(pending.streams, start=1):
+            tables = [t for t in (s.rows_for(stream) for s in staged if stream in s.streams)
+                      if t.num_rows]
+            written[stream] = self._commit_stream(pending, stream, tables)
+            if self._fault and self._fault.point == "done" and done_streams >= self._fault.amount:
+                _die(f"after {done_streams} stream(s) of sink '{pending.sink_id}' "
+                     f"batch {pending.batch_id}")
+        self._finish(pending)
+        rows = sum(end - start for start, end in written.values())
+        log.info("sink '%s' committed batch %d: %d rows from %d staging(s) %s",
+                 pending.sink_id, pending.batch_id, rows, len(pending.staging_ids),
+                 ", ".join(f"{s}[{a},{b})" for s, (a, b) in written.items()) or "(empty)")
+        return written
+
+    def _commit_stream(self, pending: _Pending, stream: str,
+                       tables: list[pa.Table]) -> tuple[int, int]:
+        """Append one stream's rows of the commit exactly once; returns [start, end)."""
+        row_count = sum(t.num_rows for t in tables)
+        marker = self._marker(pending, stream)
+        if marker is not None and marker.state == "done":
+            return marker.first_offset, marker.first_offset + marker.row_count
+        stream_log = self._streams.get(stream, create_if_missing=True)
+        if marker is not None:  # 'committing': a crash (or error) interrupted this append
+            end = stream_log.end_offset
+            if end >= marker.first_offset + marker.row_count:
+                self._mark_done(pending, stream)
+                log.warning("sink '%s' batch %d: append to '%s' at [%d,%d) had completed; "
+                            "marked done", pending.sink_id, pending.batch_id, stream,
+                            marker.first_offset, marker.first_offset + marker.row_count)
+                return marker.first_offset, marker.first_offset + marker.row_count
+            if end > marker.first_offset:
+                stream_log.truncate_to(marker.first_offset)
+            log.warning("sink '%s' batch %d: append to '%s' at offset %d was torn "
+                        "(end_offset %d of %d); truncated and writing it again",
+                        pending.sink_id, pending.batch_id, stream, marker.first_offset,
+                        end, marker.first_offset + marker.row_count)
+        if not tables:
+            self._record_marker(pending, stream, stream_log.end_offset, 0, "done")
+            return stream_log.end_offset, stream_log.end_offset
+        before: dict[Path, int] = {}
+
+        def before_write(first_offset: int) -> None:
+            self._record_marker(pending, stream, first_offset, row_count, "committing")
+            if self._fault is None:
+                return
+            if self._fault.point == "marker":
+                _die(f"marker recorded for '{stream}' at offset {first_offset}")
+            if self._fault.point == "torn" and self._streams_dir is not None:
+                before.update(_segment_sizes(self._streams_dir / stream))
+
+        result = stream_log.append_atomic(tables, before_write=before_write)
+        if result.stored_count != row_count:
+            log.error("sink '%s' batch %d: '%s' stored %d of %d rows (dedup window?)",
+                      pending.sink_id, pending.batch_id, stream, result.stored_count, row_count)
+        if self._fault is not None and self._fault.point in ("append", "torn"):
+            if self._fault.point == "torn" and self._streams_dir is not None:
+                _tear(self._streams_dir / stream, before, self._fault.amount)
+            _die(f"appended '{stream}' at offset {result.first_offset}, marker not done")
+        self._mark_done(pending, stream)
+        return result.first_offset, result.first_offset + result.stored_count
+
+    def _record_marker(self, pending: _Pending, stream: str, first_offset: int,
+                       row_count: int, state: str) -> None:
+        self._metadata.execute(
+            "INSERT OR REPLACE INTO sink_markers "
+            "(sink_id, batch_id, stream, first_offset, row_count, state) VALUES (?, ?, ?, ?, ?, ?)",
+            (pending.sink_id, pending.batch_id, stream, first_offset, row_count, state))
+        if state == "committing":
+            self._sync_metadata()
+
+    def _mark_done(self, pending: _Pending, stream: str) -> None:
+        self._metadata.execute(
+            "UPDATE sink_markers SET state = 'done' WHERE sink_id = ? AND batch_id = ? "
+            "AND stream = ?", (pending.sink_id, pending.batch_id, stream))
+
+    def _finish(self, pending: _Pending) -> None:
+        """Record the batch as committed, forget the commit's markers, drop its staging."""
+        with self._metadata.transaction():
+            self._metadata.execute(
+                "INSERT INTO sink_state (sink_id, last_batch_id, committed_ms) VALUES (?, ?, ?) "
+                "ON CONFLICT (sink_id) DO UPDATE SET last_batch_id = excluded.last_batch_id, "
+                "committed_ms = excluded.committed_ms",
+                (pending.sink_id, pending.batch_id, self._clock()))
+            self._metadata.execute("DELETE FROM sink_pending WHERE sink_id = ?",
+                                   (pending.sink_id,))
+            self._metadata.execute("DELETE FROM sink_markers WHERE sink_id = ?",
+                                   (pending.sink_id,))
+        self._sync_metadata()
+        self.staging.drop_up_to(pending.sink_id, pending.batch_id)
+
+    def _sync_metadata(self) -> None:
+        """Make what was just committed to SQLite survive a power loss (see module doc)."""
+        if self._durable_metadata:
+            self._metadata.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    # ------------------------------------------------------------ abort, recovery, GC
+
+    def abort(self, sink_id: str, batch_id: int, staging_ids: list[str] | None) -> int:
+        """Drop staging of a batch (all when None); refused while its commit is unfinished."""
+        check_sink_id(sink_id)
+        check_batch_id(batch_id)
+        for staging_id in staging_ids or []:
+            check_staging_id(staging_id)
+        with self._lock(sink_id):
+            pending = self._pending(sink_id)
+            if pending is not None and pending.batch_id == batch_id:
+                raise SinkConflictError(
+                    f"cannot abort sink '{sink_id}' batch {batch_id}: its commit has started "
+                    "and will be finished (retry CommitBatch)")
+            dropped = self.staging.drop(sink_id, batch_id, staging_ids or None)
+        log.info("sink '%s' batch %d aborted: %d staging file(s) dropped",
+                 sink_id, batch_id, dropped)
+        return dropped
+
+    def recover(self) -> int:
+        """Finish every commit a crash interrupted; drop staging of committed batches.
+
+        Runs before the broker serves. Returns the number of commits finished.
+        """
+        finished = 0
+        for pending in self._all_pending():
+            log.warning("sink '%s' batch %d: finishing a commit interrupted by a restart "
+                        "(%d staging(s), streams %s)", pending.sink_id, pending.batch_id,
+                        len(pending.staging_ids), pending.streams)
+            with self._lock(pending.sink_id):
+                self._run(pending)
+            finished += 1
+        for sink_id in self.staging.sinks():
+            last = self.last_batch_id(sink_id)
+            if last is not None:
+                self.staging.drop_up_to(sink_id, last)
+        for tmp in list(self.staging.temp_files()):  # no Stage is in flight before serving
+            tmp.unlink(missing_ok=True)
+        self.staging.remove_empty_dirs()
+        return finished
+
+    def sweep(self, ttl_ms: int) -> int:
+        """Delete staging older than ttl_ms that no unfinished commit lists; returns files."""
+        now = self._clock()
+        protected = {(p.sink_id, p.batch_id) for p in self._all_pending()}
+        last_by_sink: dict[str, int | None] = {}
+        dropped = 0
+        for item in list(self.staging.files()):
+            if item.sink_id not in last_by_sink:
+                last_by_sink[item.sink_id] = self.last_batch_id(item.sink_id)
+            last = last_by_sink[item.sink_id]
+            committed = last is not None and item.batch_id <= last
+            try:
+                expired = now - item.mtime_ms() > ttl_ms
+            except FileNotFoundError:
+                continue
+            if (committed or expired) and (item.sink_id, item.batch_id) not in protected:
+                with self._lock(item.sink_id):
+                    if (item.sink_id, item.batch_id) in {
+                        (p.sink_id, p.batch_id) for p in self._all_pending()}:
+                        continue
+                    item.path.unlink(missing_ok=True)
+                dropped += 1
+                log.info("sink '%s' batch %d: dropped %s staging '%s'", item.sink_id,
+                         item.batch_id, "committed" if committed else "expired", item.staging_id)
+        for tmp in list(self.staging.temp_files()):
+            try:
+                if now - int(tmp.stat().st_mtime * 1000) > ttl_ms:
+                    tmp.unlink(missing_ok=True)
+            except FileNotFoundError:
+                continue
+        self.staging.remove_empty_dirs()
+        return dropped
+
+    def on_stream_deleted(self, stream: str) -> None:
+        """Forget a deleted stream: its markers, unfinished commits' rows for it, its staging."""
+        for pending in self._all_pending():
+            if stream in pending.streams:
+                with self._lock(pending.sink_id):
+                    remaining = [s for s in pending.streams if s != stream]
+                    self._metadata.execute(
+                        "UPDATE sink_pending SET streams = ? WHERE sink_id = ?",
+                        (json.dumps(remaining), pending.sink_id))
+        self._metadata.execute("DELETE FROM sink_markers WHERE stream = ?", (stream,))
+        protected = {(p.sink_id, p.batch_id) for p in self._all_pending()}
+        dropped = 0
+        for item in list(self.staging.files()):
+            if (item.sink_id, item.batch_id) in protected:
+                continue
+            try:
+                targets = self.staging.targets(item.sink_id, item.batch_id, item.staging_id)
+            except (FileNotFoundError, pa.ArrowInvalid):
+                continue
+            if targets == [stream]:
+                item.path.unlink(missing_ok=True)
+                dropped += 1
+        self.staging.remove_empty_dirs()
+        if dropped:
+            log.info("stream '%s' deleted: dropped %d staging file(s) that targeted only it",
+                     stream, dropped)

@@ -1,0 +1,397 @@
+"""Staged sink data: what a Stage call stores, checked, on disk, until its batch commits.
+
+A Spark task stages its rows before the driver knows whether the micro-batch
+will commit, so staged data must survive a broker crash (the commit may come
+after a restart) and must be cheap to drop (aborts, failed attempts). One
+file per staging id does both: it appears atomically (write a temporary file,
+fsync, rename, fsync the directory) before Stage replies, a re-sent staging id
+replaces the earlier file, and dropping a batch is deleting a directory.
+
+Layout::
+
+    <data_dir>/sink/<sink_id>/<batch_id>/<staging_id>.arrow
+
+Each file is an Arrow IPC stream whose columns are ``stream`` (string, the
+resolved target of every row), ``value`` (binary) and ``id`` (string), plus
+``key`` and ``headers`` when the stager sent them, in the publish types of
+``npstream.schema.PUBLISH_COLUMNS``. The schema metadata holds the sorted
+target streams (``npstream.streams``, JSON) and the row count
+(``npstream.rows``), so listing what a staging targets reads a few hundred
+bytes, not the data.
+
+Rows staged without an id get a deterministic one,
+``<sink_id>.<staging_id>.<row>``: if a crash interrupts a commit the broker
+writes the same rows again at the same offsets (sink_commit's roll-forward),
+and they must be identical to what a reader may already have seen.
+
+Everything a commit could fail on is checked here, at Stage time, so a commit
+only moves bytes: the value column, stream names, routing and each stream's
+``max_message_bytes``. Any bad row rejects the whole Stage (INVALID_ARGUMENT
+naming the row and the stream) and nothing is stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from npstream.broker.errors import InvalidArgumentError
+from npstream.names import validate_stream_name
+from npstream.schema import normalize_publish_table
+
+__all__ = [
+    "STAGING_SUFFIX",
+    "StagedTable",
+    "StagingArea",
+    "StagingFile",
+    "check_sink_id",
+    "check_staging_id",
+    "message_sizes",
+    "prepare_stage",
+]
+
+log = logging.getLogger(__name__)
+
+STAGING_SUFFIX = ".arrow"
+_TMP_SUFFIX = ".tmp"
+_META_STREAMS = b"npstream.streams"
+_META_ROWS = b"npstream.rows"
+# Sink and staging ids become path components: the stream-name alphabet, which
+# admits no separators and no leading dot.
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+
+
+def _check_id(kind: str, value: str) -> str:
+    if not _ID_RE.fullmatch(value):
+        raise InvalidArgumentError(
+            f"invalid {kind} {value!r}: use 1-255 characters from [A-Za-z0-9._-], "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def check_sink_id(sink_id: str) -> str:
+    """The sink id, or InvalidArgumentError stating the rule (it names a directory)."""
+    return _check_id("sink_id", sink_id)
+
+
+def check_staging_id(staging_id: str) -> str:
+    """The staging id, or InvalidArgumentError stating the rule (it names a file)."""
+    return _check_id("staging_id", staging_id)
+
+
+def check_batch_id(batch_id: int) -> int:
+    if batch_id < 0:
+        raise InvalidArgumentError(f"batch_id={batch_id} must be >= 0")
+    return batch_id
+
+
+# ---------------------------------------------------------------- validation
+
+
+def message_sizes(table: pa.Table) -> np.ndarray:
+    """Bytes of value + key + header names and values per row (what max_message_bytes bounds)."""
+    sizes = np.zeros(table.num_rows, dtype=np.int64)
+    if table.num_rows == 0:
+        return sizes
+    for name in ("value", "key"):
+        if name in table.column_names:
+            lengths = pc.fill_null(pc.binary_length(table.column(name)), 0)
+            sizes += lengths.to_numpy().astype(np.int64)
+    if "headers" in table.column_names:
+        sizes += _header_sizes(table.column("headers").combine_chunks())
+    return sizes
+
+
+def _header_sizes(headers: pa.MapArray) -> np.ndarray:
+    """Per-row sum of header name and value lengths, from the map's offsets (no row loop)."""
+    offsets = headers.offsets.to_numpy().astype(np.int64)
+    key_len = pc.binary_length(headers.keys).to_numpy(zero_copy_only=False).astype(np.int64)
+    item_len = pc.fill_null(pc.binary_length(headers.items), 0)
+    entry = key_len + item_len.to_numpy(zero_copy_only=False).astype(np.int64)
+    cumulative = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(entry)])
+    sizes = cumulative[offsets[1:]] - cumulative[offsets[:-1]]
+    if headers.null_count:
+        sizes[headers.is_null().to_numpy(zero_copy_only=False)] = 0
+    return sizes
+
+
+def _resolve_streams(table: pa.Table, default_stream: str) -> pa.ChunkedArray:
+    """The target stream of every row: its ``stream`` value, else default_stream."""
+    if "stream" not in table.column_names:
+        if not default_stream:
+            raise InvalidArgumentError(
+                "no target stream: the data has no 'stream' column and the request names "
+                "no default stream"
+            )
+        return pa.chunked_array([pc.fill_null(pa.nulls(table.num_rows, pa.string()),
+                                              default_stream)], pa.string())
+    column = table.column("stream")
+    if column.type != pa.string():
+        try:
+            column = column.cast(pa.string())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise InvalidArgumentError(
+                f"column 'stream' has type {column.type}, expected string"
+            ) from None
+    if default_stream:
+        column = pc.fill_null(column, default_stream)
+    elif column.null_count:
+        row = pc.index(pc.is_null(column), True).as_py()
+        raise InvalidArgumentError(
+            f"row {row} has no target stream: its 'stream' value is null and the request "
+            "names no default stream"
+        )
+    return column
+
+
+def prepare_stage(
+    data: pa.Table,
+    default_stream: str,
+    max_message_bytes: Callable[[str], int],
+    id_prefix: str,
+) -> pa.Table:
+    """The table to store for one Stage call: checked, routed, in publish types, ids filled.
+
+    ``max_message_bytes(stream)`` gives a target's limit (and raises
+    StreamNotFoundError when the stream may not be auto-created).
+    ``id_prefix`` + row number names rows that came without an id.
+    """
+    if default_stream:
+        _checked_stream_name(default_stream, "the request's default stream")
+    streams = _resolve_streams(data, default_stream)
+    try:
+        table = normalize_publish_table(data.drop_columns(["stream"])
+                                        if "stream" in data.column_names else data)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"cannot stage: {exc}") from None
+    targets = [t for t in pc.unique(streams).to_pylist() if t is not None]
+    sizes = message_sizes(table)
+    for target in sorted(targets):
+        first = pc.index(streams, target).as_py()
+        _checked_stream_name(target, f"row {first}")
+        limit = max_message_bytes(target)
+        mask = pc.equal(streams, target).to_numpy(zero_copy_only=False)
+        over = np.flatnonzero(mask & (sizes > limit))
+        if over.size:
+            row = int(over[0])
+            raise InvalidArgumentError(
+                f"row {row} for stream '{target}' is {int(sizes[row])} bytes, over the "
+                f"stream's max_message_bytes={limit}; nothing was staged"
+            )
+    table = _fill_ids(table, id_prefix)
+    table = table.add_column(0, pa.field("stream", pa.string(), nullable=False), streams)
+    metadata = {_META_STREAMS: json.dumps(sorted(targets)).encode(),
+                _META_ROWS: str(table.num_rows).encode()}
+    return table.replace_schema_metadata(metadata)
+
+
+def _checked_stream_name(name: str, where: str) -> None:
+    try:
+        validate_stream_name(name)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"{where}: {exc}") from None
+
+
+def _fill_ids(table: pa.Table, prefix: str) -> pa.Table:
+    """Give rows without an id the id ``<prefix><row>`` (deterministic across retries)."""
+    generated = pc.binary_join_element_wise(
+        prefix, pa.array(np.arange(table.num_rows, dtype=np.int64)).cast(pa.string()), ""
+    )
+    if "id" not in table.column_names:
+        return table.append_column(pa.field("id", pa.string(), nullable=False), generated)
+    column = table.column("id")
+    missing = pc.or_kleene(pc.is_null(column), pc.equal(column, ""))  # "" = assign one
+    if not pc.any(missing).as_py():
+        return table
+    index = table.column_names.index("id")
+    filled = pc.if_else(pc.fill_null(missing, True), generated, column)
+    return table.set_column(index, pa.field("id", pa.string(), nullable=False), filled)
+
+
+# ---------------------------------------------------------------- files
+
+
+@dataclass(frozen=True)
+class StagingFile:
+    """One staged file on disk."""
+
+    sink_id: str
+    batch_id: int
+    staging_id: str
+    path: Path
+
+    def mtime_ms(self) -> int:
+        return int(self.path.stat().st_mtime * 1000)
+
+
+@dataclass(frozen=True)
+class StagedTable:
+    """A staging file's content: ``stream`` column plus publish columns."""
+
+    staging_id: str
+    table: pa.Table
+    streams: list[str]
+
+    def rows_for(self, stream: str) -> pa.Table:
+        """This staging's rows for one stream, in staged order, without the stream column."""
+        table = self.table
+        if self.streams != [stream]:
+            table = table.filter(pc.equal(table.column("stream"), stream))
+        return table.drop_columns(["stream"])
+
+
+class StagingArea:
+    """The ``<data_dir>/sink`` tree. Thread-safe: each file is written via its own temp name."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, sink_id: str, batch_id: int, staging_id: str) -> Path:
+        return self.root / sink_id / str(batch_id) / f"{staging_id}{STAGING_SUFFIX}"
+
+    def write(self, sink_id: str, batch_id: int, staging_id: str, table: pa.Table) -> int:
+        """Store durably (fsynced, renamed, directory fsynced); returns the file size."""
+        target = self.path(sink_id, batch_id, staging_id)
+        self._make_dirs(target.parent)
+        tmp = target.with_name(f"{target.name}.{uuid.uuid4().hex[:12]}{_TMP_SUFFIX}")
+        try:
+            with open(tmp, "wb") as sink:
+                with pa.ipc.new_stream(sink, table.schema) as writer:
+                    writer.write_table(table)
+                sink.flush()
+                os.fsync(sink.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync_dir(target.parent)
+        return target.stat().st_size
+
+    def _make_dirs(self, batch_dir: Path) -> None:
+        """Create <sink_id>/<batch_id> and fsync each new directory's parent."""
+        if batch_dir.is_dir():
+            return
+        created: list[Path] = []
+        for directory in (batch_dir.parent, batch_dir):
+            if not directory.is_dir():
+                directory.mkdir(exist_ok=True)
+                created.append(directory)
+        for directory in created:
+            _fsync_dir(directory.parent)
+
+    def exists(self, sink_id: str, batch_id: int, staging_id: str) -> bool:
+        return self.path(sink_id, batch_id, staging_id).is_file()
+
+    def targets(self, sink_id: str, batch_id: int, staging_id: str) -> list[str]:
+        """The streams a staging file writes to (reads only its schema)."""
+        return _targets_of(self.path(sink_id, batch_id, staging_id))
+
+    def read(self, sink_id: str, batch_id: int, staging_id: str) -> StagedTable:
+        """The staged rows, memory-mapped (no copy until they are appended)."""
+        path = self.path(sink_id, batch_id, staging_id)
+        with pa.memory_map(str(path)) as source:
+            table = pa.ipc.open_stream(source).read_all()
+        return StagedTable(staging_id, table, _streams_from_schema(table.schema))
+
+    def drop(self, sink_id: str, batch_id: int, staging_ids: list[str] | None = None) -> int:
+        """Delete the listed stagings of a batch (all when None); returns files deleted."""
+        batch_dir = self.root / sink_id / str(batch_id)
+        if not batch_dir.is_dir():
+            return 0
+        if staging_ids is None:
+            dropped = sum(1 for p in batch_dir.iterdir() if p.name.endswith(STAGING_SUFFIX))
+            shutil.rmtree(batch_dir, ignore_errors=True)
+            self._remove_if_empty(batch_dir.parent)
+            return dropped
+        dropped = 0
+        for staging_id in staging_ids:
+            path = self.path(sink_id, batch_id, staging_id)
+            if path.is_file():
+                path.unlink(missing_ok=True)
+                dropped += 1
+        self._remove_if_empty(batch_dir)
+        self._remove_if_empty(batch_dir.parent)
+        return dropped
+
+    def drop_up_to(self, sink_id: str, last_batch_id: int) -> int:
+        """Delete every staging of batches <= last_batch_id (they can never commit now)."""
+        sink_dir = self.root / sink_id
+        if not sink_dir.is_dir():
+            return 0
+        dropped = 0
+        for batch_dir in list(sink_dir.iterdir()):
+            if batch_dir.name.isdigit() and int(batch_dir.name) <= last_batch_id:
+                dropped += self.drop(sink_id, int(batch_dir.name))
+        self._remove_if_empty(sink_dir)
+        return dropped
+
+    def files(self) -> Iterator[StagingFile]:
+        """Every staging file, in no particular order (temp files excluded)."""
+        for sink_dir in _subdirs(self.root):
+            for batch_dir in _subdirs(sink_dir):
+                if not batch_dir.name.isdigit():
+                    continue
+                for path in batch_dir.iterdir():
+                    if path.name.endswith(STAGING_SUFFIX):
+                        yield StagingFile(sink_dir.name, int(batch_dir.name),
+                                          path.name[: -len(STAGING_SUFFIX)], path)
+
+    def temp_files(self) -> Iterator[Path]:
+        """Leftovers of Stage calls interrupted before their rename."""
+        for sink_dir in _subdirs(self.root):
+            for batch_dir in _subdirs(sink_dir):
+                yield from (p for p in batch_dir.iterdir() if p.name.endswith(_TMP_SUFFIX))
+
+    def sinks(self) -> list[str]:
+        return [p.name for p in _subdirs(self.root)]
+
+    def remove_empty_dirs(self) -> None:
+        for sink_dir in _subdirs(self.root):
+            for batch_dir in _subdirs(sink_dir):
+                self._remove_if_empty(batch_dir)
+            self._remove_if_empty(sink_dir)
+
+    @staticmethod
+    def _remove_if_empty(directory: Path) -> None:
+        with contextlib.suppress(OSError):  # not empty (or already gone): keep it
+            directory.rmdir()
+
+
+def _subdirs(directory: Path) -> list[Path]:
+    try:
+        return [p for p in directory.iterdir() if p.is_dir()]
+    except FileNotFoundError:
+        return []
+
+
+def _streams_from_schema(schema: pa.Schema) -> list[str]:
+    metadata = schema.metadata or {}
+    return list(json.loads(metadata.get(_META_STREAMS, b"[]")))
+
+
+def _targets_of(path: Path) -> list[str]:
+    with pa.memory_map(str(path)) as source:
+        return _streams_from_schema(pa.ipc.open_stream(source).schema)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename or a new entry in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
