@@ -1,0 +1,123 @@
+"""Client side of exactly-once writes: stage Arrow data, then commit or abort a batch.
+
+Used by the Spark writer (tasks stage, the driver commits), usable by any
+application that wants all-or-nothing, replay-safe writes to one or more
+streams::
+
+    sink = client.sink()
+    sink.stage("nightly-load", 7, "7-part0", "orders", table)
+    sink.stage("nightly-load", 7, "7-part1", "orders", other_table)
+    sink.commit("nightly-load", 7, ["7-part0", "7-part1"])   # visible at once
+    sink.commit("nightly-load", 7, ["7-part0", "7-part1"])   # already_committed, no-op
+
+Every call is safe to retry: a re-sent staging id replaces the earlier one, a
+re-sent commit of a recorded batch appends nothing, an abort of nothing drops
+nothing. So all of them use the client's retry on UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import grpc
+import pyarrow as pa
+
+from npstream.errors import NpstreamError, StreamNeedsRepair
+from npstream.proto import pb
+
+if TYPE_CHECKING:
+    from npstream.client import Client
+
+__all__ = ["CommitResult", "SinkClient", "SinkConflict", "StageResult", "encode_arrow_stream"]
+
+
+class SinkConflict(NpstreamError):
+    """The broker refused a sink call given the sink's state (FAILED_PRECONDITION).
+
+    For example: a commit lists staging that was aborted or expired, or a
+    batch is committed while an earlier batch's commit is unfinished.
+    """
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+@dataclass(frozen=True)
+class StageResult:
+    rows: int
+    bytes: int  # size of the staging file on the broker (0 if the batch was already committed)
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    already_committed: bool
+    # [start, end) offsets appended per stream; empty when already committed.
+    written: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def encode_arrow_stream(table: pa.Table | pa.RecordBatch) -> bytes:
+    """An Arrow IPC stream (schema + batches), the format of every ``arrow_stream`` field."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        if isinstance(table, pa.RecordBatch):
+            writer.write_batch(table)
+        else:
+            writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _sink_error(exc: NpstreamError) -> NpstreamError:
+    """FAILED_PRECONDITION from the sink is a SinkConflict unless a stream needs repair."""
+    if isinstance(exc, StreamNeedsRepair) and "streams repair" not in str(exc):
+        return SinkConflict(str(exc))
+    return exc
+
+
+class SinkClient:
+    """Stage / commit / abort / state calls of SinkService over a Client's connection."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def _call(self, rpc: str, request: object) -> object:
+        try:
+            return self._client.call(f"SinkService.{rpc}", request, idempotent=True)
+        except NpstreamError as exc:
+            converted = _sink_error(exc)
+            if converted is exc:
+                raise
+            raise converted from None
+
+    def stage(self, sink_id: str, batch_id: int, staging_id: str, stream: str | None,
+              table: pa.Table | pa.RecordBatch) -> StageResult:
+        """Store rows durably on the broker under staging_id; invisible until committed.
+
+        Columns: ``value`` (required), optional ``id``, ``key``, ``headers`` and
+        ``stream`` (per-row target; rows with a null ``stream`` go to ``stream``).
+        A bad row rejects the whole call (InvalidArgument naming the row).
+        """
+        reply = self._call("Stage", pb.StageRequest(
+            sink_id=sink_id, batch_id=batch_id, staging_id=staging_id, stream=stream or "",
+            arrow_stream=encode_arrow_stream(table)))
+        return StageResult(rows=reply.staged_rows, bytes=reply.staged_bytes)  # type: ignore[attr-defined]
+
+    def commit(self, sink_id: str, batch_id: int, staging_ids: list[str]) -> CommitResult:
+        """Make the listed stagings visible at once (per stream) and record the batch."""
+        reply = self._call("CommitBatch", pb.CommitBatchRequest(
+            sink_id=sink_id, batch_id=batch_id, staging_ids=list(staging_ids)))
+        return CommitResult(
+            already_committed=reply.already_committed,  # type: ignore[attr-defined]
+            written={w.stream: (w.start_offset, w.end_offset)
+                     for w in reply.written},  # type: ignore[attr-defined]
+        )
+
+    def abort(self, sink_id: str, batch_id: int, staging_ids: list[str] | None = None) -> int:
+        """Drop the batch's staging (only the listed ids when given); returns files dropped."""
+        reply = self._call("AbortBatch", pb.AbortBatchRequest(
+            sink_id=sink_id, batch_id=batch_id, staging_ids=list(staging_ids or [])))
+        return int(reply.dropped)  # type: ignore[attr-defined]
+
+    def last_batch_id(self, sink_id: str) -> int:
+        """The sink's last committed batch id, -1 when none."""
+        reply = self._call("SinkState", pb.SinkStateRequest(sink_id=sink_id))
+        return int(reply.last_batch_id)  # type: ignore[attr-defined]
