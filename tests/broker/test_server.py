@@ -1,0 +1,197 @@
+"""The broker process: health, reflection, auth, TLS, metrics, config layers, clean shutdown."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from harness import BrokerProcess
+from npstream.proto import pb, pb_grpc
+
+SERVICES = ("npstream.v1.StreamService", "npstream.v1.GroupService", "npstream.v1.SinkService")
+
+
+def metrics_url(broker: BrokerProcess) -> str:
+    match = re.search(r"metrics=(http://\S+/metrics)", broker.log_text())
+    assert match, broker.log_text()[-2000:]
+    return match.group(1)
+
+
+def scrape(url: str) -> dict[str, float]:
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            samples[key] = float(value)
+    return samples
+
+
+def test_health_reports_serving_for_every_service(broker):
+    with grpc.insecure_channel(broker.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", *SERVICES):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
+
+
+def test_reflection_lists_the_npstream_services(broker):
+    with grpc.insecure_channel(broker.address) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        replies = stub.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10)
+        names = {s.name for r in replies for s in r.list_services_response.service}
+    assert set(SERVICES) <= names
+    assert "grpc.health.v1.Health" in names
+
+
+def test_auth_token_required_except_for_health(broker_factory):
+    broker = broker_factory(env={"NPSTREAM_AUTH_TOKEN": "s3cret"})
+    with grpc.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.StreamServiceStub(channel)
+        request = pb.CreateStreamRequest(name="guarded")
+        for metadata in (None, (("authorization", "Bearer wrong"),),
+                         (("authorization", "s3cret"),)):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.CreateStream(request, metadata=metadata, timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "missing or invalid auth token" in info.value.details()
+        groups = pb_grpc.GroupServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            groups.ListGroups(pb.ListGroupsRequest(stream="guarded"), timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        good = (("authorization", "Bearer s3cret"),)
+        assert stub.CreateStream(request, metadata=good, timeout=10).name == "guarded"
+        health = health_pb2_grpc.HealthStub(channel)
+        assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == (
+            health_pb2.HealthCheckResponse.SERVING)
+    assert "s3cret" not in broker.log_text()
+
+
+def test_tls_broker_serves_tls_clients_and_rejects_plaintext(broker_factory, tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True,
+    )
+    broker = broker_factory(env={"NPSTREAM_TLS_CERT_FILE": str(cert),
+                                 "NPSTREAM_TLS_KEY_FILE": str(key)})
+    assert "tls=on" in broker.log_text()
+    credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+    with grpc.secure_channel(broker.address, credentials) as channel:
+        stub = pb_grpc.StreamServiceStub(channel)
+        reply = stub.Publish(pb.PublishRequest(stream="tls", messages=[pb.Message(value=b"x")]),
+                             timeout=10)
+        assert reply.stored_count == 1
+    with grpc.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.StreamServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.DescribeStream(pb.DescribeStreamRequest(name="tls"), timeout=3)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_metrics_count_publishes_and_fetches_and_sigterm_exits_zero(broker_factory):
+    broker = broker_factory()
+    url = metrics_url(broker)
+    with grpc.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.StreamServiceStub(channel)
+        stub.Publish(pb.PublishRequest(stream="m", messages=[pb.Message(value=b"abc")] * 3))
+        stub.Fetch(pb.FetchRequest(stream="m", offset=0))
+        with pytest.raises(grpc.RpcError):
+            stub.Fetch(pb.FetchRequest(stream="m", offset=99))
+    samples = scrape(url)
+    assert samples["npstream_publish_requests_total"] == 1
+    assert samples["npstream_published_messages_total"] == 3
+    assert samples["npstream_published_bytes_total"] > 0
+    assert samples["npstream_fetch_requests_total"] == 1
+    assert samples["npstream_fetched_messages_total"] == 3
+    assert samples["npstream_fetched_bytes_total"] > 0
+    assert samples["npstream_append_latency_seconds_count"] == 1
+    assert samples["npstream_streams"] == 1
+    assert samples['npstream_stream_end_offset{stream="m"}'] == 3
+    assert samples['npstream_rpc_errors_total{code="OUT_OF_RANGE"}'] == 1
+    assert broker.stop() == 0
+    log = broker.log_text()
+    assert re.search(r"serving on 127\.0\.0\.1:\d+ .*data_dir=\S+ metrics=http://", log)
+    assert "npstream broker stopped" in log
+
+
+def test_sigterm_during_long_poll_finishes_the_call_and_exits_zero(broker_factory):
+    broker = broker_factory()
+    result: dict[str, object] = {}
+    with grpc.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.StreamServiceStub(channel)
+        stub.CreateStream(pb.CreateStreamRequest(name="lp"))
+
+        def poll() -> None:
+            try:
+                result["reply"] = stub.Fetch(pb.FetchRequest(stream="lp", offset=0,
+                                                             wait_ms=60_000))
+            except grpc.RpcError as exc:
+                result["error"] = exc
+
+        thread = threading.Thread(target=poll)
+        thread.start()
+        time.sleep(0.3)
+        started = time.monotonic()
+        assert broker.stop() == 0
+        thread.join(10)
+    assert time.monotonic() - started < 5
+    reply = result.get("reply")
+    assert isinstance(reply, pb.FetchResponse), result
+    assert (reply.count, reply.next_offset) == (0, 0)
+
+
+def test_config_layers_file_then_env_then_cli_apply_in_a_real_broker(broker_factory,
+                                                                      tmp_path):
+    config = tmp_path / "broker.toml"
+    config.write_text(
+        '[server]\nlog_level = "ERROR"\n'
+        '[streams]\nauto_create_streams = false\ndefault_max_message_bytes = "2KiB"\n'
+    )
+    broker = broker_factory(
+        config=config,
+        env={"NPSTREAM_DEFAULT_MAX_MESSAGE_BYTES": "4KiB", "NPSTREAM_LOG_LEVEL": "ERROR"},
+        args=["--log-level", "INFO"],
+    )
+    assert "serving on" in broker.log_text()  # INFO from the CLI beat ERROR from env/file
+    with grpc.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.StreamServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:  # auto_create_streams=false from the file
+            stub.Publish(pb.PublishRequest(stream="absent", messages=[pb.Message(value=b"x")]))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        assert info.value.details() == "stream 'absent' does not exist"
+        info_reply = stub.CreateStream(pb.CreateStreamRequest(name="present"))
+        assert info_reply.config.max_message_bytes == 4096  # env beat the file
+        assert stub.Publish(pb.PublishRequest(stream="present", messages=[
+            pb.Message(value=b"x")])).stored_count == 1
+
+
+def test_unknown_config_key_stops_startup_naming_the_key(broker_factory, tmp_path):
+    config = tmp_path / "broker.toml"
+    config.write_text("[storage]\nmax_open_file = 64\n")
+    with pytest.raises(RuntimeError) as info:
+        broker_factory(config=config)
+    assert "broker exited with 2" in str(info.value)
+    assert "unknown key 'max_open_file' in [storage]" in str(info.value)
+
+
+def test_second_broker_on_same_data_dir_refuses_to_start(broker_factory):
+    first = broker_factory("shared")
+    second = BrokerProcess(Path(first.data_dir))
+    with pytest.raises(RuntimeError) as info:
+        second.start()
+    assert "broker exited with 1" in str(info.value)
+    assert f"data dir {first.data_dir} is in use by another broker (pid {first.pid})" in str(
+        info.value)
