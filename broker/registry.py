@@ -116,6 +116,9 @@ class StreamRegistry:
     def __len__(self) -> int:
         return len(self._records)
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._records
+
     def open_logs(self) -> list[StreamLog]:
         """Snapshot of the logs opened so far (for metrics)."""
         with self._lock:
