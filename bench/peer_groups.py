@@ -18,6 +18,7 @@ only, not group delivery, so this script adds that phase with the same method
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import time
 import uuid
@@ -118,10 +119,8 @@ def _nats_consumer(stream: str, subj: str, n: int, limit_s: float, ready: Any, q
                                  manual_ack=True, config=cfg)
         await nc.flush()
         ready.set()
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(done.wait(), timeout=limit_s)
-        except TimeoutError:
-            pass
         await nc.flush()
         await sub.unsubscribe()
         await nc.close()

@@ -1,0 +1,376 @@
+#!/usr/bin/env python3
+"""Consumer-group benchmark: delivery latency vs JetStream and Redis, shared-group scaling.
+
+    .venv/bin/python bench/groups.py                  # full run (a few minutes on 2 cores)
+    .venv/bin/python bench/groups.py --quick --skip-peers
+
+1. Publish-to-delivery latency p50/p99 of one subscribed group member, at --latency-rate
+   msg/s: npstream ``Client.subscribe`` (handler acks every lease) vs a JetStream durable
+   push consumer in a deliver group (AckExplicit, ack each) vs Redis ``XREADGROUP BLOCK``
+   (+ XACK). Every system runs alone; the peer side is bench/peer_groups.py, run with the
+   peers' interpreter. The median over --latency-repeats runs is reported.
+2. Shared-group throughput: --messages messages are published once; then 1, 2 and 4
+   consumer processes join a fresh group on that stream and ack every message; msg/s is
+   messages over the time from the start signal until the last ack was handled, with the
+   broker's and the machine's CPU use over the same interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import multiprocessing as mp
+import os
+import sys
+import time
+import uuid
+from typing import Any
+
+import pyarrow as pa
+from bench_common import (
+    BrokerUnderTest,
+    CpuMeter,
+    latency_summary,
+    machine_info,
+    median_of,
+    rate,
+    stamp_of,
+    stamped,
+)
+from peer_runner import PeersMissing, PeersNotInstalled, check_peers, peer_running, run_peer_script
+from report import Goal, fmt, render_goals, render_table, write_json
+
+# ---------------------------------------------------------------- tuning / run sizes
+MESSAGES = 200_000             # shared-group throughput: messages drained per consumer count
+QUICK_MESSAGES = 5_000
+SIZE = 100                     # payload bytes
+CONSUMER_COUNTS = (1, 2, 4)
+MAX_IN_FLIGHT = 1000           # subscribe() credits per consumer (the peers' window of 1000)
+PUBLISH_BATCH = 10_000         # rows per publish_batch when filling the stream (not timed)
+LATENCY_MESSAGES = 2000
+QUICK_LATENCY_MESSAGES = 200
+LATENCY_RATE = 1000.0
+LATENCY_REPEATS = 3
+DRAIN_TIMEOUT_S = 300.0        # cap for one throughput run
+# "Busy": the broker process used at least this share of one core (its Python threads
+# share a GIL), or the whole machine at least this share of all cores, during a run.
+BUSY_SHARE = 0.9
+# A step to more consumers counts as growth when msg/s rises by at least this factor.
+GROWTH_FACTOR = 1.1
+PEER_LABEL = {"redis": "redis-streams", "nats": "nats-jetstream"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--messages", type=int, help=f"messages per throughput run (default "
+                   f"{MESSAGES:,}; --quick {QUICK_MESSAGES:,})")
+    p.add_argument("--size", type=int, default=SIZE, help=f"payload bytes (default {SIZE})")
+    p.add_argument("--consumers", default=",".join(map(str, CONSUMER_COUNTS)),
+                   help="consumer process counts (default 1,2,4)")
+    p.add_argument("--max-in-flight", type=int, default=MAX_IN_FLIGHT)
+    p.add_argument("--latency-messages", type=int)
+    p.add_argument("--latency-rate", type=float, default=LATENCY_RATE)
+    p.add_argument("--latency-repeats", type=int)
+    p.add_argument("--quick", action="store_true", help="small counts for a smoke run")
+    p.add_argument("--skip-peers", action="store_true", help="measure npstream only")
+    p.add_argument("--peers", default="redis,nats")
+    p.add_argument("--json", metavar="PATH", help="also write the raw results here")
+    a = p.parse_args(argv)
+    a.messages = a.messages or (QUICK_MESSAGES if a.quick else MESSAGES)
+    a.latency_messages = a.latency_messages or (
+        QUICK_LATENCY_MESSAGES if a.quick else LATENCY_MESSAGES)
+    a.latency_repeats = a.latency_repeats or (1 if a.quick else LATENCY_REPEATS)
+    a.consumers = [int(x) for x in a.consumers.split(",") if x]
+    a.peers = [x for x in a.peers.split(",") if x]
+    if a.size < 8:
+        p.error("--size must be >= 8 (the latency phase stores a timestamp in the payload)")
+    if a.messages < 1 or not a.consumers or min(a.consumers) < 1:
+        p.error("--messages and --consumers must be >= 1")
+    if set(a.peers) - set(PEER_LABEL):
+        p.error(f"unknown peer(s) {sorted(set(a.peers) - set(PEER_LABEL))}")
+    return a
+
+
+# ---------------------------------------------------------------- npstream: latency
+
+def _latency_member(address: str, stream: str, group: str, n: int, limit_s: float,
+                    max_in_flight: int, ready: Any, q: Any) -> None:
+    from npstream import Client
+
+    lat: list[int] = []
+    with Client(address) as client:
+        def handle(lease: Any) -> None:
+            lat.append(time.monotonic_ns() - stamp_of(lease.value))
+            lease.ack()
+
+        sub = client.subscribe(stream, group, handle, max_in_flight=max_in_flight)
+        ready.set()
+        end = time.monotonic() + limit_s
+        while len(lat) < n and time.monotonic() < end:
+            time.sleep(0.05)
+        sub.close()
+        info = client.describe_group(stream, group)
+    q.put((lat, info.in_flight, info.committed_offset))
+
+
+def npstream_latency(client: Any, address: str, a: argparse.Namespace, filler: bytes,
+                     ) -> dict[str, Any]:
+    stream = f"bench-grp-lat-{uuid.uuid4().hex[:8]}"
+    client.create_stream(stream)
+    n = a.latency_messages
+    limit = n / a.latency_rate + 15
+    ctx = mp.get_context("spawn")
+    ready, q = ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=_latency_member, daemon=True,
+                       args=(address, stream, "g", n, limit, a.max_in_flight, ready, q))
+    proc.start()
+    try:
+        if not ready.wait(60):
+            return {"error": "group member did not start"}
+        time.sleep(0.2)
+        sent = 0
+        t0 = time.monotonic()
+        for i in range(n):
+            delay = t0 + i / a.latency_rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            client.publish(stream, stamped(a.size, filler), ack="fsync")
+            sent += 1
+        send_s = time.monotonic() - t0
+        try:
+            lat, in_flight, committed = q.get(timeout=limit + 10)
+        except Exception:  # queue.Empty: the member died or timed out
+            lat, in_flight, committed = [], None, None
+        res = latency_summary(lat, sent, send_s, "subscribe() member process, handler acks "
+                              "each lease; producer single publish(ack=fsync)")
+        res["in_flight_after"] = in_flight
+        res["committed_after"] = committed
+        return res
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.terminate()
+        client.delete_stream(stream)
+
+
+# ---------------------------------------------------------------- npstream: shared throughput
+
+def _throughput_member(index: int, address: str, stream: str, group: str, max_in_flight: int,
+                       counts: Any, ready: Any, start: Any, stop: Any) -> None:
+    from npstream import Client
+
+    with Client(address) as client:
+        def handle(lease: Any) -> None:
+            lease.ack()
+            counts[index] += 1  # own slot, no lock: only this process writes it
+
+        ready.release()
+        start.wait()
+        sub = client.subscribe(stream, group, handle, max_in_flight=max_in_flight,
+                               member_id=f"bench-{index}")
+        stop.wait()
+        sub.close()
+
+
+def shared_throughput(client: Any, broker: BrokerUnderTest, stream: str, n: int, size: int,
+                      consumers: int, max_in_flight: int) -> dict[str, Any]:
+    group = f"bench-shared-{consumers}-{uuid.uuid4().hex[:6]}"
+    ctx = mp.get_context("spawn")
+    counts = ctx.RawArray("q", consumers)
+    ready, start, stop = ctx.Semaphore(0), ctx.Event(), ctx.Event()
+    procs = [ctx.Process(target=_throughput_member, daemon=True,
+                         args=(i, broker.address, stream, group, max_in_flight, counts, ready,
+                               start, stop)) for i in range(consumers)]
+    for proc in procs:
+        proc.start()
+    for _ in procs:
+        if not ready.acquire(timeout=60):
+            stop.set()
+            return {"error": "consumer processes did not start"}
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    with CpuMeter(broker.pid) as cpu:
+        t0 = time.perf_counter()
+        start.set()
+        while sum(counts) < n and time.monotonic() < deadline:
+            time.sleep(0.005)
+        seconds = time.perf_counter() - t0
+    handled = sum(counts)
+    stop.set()
+    for proc in procs:
+        proc.join(30)
+        if proc.is_alive():
+            proc.terminate()
+    info = client.describe_group(stream, group)
+    res = rate(min(handled, n), size, seconds)
+    res.update(cpu.as_dict())
+    res["consumers"] = consumers
+    res["handled_per_consumer"] = list(counts)
+    res["handled"] = handled
+    res["committed_after"] = info.committed_offset
+    res["in_flight_after"] = info.in_flight
+    res["all_acked"] = info.committed_offset == n and info.in_flight == 0
+    res["partial"] = handled < n
+    res["method"] = (f"{consumers} process(es), subscribe(max_in_flight={max_in_flight}), "
+                     "handler acks every lease")
+    client.delete_group(stream, group)
+    return res
+
+
+def run_npstream(a: argparse.Namespace) -> dict[str, Any]:
+    from npstream import Client
+
+    filler = os.urandom(a.size)
+    out: dict[str, Any] = {"latency_runs": [], "throughput": []}
+    with BrokerUnderTest() as broker, Client(broker.address) as client:
+        for _ in range(a.latency_repeats):
+            print("# npstream group latency", file=sys.stderr)
+            out["latency_runs"].append(npstream_latency(client, broker.address, a, filler))
+        stream = f"bench-shared-{uuid.uuid4().hex[:8]}"
+        client.create_stream(stream)
+        table = pa.table({"value": pa.array([filler] * min(PUBLISH_BATCH, a.messages),
+                                            type=pa.binary())})
+        sent = 0
+        while sent < a.messages:
+            k = min(table.num_rows, a.messages - sent)
+            client.publish_batch(stream, table.slice(0, k), ack="write")
+            sent += k
+        for consumers in a.consumers:
+            print(f"# npstream shared group, {consumers} consumer(s), {a.messages:,} messages",
+                  file=sys.stderr)
+            out["throughput"].append(shared_throughput(
+                client, broker, stream, a.messages, a.size, consumers, a.max_in_flight))
+    return out
+
+
+# ---------------------------------------------------------------- peers
+
+def run_peer(name: str, a: argparse.Namespace) -> dict[str, Any]:
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_groups.py")
+    runs = []
+    durability = None
+    with peer_running(name):
+        for _ in range(a.latency_repeats):
+            print(f"# {name} group latency", file=sys.stderr)
+            res = run_peer_script(script, [
+                "--system", name, "--messages", "1", "--batch", "1", "--size", str(a.size),
+                "--latency-messages", str(a.latency_messages),
+                "--latency-rate", str(a.latency_rate)])
+            durability = res.get("durability")
+            runs.append(res.get("latency", {}))
+    return {"system": PEER_LABEL[name], "durability": durability, "latency_runs": runs}
+
+
+# ---------------------------------------------------------------- report
+
+def build_report(a: argparse.Namespace, ours: dict[str, Any],
+                 peers: dict[str, dict[str, Any]]) -> tuple[str, list[Goal]]:
+    goals: list[Goal] = []
+    lat_rows = []
+    sets = [("npstream", "subscribe(), ack each, publish ack=fsync", ours["latency_runs"])]
+    if "nats" in peers:
+        sets.append(("nats-jetstream", "push consumer, deliver group, AckExplicit",
+                     peers["nats"]["latency_runs"]))
+    if "redis" in peers:
+        sets.append(("redis-streams", "XREADGROUP BLOCK 200 + XACK",
+                     peers["redis"]["latency_runs"]))
+    for system, config, runs in sets:
+        ok = [r for r in runs if r and r.get("p99_ms") is not None]
+        if not ok:
+            lat_rows.append([system, config, str(len(runs)), "-", "-", "-", "-"])
+            continue
+        received = sum(r["received"] for r in ok)
+        sent = sum(r["sent"] for r in ok)
+        lat_rows.append([system, config, str(len(ok)), f"{received:,}/{sent:,}",
+                         fmt(median_of(ok, "p50_ms"), 2), fmt(median_of(ok, "p99_ms"), 2),
+                         fmt(median_of(ok, "max_ms"), 2)])
+    our_p99 = median_of([r for r in ours["latency_runs"] if r], "p99_ms")
+    nats_p99 = median_of(peers["nats"]["latency_runs"], "p99_ms") if "nats" in peers else None
+    name = "group delivery latency p99 <= JetStream push consumer's"
+    if our_p99 is None or nats_p99 is None:
+        goals.append(Goal(name, None, "not measured in this run"))
+    else:
+        goals.append(Goal(name, our_p99 <= nats_p99, f"{our_p99:.2f} ms vs {nats_p99:.2f} ms "
+                          f"(median of {a.latency_repeats} runs)"))
+
+    tp_rows = []
+    runs = [r for r in ours["throughput"] if "msgs_per_s" in r]
+    base = runs[0]["msgs_per_s"] if runs else None
+    for r in ours["throughput"]:
+        if "msgs_per_s" not in r:
+            tp_rows.append(["npstream", "-", r.get("error", "failed"), "", "", "", "", ""])
+            continue
+        tp_rows.append([
+            "npstream", str(r["consumers"]), fmt(r["msgs_per_s"]), fmt(r["mb_per_s"]),
+            f"{r['msgs_per_s'] / base:.2f}x" if base else "-",
+            fmt(r["server_cores_busy"], 2), fmt(r["machine_cores_busy"], 2),
+            "yes" if r["all_acked"] else f"no ({r['committed_after']:,} committed, "
+            f"{r['in_flight_after']} in flight)"])
+    cores = os.cpu_count() or 1
+    for prev, cur in itertools.pairwise(runs):
+        grew = cur["msgs_per_s"] >= GROWTH_FACTOR * prev["msgs_per_s"]
+        broker_busy = (prev["server_cores_busy"] or 0) >= BUSY_SHARE
+        machine_busy = prev["machine_cores_busy"] >= BUSY_SHARE * cores
+        why = ("grew" if grew else "flat, broker busy" if broker_busy
+               else "flat, machine busy" if machine_busy else "flat while cores were idle")
+        goals.append(Goal(
+            f"shared throughput {prev['consumers']} -> {cur['consumers']} consumers grows "
+            "until the broker's cores are busy", grew or broker_busy or machine_busy,
+            f"{fmt(prev['msgs_per_s'])} -> {fmt(cur['msgs_per_s'])} msg/s ({why}; at "
+            f"{prev['consumers']}: broker {prev['server_cores_busy']} cores, machine "
+            f"{prev['machine_cores_busy']}/{cores})"))
+    lost = [r for r in runs if not r["all_acked"]]
+    goals.append(Goal("every message acked in every throughput run", not lost and bool(runs),
+                      "committed offset = messages, nothing in flight" if not lost
+                      else f"{len(lost)} run(s) left messages unacked"))
+
+    text = [
+        f"publish-to-delivery latency of one group member at {a.latency_rate:g} msg/s, "
+        f"{a.latency_messages:,} x {a.size} B per run, median of runs (ms)",
+        render_table(["system", "config", "runs", "received", "p50 ms", "p99 ms", "max ms"],
+                     lat_rows),
+        "",
+        f"shared group throughput: {a.messages:,} x {a.size} B, every message acked "
+        f"(subscribe, max_in_flight {a.max_in_flight})",
+        render_table(["system", "consumers", "msg/s", "MB/s", "vs 1", "broker cores",
+                      "machine cores", "all acked"], tp_rows),
+        "",
+        "durability: npstream publish ack=fsync; "
+        + "; ".join(f"{PEER_LABEL[k]}: {v.get('durability')}" for k, v in peers.items()),
+    ]
+    return "\n".join(text), goals
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    peers: dict[str, dict[str, Any]] = {}
+    notes: list[str] = []
+    if not a.skip_peers:
+        try:
+            check_peers(a.peers)
+        except PeersMissing as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except PeersNotInstalled as exc:
+            notes.append(f"peers skipped: {exc}")
+            print(f"# {notes[-1]}", file=sys.stderr)
+        else:
+            for name in a.peers:
+                peers[name] = run_peer(name, a)
+    ours = run_npstream(a)
+    text, goals = build_report(a, ours, peers)
+    meta = machine_info()
+    print(f"npstream consumer-group benchmark, {meta['date_utc']}, {meta['cores']} cores, "
+          f"Python {meta['python']}")
+    print(text)
+    for note in notes:
+        print(note)
+    print()
+    print(render_goals(goals))
+    if a.json:
+        write_json(a.json, {"meta": meta, "args": vars(a), "npstream": ours, "peers": peers},
+                   goals)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
