@@ -1,0 +1,216 @@
+"""The ``npstream`` Spark sink: exactly-once streaming writes and all-or-nothing batch writes.
+
+How a micro-batch is written (docs/exactly-once.md has the whole argument):
+
+1. Each task (``write``, on an executor) sends its Arrow batches to the broker
+   with ``Stage`` in requests of about ``stageBytes``, each under its own
+   staging id ``<batchId>-<partition>-<attempt>-<random>-<n>``; staged rows are
+   durable but invisible. It returns the staging ids as its commit message.
+2. The driver's ``commit(messages, batchId)`` sends one ``CommitBatch`` with
+   every staging id: the broker appends them (contiguous per stream, fsynced)
+   and records (sink id, batchId). A replayed batchId (a restarted query
+   re-running its last batch) appends nothing.
+3. ``abort(messages, batchId)`` drops the batch's staging; staging of a task
+   attempt that was never listed (a failed or speculative attempt) is never
+   appended and is garbage-collected by the broker.
+
+Rows move as Arrow end to end: the task never converts to Python rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+
+from npstream.errors import NpstreamError
+from npstream.spark.writer_options import WriteOptions, parse_write_options
+
+__all__ = [
+    "NpstreamBatchWriter",
+    "NpstreamCommitMessage",
+    "NpstreamStreamWriter",
+    "make_batch_writer",
+    "make_stream_writer",
+]
+
+log = logging.getLogger(__name__)
+
+# Spark sets this local property on every task of a micro-batch (MicroBatchExecution).
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+# A batch write is one commit: batch id 0 of a sink id unique to the job.
+BATCH_WRITE_BATCH_ID = 0
+
+
+@dataclass
+class NpstreamCommitMessage(WriterCommitMessage):
+    """What a task reports to the driver: its staging ids, in the order they were staged."""
+
+    partition_id: int
+    staging_ids: list[str] = field(default_factory=list)
+    rows: int = 0
+
+
+def _chunks(batches: Iterable[pa.RecordBatch], columns: tuple[str, ...],
+            target_bytes: int) -> Iterator[pa.Table]:
+    """Tables of about target_bytes of the wanted columns (batches are sliced, never copied)."""
+    pending: list[pa.RecordBatch] = []
+    pending_bytes = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        batch = batch.select(list(columns))
+        size = batch.nbytes
+        if size > target_bytes and batch.num_rows > 1:
+            rows_per_chunk = max(1, int(batch.num_rows * target_bytes / size))
+            pieces = [batch.slice(start, rows_per_chunk)
+                      for start in range(0, batch.num_rows, rows_per_chunk)]
+        else:
+            pieces = [batch]
+        for piece in pieces:
+            piece_bytes = piece.nbytes if piece is not batch else size
+            if pending and pending_bytes + piece_bytes > target_bytes:
+                yield pa.Table.from_batches(pending)
+                pending, pending_bytes = [], 0
+            pending.append(piece)
+            pending_bytes += piece_bytes
+    if pending:
+        yield pa.Table.from_batches(pending)
+
+
+def _stage_all(options: WriteOptions, batch_id: int, iterator: Iterable[pa.RecordBatch],
+               ) -> NpstreamCommitMessage:
+    """Stage one task's rows; the commit message lists its staging ids."""
+    from pyspark import TaskContext
+
+    from npstream.sink_client import SinkClient
+
+    context = TaskContext.get()
+    partition = context.partitionId() if context else 0
+    attempt = context.attemptNumber() if context else 0
+    prefix = f"{batch_id}-{partition}-{attempt}-{uuid.uuid4().hex[:8]}"
+    message = NpstreamCommitMessage(partition_id=partition)
+    default_stream = None if options.use_stream_column else options.stream
+    with options.connection.connect() as client:
+        sink = SinkClient(client)
+        for table in _chunks(iterator, options.columns, options.stage_bytes):
+            staging_id = f"{prefix}-{len(message.staging_ids)}"
+            try:
+                sink.stage(options.sink_id, batch_id, staging_id, default_stream, table)
+            except NpstreamError as exc:
+                raise type(exc)(
+                    f"npstream sink '{options.sink_id}' batch {batch_id} partition {partition}: "
+                    f"cannot stage rows {message.rows}..{message.rows + table.num_rows - 1} of "
+                    f"this partition (row numbers in the message below count from "
+                    f"{message.rows}): {exc}") from None
+            message.staging_ids.append(staging_id)
+            message.rows += table.num_rows
+    log.debug("sink '%s' batch %d partition %d staged %d rows in %d request(s)",
+              options.sink_id, batch_id, partition, message.rows, len(message.staging_ids))
+    return message
+
+
+def _staging_ids(messages: list[WriterCommitMessage | None]) -> list[str]:
+    """Every staging id, tasks in partition order (the order rows appear in the stream)."""
+    ours = [m for m in messages if isinstance(m, NpstreamCommitMessage)]
+    ours.sort(key=lambda m: m.partition_id)
+    return [staging_id for m in ours for staging_id in m.staging_ids]
+
+
+def _commit(options: WriteOptions, batch_id: int,
+            messages: list[WriterCommitMessage | None]) -> None:
+    from npstream.sink_client import SinkClient
+
+    staging_ids = _staging_ids(messages)
+    with options.connection.connect() as client:
+        result = SinkClient(client).commit(options.sink_id, batch_id, staging_ids)
+    if result.already_committed:
+        log.info("npstream sink '%s' batch %d was already committed; nothing appended",
+                 options.sink_id, batch_id)
+    else:
+        log.info("npstream sink '%s' committed batch %d: %s", options.sink_id, batch_id,
+                 ", ".join(f"{s} [{a},{b})" for s, (a, b) in result.written.items()) or "empty")
+
+
+def _abort(options: WriteOptions, batch_id: int) -> None:
+    """Drop the batch's staging; a failure is logged, never raised over Spark's own error."""
+    from npstream.sink_client import SinkClient
+
+    try:
+        with options.connection.connect() as client:
+            dropped = SinkClient(client).abort(options.sink_id, batch_id)
+        log.info("npstream sink '%s' aborted batch %d: %d staging file(s) dropped",
+                 options.sink_id, batch_id, dropped)
+    except NpstreamError as exc:
+        log.warning("npstream sink '%s' could not abort batch %d (the broker drops its "
+                    "staging after sink_staging_ttl): %s", options.sink_id, batch_id, exc)
+
+
+class NpstreamStreamWriter(DataSourceStreamArrowWriter):
+    """Exactly-once micro-batch writer (``writeStream.format("npstream")``)."""
+
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+
+    @property
+    def sink_id(self) -> str:
+        return self.options.sink_id
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> NpstreamCommitMessage:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        batch_id = context.getLocalProperty(BATCH_ID_PROPERTY) if context else None
+        if batch_id is None:
+            raise RuntimeError(
+                f"npstream sink: the task has no '{BATCH_ID_PROPERTY}' property; the "
+                "streaming writer only runs inside a Structured Streaming micro-batch")
+        return _stage_all(self.options, int(batch_id), iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
+        _commit(self.options, batch_id, messages)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
+        _abort(self.options, batch_id)
+
+
+class NpstreamBatchWriter(DataSourceArrowWriter):
+    """All-or-nothing batch writer (``df.write.format("npstream")``): one commit per job."""
+
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+
+    @property
+    def sink_id(self) -> str:
+        return self.options.sink_id
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> NpstreamCommitMessage:
+        return _stage_all(self.options, BATCH_WRITE_BATCH_ID, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        _commit(self.options, BATCH_WRITE_BATCH_ID, messages)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        _abort(self.options, BATCH_WRITE_BATCH_ID)
+
+
+def make_stream_writer(options: dict[str, str], schema: Any) -> NpstreamStreamWriter:
+    """The streaming writer for a query (options and schema validated here, on the driver)."""
+    return NpstreamStreamWriter(parse_write_options(options, schema, "stream"))
+
+
+def make_batch_writer(options: dict[str, str], schema: Any,
+                      overwrite: bool) -> NpstreamBatchWriter:
+    """The batch writer for one job, under a fresh sink id (one all-or-nothing commit)."""
+    sink_id = f"batch-{uuid.uuid4().hex}"
+    return NpstreamBatchWriter(parse_write_options(options, schema, "batch", overwrite=overwrite,
+                                                   batch_sink_id=sink_id))

@@ -1,0 +1,243 @@
+"""Every write option of the ``npstream`` Spark sink, and the input schema it accepts.
+
+Checked once, on the driver, when the query (or batch write) is planned, so a
+typo, a bad value or an unusable column fails the query at start with a
+message naming the option (or column), the value and what is accepted —
+never later inside a task. The connection options (``broker``, ``token``,
+``tls``, ``tlsRootCertificates``) are the reader's (npstream.spark.options),
+so both directions connect the same way.
+
+Sink id, the name under which the broker records committed batches: option
+``sinkId``; else, for streaming writes, derived from the query's checkpoint
+(``checkpointLocation``, which Spark passes to the writer lower-cased), so a
+restarted query finds its own commits; else from ``queryName`` (the checkpoint
+is then ``spark.sql.streaming.checkpointLocation``/<queryName>, as stable as
+the name). Batch writes get a fresh sink id per job: one all-or-nothing commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from npstream.names import validate_stream_name
+from npstream.spark.options import (
+    CONNECTION_SPECS,
+    ConnectionOptions,
+    InvalidOptionError,
+    OptionSpec,
+    check_known_options,
+    parse_connection_options,
+)
+from npstream.units import parse_size
+
+__all__ = [
+    "ACCEPTED_COLUMNS",
+    "IGNORED_COLUMNS",
+    "WRITER_OPTIONS",
+    "WriteMode",
+    "WriteOptions",
+    "checkpoint_sink_id",
+    "parse_write_options",
+]
+
+WriteMode = Literal["stream", "batch"]
+_STREAM: frozenset[str] = frozenset({"stream"})
+_BOTH: frozenset[str] = frozenset({"stream", "batch"})
+
+# ---- tuning -------------------------------------------------------------
+# stageBytes: a task sends its rows in Stage requests of about this many Arrow
+# bytes. 4 MiB amortises the per-request fsync on the broker while staying far
+# below the 64 MiB gRPC message limit (a single larger row still goes alone).
+DEFAULT_STAGE_BYTES = "4MiB"
+MIN_STAGE_BYTES = 64 << 10
+MAX_STAGE_BYTES = 32 << 20
+
+_SINK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+
+
+def _parse_stream(text: str) -> str:
+    name = text.strip()
+    if "," in name:
+        raise ValueError("the writer takes one stream; route rows with a 'stream' column instead")
+    return validate_stream_name(name)
+
+
+def _parse_sink_id(text: str) -> str:
+    sink_id = text.strip()
+    if not _SINK_ID.fullmatch(sink_id):
+        raise ValueError(
+            "use 1-255 characters from [A-Za-z0-9._-], starting with a letter or digit")
+    return sink_id
+
+
+def _parse_stage_bytes(text: str) -> int:
+    size = parse_size(text)
+    if not MIN_STAGE_BYTES <= size <= MAX_STAGE_BYTES:
+        raise ValueError(f"must be between {MIN_STAGE_BYTES} (64KiB) and {MAX_STAGE_BYTES} "
+                         "(32MiB) bytes")
+    return size
+
+
+def _parse_any(text: str) -> str:
+    return text
+
+
+WRITE_SPECS: tuple[OptionSpec, ...] = (
+    *CONNECTION_SPECS,
+    OptionSpec("stream", None, _parse_stream, "one stream name", _BOTH,
+               "Target stream. Overrides a 'stream' column; without it every row needs "
+               "a non-null 'stream' column value."),
+    OptionSpec("sinkId", None, _parse_sink_id,
+               "1-255 characters from [A-Za-z0-9._-], starting with a letter or digit", _STREAM,
+               "Name of the sink's commit record on the broker; default derived from "
+               "checkpointLocation (else queryName)."),
+    OptionSpec("stageBytes", DEFAULT_STAGE_BYTES, _parse_stage_bytes,
+               "a size between 64KiB and 32MiB such as 4MiB", _BOTH,
+               "Arrow bytes per Stage request sent by a task."),
+    OptionSpec("checkpointLocation", None, _parse_any, "a path (set by Spark)", _STREAM,
+               "The query's checkpoint; gives the default sink id."),
+    OptionSpec("queryName", None, _parse_any, "a name (set by Spark)", _STREAM,
+               "The query's name; default sink id when there is no checkpointLocation."),
+)
+
+_SPECS_BY_KEY: dict[str, OptionSpec] = {spec.name.lower(): spec for spec in WRITE_SPECS}
+# The documented names of every write option (source.py checks unknown options against it).
+WRITER_OPTIONS: frozenset[str] = frozenset(spec.name for spec in WRITE_SPECS)
+
+# Input columns: name -> the Spark types accepted (simpleString form).
+ACCEPTED_COLUMNS: dict[str, tuple[str, ...]] = {
+    "value": ("string", "binary"),
+    "key": ("string", "binary"),
+    "id": ("string",),
+    "headers": ("map<string,string>", "map<string,binary>"),
+    "stream": ("string",),
+}
+# Columns of the npstream reader's schema that the broker assigns itself; a
+# DataFrame read from one stream can be written to another without a select.
+IGNORED_COLUMNS: frozenset[str] = frozenset({"offset", "timestamp"})
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """The validated write options of one query or batch write; picklable for tasks."""
+
+    mode: WriteMode
+    connection: ConnectionOptions
+    sink_id: str
+    stream: str | None
+    stage_bytes: int
+    columns: tuple[str, ...]  # input columns sent to the broker, in input order
+    use_stream_column: bool
+
+
+def checkpoint_sink_id(checkpoint_location: str) -> str:
+    """A stable sink id from a checkpoint path: a hash of its absolute, qualified form."""
+    location = checkpoint_location.strip()
+    parsed = urlparse(location)
+    if not parsed.scheme or len(parsed.scheme) == 1:  # a local path (or a Windows drive)
+        qualified = "file:" + os.path.abspath(os.path.expanduser(location))
+    elif parsed.scheme == "file":
+        qualified = "file:" + os.path.normpath(parsed.path)
+    else:
+        qualified = location.rstrip("/")
+    return "cp-" + hashlib.sha256(qualified.encode()).hexdigest()[:24]
+
+
+def _query_sink_id(query_name: str) -> str:
+    return "q-" + hashlib.sha256(query_name.encode()).hexdigest()[:24]
+
+
+def _parse_value(spec: OptionSpec, raw: str) -> Any:
+    try:
+        return spec.parse(raw)
+    except ValueError as exc:
+        raise InvalidOptionError(
+            f"Invalid value {raw!r} for option '{spec.name}': {exc}. Accepted: {spec.accepted}."
+        ) from None
+
+
+def _check_columns(schema: Any) -> tuple[str, ...]:
+    """The input columns to send; InvalidOptionError for an unusable column or type."""
+    fields = {f.name: f.dataType.simpleString() for f in schema.fields}
+    accepted = ", ".join(f"{name} ({' or '.join(types)})"
+                         for name, types in ACCEPTED_COLUMNS.items())
+    for name, type_name in fields.items():
+        if name in IGNORED_COLUMNS:
+            continue
+        if name not in ACCEPTED_COLUMNS:
+            raise InvalidOptionError(
+                f"Column '{name}' ({type_name}) cannot be written to npstream. Accepted columns: "
+                f"{accepted}; {' and '.join(repr(c) for c in sorted(IGNORED_COLUMNS))} are ignored "
+                "(the broker assigns them). Select or rename the columns before writing.")
+        if type_name not in ACCEPTED_COLUMNS[name]:
+            raise InvalidOptionError(
+                f"Column '{name}' has type {type_name}; the npstream writer accepts "
+                f"{' or '.join(ACCEPTED_COLUMNS[name])}. Cast it before writing.")
+    if "value" not in fields:
+        raise InvalidOptionError(
+            f"The data to write has no 'value' column (columns: {', '.join(fields) or 'none'}); "
+            f"it is required. Accepted columns: {accepted}.")
+    return tuple(name for name in fields if name not in IGNORED_COLUMNS)
+
+
+def parse_write_options(options: Mapping[str, str], schema: Any, mode: WriteMode, *,
+                        overwrite: bool = False, batch_sink_id: str | None = None,
+                        env: Mapping[str, str] | None = None) -> WriteOptions:
+    """Validate the options and input schema of a streaming or batch write.
+
+    ``batch_sink_id`` is the fresh per-job sink id of a batch write.
+    Raises InvalidOptionError naming the option or column at fault.
+    """
+    check_known_options(options, {key: spec.name for key, spec in _SPECS_BY_KEY.items()},
+                        'the "npstream" sink')
+    raw = {key.lower(): str(value) for key, value in options.items()}
+    values: dict[str, Any] = {}
+    for key, spec in _SPECS_BY_KEY.items():
+        if key in raw:
+            if mode not in spec.modes:
+                raise InvalidOptionError(
+                    f"Option '{spec.name}' (value {raw[key]!r}) applies to streaming writes "
+                    "(writeStream) only; a batch write is one all-or-nothing commit under a "
+                    "sink id of its own. Remove the option.")
+            values[spec.name] = _parse_value(spec, raw[key])
+        elif spec.default is not None:
+            values[spec.name] = spec.parse(spec.default)
+    if mode == "batch" and overwrite:
+        raise InvalidOptionError(
+            "Save mode 'overwrite' is not supported: npstream streams are append-only logs. "
+            "Use mode('append'), or delete the stream's messages first.")
+    connection = parse_connection_options(
+        {k: v for k, v in raw.items() if k in {s.name.lower() for s in CONNECTION_SPECS}}, env)
+    columns = _check_columns(schema)
+    stream: str | None = values.get("stream")
+    if stream is None and "stream" not in columns:
+        raise InvalidOptionError(
+            "No target stream: set the option 'stream' (e.g. .option('stream', 'orders')) "
+            "or give the data a 'stream' column (string) naming each row's stream.")
+    use_stream_column = stream is None and "stream" in columns
+    if not use_stream_column and "stream" in columns:
+        columns = tuple(c for c in columns if c != "stream")  # the option wins, as in Kafka
+    if mode == "batch":
+        if batch_sink_id is None:
+            raise ValueError("batch writes need batch_sink_id")
+        sink_id = batch_sink_id
+    elif "sinkId" in values:
+        sink_id = values["sinkId"]
+    elif values.get("checkpointLocation", "").strip():
+        sink_id = checkpoint_sink_id(values["checkpointLocation"])
+    elif values.get("queryName", "").strip():
+        sink_id = _query_sink_id(values["queryName"].strip())
+    else:
+        raise InvalidOptionError(
+            "Cannot name the sink: set the option 'sinkId', or 'checkpointLocation' on the "
+            "query (the sink id is derived from it so that a restarted query recognises its "
+            "own commits).")
+    return WriteOptions(mode=mode, connection=connection, sink_id=sink_id, stream=stream,
+                        stage_bytes=values["stageBytes"], columns=columns,
+                        use_stream_column=use_stream_column)
