@@ -1,16 +1,313 @@
 """GroupService: the gRPC face of consumer groups (cursor and shared models).
 
-Work in progress: the servicer is being written; until then nothing is
-registered, so the broker serves without GroupService.
+Request checking and wire conversion live here; the work is done by
+GroupManager and the group objects. Every RPC that reports a position
+(OpenConsumer aside) answers only once that position is in SQLite, so what
+a client was told survives kill -9. Acks sent on a Subscribe stream have no
+answer; they are written within the position writer's interval.
+
+Subscribe runs two threads per call: this handler's generator sends
+deliveries, and a reader thread applies the client's credits, acks and nacks.
+The handler never has more deliveries out than the client granted credits
+for, so a slow consumer only slows itself down.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import threading
+from collections.abc import Iterator
 
-__all__ = ["add_to_server"]
+import grpc
+
+from npstream.broker.context import BrokerContext
+from npstream.broker.errors import BrokerError, InvalidArgumentError
+from npstream.broker.groups.manager import GroupManager, GroupStatus
+from npstream.broker.groups.shared import Grant, SharedGroup
+from npstream.broker.groups.tuning import (
+    DEFAULT_PULL_LIMIT,
+    DEFAULT_RECEIVE_MAX,
+    MAX_PULL_LIMIT,
+    MAX_RECEIVE_MAX,
+    SUBSCRIBE_POLL_S,
+)
+from npstream.broker.grpc_errors import rpc_method
+from npstream.proto import pb, pb_grpc
+
+__all__ = ["GroupServicer", "add_to_server"]
+
+log = logging.getLogger(__name__)
 
 
-def add_to_server(server: Any, ctx: Any) -> None:
-    """Register GroupService on ``server``; returns what the broker closes at shutdown."""
-    return None
+def _status_pb(status: GroupStatus) -> pb.GroupInfo:
+    info = pb.GroupInfo(
+        stream=status.stream,
+        group=status.group,
+        committed_offset=status.committed_offset,
+        lag=status.lag,
+        members=[pb.GroupMember(member_id=m.member_id, last_seen_ms=m.last_seen_ms,
+                                in_flight=m.in_flight) for m in status.members],
+        in_flight=status.in_flight,
+        dead_lettered=status.dead_lettered,
+        kind=status.kind,
+    )
+    if status.config is not None:
+        info.shared_config.CopyFrom(status.config.to_pb())
+    return info
+
+
+def _delivery(grant: Grant) -> pb.Delivery:
+    row = grant.row
+    delivery = pb.Delivery(offset=row.offset, id=row.id, value=row.value, headers=row.headers,
+                           timestamp_ms=row.timestamp_ms, attempt=grant.attempt,
+                           lease_expires_ms=grant.expires_ms)
+    if row.key is not None:
+        delivery.key = row.key
+    return delivery
+
+
+def _check_non_negative(what: str, stream: str, **values: int) -> None:
+    for name, value in values.items():
+        if value < 0:
+            raise InvalidArgumentError(f"{what} on stream '{stream}': {name}={value} must be >= 0")
+
+
+def _bounded(what: str, stream: str, name: str, value: int, default: int, maximum: int) -> int:
+    _check_non_negative(what, stream, **{name: value})
+    if value > maximum:
+        raise InvalidArgumentError(
+            f"{what} on stream '{stream}': {name}={value} is above the maximum {maximum}"
+        )
+    return value or default
+
+
+class GroupServicer(pb_grpc.GroupServiceServicer):
+    def __init__(self, manager: GroupManager, ctx: BrokerContext) -> None:
+        self._manager = manager
+        self._max_wait_ms = ctx.config.max_fetch_wait_ms
+
+    def _wait_s(self, wait_ms: int, context: grpc.ServicerContext) -> float:
+        """Long-poll length: capped by max_fetch_wait and the call's own deadline."""
+        wait_s = min(wait_ms, self._max_wait_ms) / 1000
+        remaining = context.time_remaining()
+        if remaining is not None:
+            wait_s = min(wait_s, max(remaining - 0.05, 0.0))
+        return wait_s
+
+    def _position(self, stream: str, group: str, offset: int) -> pb.GroupPosition:
+        return pb.GroupPosition(stream=stream, group=group, committed_offset=offset)
+
+    # ------------------------------------------------------------ cursor groups
+
+    @rpc_method
+    def OpenConsumer(self, request: pb.OpenConsumerRequest,
+                     context: grpc.ServicerContext) -> pb.OpenConsumerResponse:
+        start = request.start_from if request.HasField("start_from") else None
+        cursor, position, created, ignored = self._manager.open_cursor(
+            request.stream, request.group, start)
+        return pb.OpenConsumerResponse(
+            position=self._position(cursor.stream, cursor.group, position),
+            created=created,
+            start_from_ignored=ignored,
+        )
+
+    @rpc_method
+    def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> pb.PullResponse:
+        limit = _bounded("pull", request.stream, "limit", request.limit, DEFAULT_PULL_LIMIT,
+                         MAX_PULL_LIMIT)
+        _check_non_negative("pull", request.stream, wait_ms=request.wait_ms)
+        cursor, stream_log = self._manager.cursor(request.stream, request.group)
+        result = cursor.pull(stream_log, limit, self._wait_s(request.wait_ms, context),
+                             request.auto_commit, should_stop=lambda: not context.is_active())
+        self._manager.wait_durable(result.ticket)
+        return pb.PullResponse(
+            batches=[b if isinstance(b, bytes) else bytes(b) for b in result.batches],
+            count=result.count,
+            next_offset=result.next_offset,
+        )
+
+    @rpc_method
+    def Commit(self, request: pb.CommitRequest,
+               context: grpc.ServicerContext) -> pb.CommitResponse:
+        which = request.WhichOneof("position")
+        if which is None:
+            raise InvalidArgumentError(
+                f"commit on stream '{request.stream}' for group '{request.group}' needs offset "
+                "(last processed) or next_offset (next to read)"
+            )
+        shown = request.offset if which == "offset" else request.next_offset
+        next_offset = shown + 1 if which == "offset" else shown
+        position, ticket = self._manager.commit(request.stream, request.group, next_offset,
+                                                shown)
+        self._manager.wait_durable(ticket)
+        return pb.CommitResponse(position=self._position(request.stream, request.group,
+                                                         position))
+
+    @rpc_method
+    def Seek(self, request: pb.SeekRequest, context: grpc.ServicerContext) -> pb.SeekResponse:
+        target, ticket = self._manager.seek(request.stream, request.group,
+                                            request.to if request.HasField("to") else None)
+        self._manager.wait_durable(ticket)
+        return pb.SeekResponse(
+            position=self._position(request.stream, request.group, target.offset),
+            clamped_to_start=target.clamped_to_start,
+            clamped_to_end=target.clamped_to_end,
+        )
+
+    # ------------------------------------------------------------ admin
+
+    @rpc_method
+    def ListGroups(self, request: pb.ListGroupsRequest,
+                   context: grpc.ServicerContext) -> pb.ListGroupsResponse:
+        return pb.ListGroupsResponse(
+            groups=[_status_pb(s) for s in self._manager.list(request.stream)]
+        )
+
+    @rpc_method
+    def DescribeGroup(self, request: pb.DescribeGroupRequest,
+                      context: grpc.ServicerContext) -> pb.GroupInfo:
+        return _status_pb(self._manager.describe(request.stream, request.group))
+
+    @rpc_method
+    def DeleteGroup(self, request: pb.DeleteGroupRequest,
+                    context: grpc.ServicerContext) -> pb.DeleteGroupResponse:
+        return pb.DeleteGroupResponse(deleted=self._manager.delete(request.stream,
+                                                                   request.group))
+
+    # ------------------------------------------------------------ shared groups
+
+    @rpc_method
+    def Receive(self, request: pb.ReceiveRequest,
+                context: grpc.ServicerContext) -> pb.ReceiveResponse:
+        limit = _bounded("receive", request.stream, "max_messages", request.max_messages,
+                         DEFAULT_RECEIVE_MAX, MAX_RECEIVE_MAX)
+        _check_non_negative("receive", request.stream, wait_ms=request.wait_ms)
+        group, config = self._manager.shared(request.stream, request.group, request.config)
+        grants = group.receive(request.member_id or context.peer(), limit,
+                               self._wait_s(request.wait_ms, context), config.ack_wait_ms,
+                               should_stop=lambda: not context.is_active())
+        return pb.ReceiveResponse(deliveries=[_delivery(g) for g in grants])
+
+    @rpc_method
+    def Ack(self, request: pb.AckRequest, context: grpc.ServicerContext) -> pb.AckResponse:
+        group = self._manager.existing_shared(request.stream, request.group)
+        count, committed, ticket = group.ack(list(request.offsets), request.member_id or None)
+        self._manager.wait_durable(ticket)
+        return pb.AckResponse(acked=count,
+                              position=self._position(group.stream, group.group, committed))
+
+    @rpc_method
+    def Nack(self, request: pb.NackRequest, context: grpc.ServicerContext) -> pb.NackResponse:
+        _check_non_negative("nack", request.stream, delay_ms=request.delay_ms)
+        group = self._manager.existing_shared(request.stream, request.group)
+        return pb.NackResponse(nacked=group.nack(list(request.offsets),
+                                                 request.member_id or None, request.delay_ms))
+
+    @rpc_method
+    def Subscribe(self, request_iterator: Iterator[pb.SubscribeRequest],
+                  context: grpc.ServicerContext) -> Iterator[pb.Delivery]:
+        first = next(request_iterator, None)
+        if first is None:
+            return
+        if not first.HasField("open"):
+            raise InvalidArgumentError(
+                "the first SubscribeRequest must carry `open` (stream, group, member_id, config)"
+            )
+        group, config = self._manager.shared(first.open.stream, first.open.group,
+                                             first.open.config)
+        member = first.open.member_id or context.peer()
+        session = _SubscribeSession(group, member)
+        session.apply(first)
+        context.add_callback(session.end)
+        group.connect(member)
+        log.info("member '%s' subscribed to group '%s' on stream '%s'", member, group.group,
+                 group.stream)
+        reader = threading.Thread(target=session.read, args=(request_iterator,), daemon=True,
+                                  name=f"npstream-subscribe-{member}")
+        reader.start()
+        try:
+            while True:
+                credits = session.wait_for_credits(SUBSCRIBE_POLL_S)
+                if credits is None:
+                    break
+                if credits == 0:
+                    continue
+                grants = group.receive(member, min(credits, MAX_RECEIVE_MAX), SUBSCRIBE_POLL_S,
+                                       config.ack_wait_ms, should_stop=session.stopping)
+                session.spend(len(grants))
+                for grant in grants:
+                    yield _delivery(grant)
+        finally:
+            session.end()
+            group.disconnect(member)
+            log.info("member '%s' left group '%s' on stream '%s'", member, group.group,
+                     group.stream)
+
+
+class _SubscribeSession:
+    """Credits and the client's acks/nacks of one Subscribe call."""
+
+    def __init__(self, group: SharedGroup, member: str) -> None:
+        self._group = group
+        self._member = member
+        self._cond = threading.Condition()
+        self._credits = 0
+        self._ended = False
+        self._error: BrokerError | None = None
+
+    def apply(self, request: pb.SubscribeRequest) -> None:
+        if request.credits < 0:
+            raise InvalidArgumentError(f"credits={request.credits} must be >= 0")
+        if request.nack_delay_ms < 0:
+            raise InvalidArgumentError(f"nack_delay_ms={request.nack_delay_ms} must be >= 0")
+        if request.ack_offsets:
+            self._group.ack(list(request.ack_offsets), self._member)
+        if request.nack_offsets:
+            self._group.nack(list(request.nack_offsets), self._member, request.nack_delay_ms)
+        if request.credits:
+            with self._cond:
+                self._credits += request.credits
+                self._cond.notify_all()
+            self._group.wake()
+
+    def read(self, requests: Iterator[pb.SubscribeRequest]) -> None:
+        """Reader thread: apply every client message until the client half-closes."""
+        try:
+            for request in requests:
+                self.apply(request)
+        except BrokerError as exc:
+            with self._cond:
+                self._error = exc
+        except Exception as exc:  # the call was cancelled or broke: nothing to report to
+            log.debug("subscribe stream of member '%s' ended: %s", self._member, exc)
+        self.end()
+
+    def end(self) -> None:
+        with self._cond:
+            self._ended = True
+            self._cond.notify_all()
+        self._group.wake()
+
+    def stopping(self) -> bool:
+        return self._ended
+
+    def wait_for_credits(self, timeout: float) -> int | None:
+        """Credits available (0 after timeout), None when the call is over."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._credits > 0 or self._ended, timeout)
+            if self._error is not None:
+                raise self._error
+            if self._ended:
+                return None
+            return self._credits
+
+    def spend(self, count: int) -> None:
+        with self._cond:
+            self._credits -= count
+
+
+def add_to_server(server: grpc.Server, ctx: BrokerContext) -> GroupManager:
+    """Register GroupService on ``server``; the returned manager is closed at shutdown."""
+    manager = GroupManager(ctx)
+    pb_grpc.add_GroupServiceServicer_to_server(GroupServicer(manager, ctx), server)
+    return manager

@@ -1,0 +1,125 @@
+"""A cursor group (npayload / OKMQ model): one committed offset that pulls read from.
+
+``pull`` returns the stored Arrow batches as they are (no per-row work) and,
+with auto-commit, moves the cursor past them under the group's lock, so
+concurrent pullers of one group never get the same messages. Without
+auto-commit nothing moves until ``commit``: the same messages come back.
+A cursor below the stream's start (retention, delete_before) continues at
+the start, logged once; one past the end waits for new data.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from npstream.broker.errors import BrokerError, OffsetOutOfRangeError
+from npstream.broker.groups.store import PositionWriter
+from npstream.broker.groups.tuning import LONG_POLL_SLICE_S
+
+if TYPE_CHECKING:
+    from npstream.broker.storage import StreamLog
+
+__all__ = ["CursorGroup", "PullResult"]
+
+log = logging.getLogger(__name__)
+
+
+class PullResult:
+    """Stored batches returned by one pull, and the cursor after it."""
+
+    __slots__ = ("batches", "count", "next_offset", "ticket")
+
+    def __init__(self, batches: list[bytes | memoryview], count: int, next_offset: int,
+                 ticket: int) -> None:
+        self.batches = batches
+        self.count = count
+        self.next_offset = next_offset
+        self.ticket = ticket  # PositionWriter ticket of the auto-commit (0: none)
+
+
+class CursorGroup:
+    """One cursor group of one stream; thread-safe."""
+
+    kind = "cursor"
+
+    def __init__(self, stream: str, group: str, *, committed: int, dead_lettered: int = 0,
+                 writer: PositionWriter) -> None:
+        self.stream = stream
+        self.group = group
+        self._writer = writer
+        self._lock = threading.Lock()
+        self._committed = committed
+        self._dead_lettered = dead_lettered  # only ever 0 for cursors; kept for the row
+        self._closed: BrokerError | None = None
+
+    def _check_open_locked(self) -> None:
+        if self._closed is not None:
+            raise self._closed
+
+    def _set_locked(self, offset: int) -> int:
+        if offset == self._committed:
+            return 0
+        self._committed = offset
+        return self._writer.put(self.stream, self.group, offset, self._dead_lettered)
+
+    def _effective_locked(self, stream_log: StreamLog) -> int:
+        """The cursor, moved to the start if retention removed what it pointed at."""
+        start, end = stream_log.start_offset, stream_log.end_offset
+        if self._committed < start:
+            log.info("group '%s' on stream '%s': offsets [%d, %d) were removed from the log; "
+                     "continuing at %d", self.group, self.stream, self._committed, start, start)
+            self._set_locked(start)
+        elif self._committed > end:
+            log.warning("group '%s' on stream '%s': cursor %d is past end_offset %d; "
+                        "moving it to %d", self.group, self.stream, self._committed, end, end)
+            self._set_locked(end)
+        return self._committed
+
+    def position(self, stream_log: StreamLog) -> int:
+        with self._lock:
+            return self._effective_locked(stream_log)
+
+    def pull(self, stream_log: StreamLog, limit: int, wait_s: float, auto_commit: bool,
+             should_stop: Callable[[], bool] | None = None) -> PullResult:
+        """The next messages after the cursor; long-polls up to wait_s when there are none."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self._lock:
+                self._check_open_locked()
+                position = self._effective_locked(stream_log)
+                if position < stream_log.end_offset:
+                    try:
+                        result = stream_log.read(position, max_messages=limit)
+                    except OffsetOutOfRangeError:
+                        continue  # retention moved the start between the two lines above
+                    if result.count:
+                        ticket = self._set_locked(result.next_offset) if auto_commit else 0
+                        return PullResult(result.batches, result.count, self._committed, ticket)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or (should_stop is not None and should_stop()):
+                return PullResult([], 0, position, 0)
+            stream_log.wait_for_data(position, min(remaining, LONG_POLL_SLICE_S))
+
+    def commit(self, next_offset: int) -> tuple[int, int]:
+        """Set the cursor (already validated by the caller); (cursor, writer ticket)."""
+        with self._lock:
+            self._check_open_locked()
+            ticket = self._set_locked(next_offset)
+            return self._committed, ticket
+
+    def seek(self, offset: int) -> int:
+        """Move the cursor; pullers see it on their next pull. Returns the writer ticket."""
+        with self._lock:
+            self._check_open_locked()
+            ticket = self._set_locked(offset)
+            log.info("group '%s' on stream '%s' moved to offset %d", self.group, self.stream,
+                     offset)
+            return ticket
+
+    def close(self, reason: BrokerError) -> None:
+        with self._lock:
+            self._closed = reason

@@ -1,0 +1,83 @@
+"""Copies messages that ran out of delivery attempts to a dead-letter stream.
+
+The copy keeps the original value, key and headers and adds headers saying
+where it came from, so an operator can inspect, fix and re-publish it. Its id
+is derived from (stream, group, offset): if the broker crashes after the copy
+is stored but before the group records it, the copy made again after the
+restart is dropped by the dead-letter stream's dedup window instead of
+appearing twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from npstream.broker.groups.leases import Pending
+from npstream.schema import HEADERS_TYPE, normalize_publish_table
+
+if TYPE_CHECKING:
+    from npstream.broker.registry import StreamRegistry
+
+__all__ = ["DLQ_HEADERS", "DeadLetterWriter", "dead_letter_id"]
+
+log = logging.getLogger(__name__)
+
+# Headers added to every dead-letter copy (values are UTF-8 text).
+DLQ_HEADERS = {
+    "stream": "npstream-dlq-stream",  # stream the message was consumed from
+    "group": "npstream-dlq-group",  # shared group that gave up on it
+    "offset": "npstream-dlq-offset",  # its offset in that stream
+    "id": "npstream-dlq-id",  # its original id
+    "timestamp": "npstream-dlq-timestamp",  # its original append time, epoch ms
+    "attempts": "npstream-dlq-attempts",  # deliveries made
+    "reason": "npstream-dlq-reason",  # how the last one ended: nack or expired
+}
+
+
+def dead_letter_id(stream: str, group: str, offset: int) -> str:
+    return f"dlq:{stream}:{group}:{offset}"
+
+
+class DeadLetterWriter:
+    """Appends dead-letter copies, creating the dead-letter stream on first use."""
+
+    def __init__(self, registry: StreamRegistry) -> None:
+        self._registry = registry
+
+    def write(self, stream: str, group: str, target: str, entries: list[Pending]) -> None:
+        """Store copies of entries in target (fsynced); raises BrokerError on failure."""
+        if not entries:
+            return
+        from npstream.broker.storage import AckMode
+
+        self._registry.create(target, {}, exist_ok=True)
+        target_log = self._registry.get(target)
+        headers = []
+        for e in entries:
+            extra = {
+                DLQ_HEADERS["stream"]: stream.encode(),
+                DLQ_HEADERS["group"]: group.encode(),
+                DLQ_HEADERS["offset"]: str(e.offset).encode(),
+                DLQ_HEADERS["id"]: e.row.id.encode(),
+                DLQ_HEADERS["timestamp"]: str(e.row.timestamp_ms).encode(),
+                DLQ_HEADERS["attempts"]: str(e.attempt).encode(),
+                DLQ_HEADERS["reason"]: e.failure.encode(),
+            }
+            headers.append(list({**e.row.headers, **extra}.items()))
+        table = pa.table({
+            "value": pa.array([e.row.value for e in entries], pa.binary()),
+            "id": pa.array([dead_letter_id(stream, group, e.offset) for e in entries],
+                           pa.string()),
+            "key": pa.array([e.row.key for e in entries], pa.binary()),
+            "headers": pa.array(headers, HEADERS_TYPE),
+        })
+        result = target_log.append(normalize_publish_table(table), AckMode.FSYNC)
+        for e in entries:
+            log.warning(
+                "dead-lettered offset %d of stream '%s' (group '%s') to '%s' after %d "
+                "attempt(s), last %s", e.offset, stream, group, target, e.attempt, e.failure)
+        log.debug("dead-letter append to '%s' stored %d at offset %d", target,
+                  result.stored_count, result.first_offset)

@@ -1,0 +1,389 @@
+"""A shared group (Nexo model): members split the messages, each delivery is a lease.
+
+``SharedGroup`` joins the pure lease bookkeeping (leases.LeaseTable) with the
+stream's log, waiting, persistence and dead letters:
+
+* Fresh messages are read from the log in Arrow batches of
+  FRESH_READ_CHUNK into a small buffer and handed out in offset order;
+  redeliveries that are due go first, so no member idles while work waits.
+* Everything in flight lives in memory. Only the committed offset (lowest not
+  acked) and the dead-lettered count are persisted, through the batching
+  PositionWriter. After a restart, unacked messages are delivered again.
+* Expired leases and nacks schedule redeliveries (with backoff). A message
+  out of attempts is copied to the dead-letter stream and counts as done.
+* Before every operation the group follows the log's start offset, so
+  retention and delete_before leave no lease, pending entry or blocked
+  committed offset behind.
+
+Waiting members block on the group's condition. A watcher thread per group
+(alive only while someone waits) turns appends to the log into wake-ups,
+since StreamLog.wait_for_data cannot also be woken by acks or nacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
+
+import pyarrow as pa
+
+from npstream.broker.errors import BrokerError, OffsetOutOfRangeError
+from npstream.broker.groups.dead_letter import DeadLetterWriter
+from npstream.broker.groups.leases import DeliveryRow, LeaseTable, Pending
+from npstream.broker.groups.shared_config import SharedConfig
+from npstream.broker.groups.store import PositionWriter
+from npstream.broker.groups.tuning import (
+    DEAD_LETTER_RETRY_MS,
+    FRESH_READ_CHUNK,
+    LONG_POLL_SLICE_S,
+    MAX_ACK_WINDOW,
+    MAX_PENDING_PER_GROUP,
+    MEMBER_IDLE_MS,
+    WATCH_SLICE_S,
+)
+from npstream.schema import MESSAGE_SCHEMA
+
+if TYPE_CHECKING:
+    from npstream.broker.storage import StreamLog
+
+__all__ = ["Grant", "MemberInfo", "SharedGroup", "SharedSnapshot", "rows_from_batches"]
+
+log = logging.getLogger(__name__)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Grant(NamedTuple):
+    """One delivery made by ``receive``: the message, its attempt number, its lease end."""
+
+    row: DeliveryRow
+    attempt: int
+    expires_ms: int
+
+
+class MemberInfo(NamedTuple):
+    member_id: str
+    last_seen_ms: int
+    in_flight: int
+
+
+class SharedSnapshot(NamedTuple):
+    """What DescribeGroup reports for a shared group."""
+
+    committed_offset: int
+    in_flight: int
+    pending: int
+    dead_lettered: int
+    members: list[MemberInfo]
+    config: SharedConfig
+
+
+def rows_from_batches(batches: list[bytes | memoryview]) -> list[DeliveryRow]:
+    """Decode stored Arrow record-batch messages into rows, one column at a time."""
+    rows: list[DeliveryRow] = []
+    for buf in batches:
+        batch = pa.ipc.read_record_batch(pa.py_buffer(buf), MESSAGE_SCHEMA)
+        headers = [dict(h) if h else {} for h in batch.column("headers").to_pylist()]
+        rows.extend(map(
+            DeliveryRow,
+            batch.column("offset").to_pylist(),
+            batch.column("id").to_pylist(),
+            batch.column("key").to_pylist(),
+            batch.column("value").to_pylist(),
+            headers,
+            batch.column("timestamp").cast(pa.int64()).to_pylist(),
+        ))
+    return rows
+
+
+class SharedGroup:
+    """One shared group of one stream; thread-safe."""
+
+    kind = "shared"
+
+    def __init__(
+        self,
+        stream: str,
+        group: str,
+        *,
+        committed: int,
+        dead_lettered: int,
+        config: SharedConfig,
+        log_source: Callable[[], StreamLog],
+        writer: PositionWriter,
+        dead_letters: DeadLetterWriter,
+        clock: Callable[[], int] = _now_ms,
+    ) -> None:
+        self.stream = stream
+        self.group = group
+        self._log_source = log_source
+        self._writer = writer
+        self._dead_letters = dead_letters
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._table = LeaseTable(committed, config)
+        self._buffer: deque[DeliveryRow] = deque()  # offsets [next_fresh, _buffer_next)
+        self._buffer_next = committed
+        self._dead_lettered = dead_lettered
+        self._persisted = (committed, dead_lettered)
+        self._closed: BrokerError | None = None
+        self._waiters = 0
+        self._watcher: threading.Thread | None = None
+
+    # ------------------------------------------------------------ state helpers
+
+    @property
+    def config(self) -> SharedConfig:
+        return self._table.config
+
+    @property
+    def committed(self) -> int:
+        return self._table.committed
+
+    def _check_open_locked(self) -> None:
+        if self._closed is not None:
+            raise self._closed
+
+    def _persist_locked(self) -> int:
+        """Queue the position if it changed; returns the writer ticket (0 if nothing)."""
+        position = (self._table.committed, self._dead_lettered)
+        if position == self._persisted:
+            return 0
+        self._persisted = position
+        return self._writer.put(self.stream, self.group, *position)
+
+    def _follow_log_locked(self, stream_log: StreamLog) -> None:
+        """Forget what retention or delete_before removed; handle a log that shrank."""
+        start, end = stream_log.start_offset, stream_log.end_offset
+        if start > self._table.committed:
+            before = self._table.committed
+            dropped = self._table.drop_below(start)
+            self._buffer.clear()
+            self._buffer_next = self._table.next_fresh
+            log.info("group '%s' on stream '%s': offsets [%d, %d) were removed from the log; "
+                     "dropped %d pending deliveries, committed offset now %d",
+                     self.group, self.stream, before, start, dropped, self._table.committed)
+            self._cond.notify_all()
+        elif self._table.next_fresh > end:
+            log.warning("group '%s' on stream '%s': position %d is past end_offset %d; "
+                        "resetting to %d", self.group, self.stream, self._table.next_fresh,
+                        end, end)
+            self._reset_locked(end)
+
+    def _reset_locked(self, offset: int) -> int:
+        dropped = self._table.reset(offset)
+        self._buffer.clear()
+        self._buffer_next = offset
+        self._cond.notify_all()
+        return dropped
+
+    def _fresh_budget_locked(self) -> int:
+        return self._table.fresh_budget(MAX_PENDING_PER_GROUP, MAX_ACK_WINDOW)
+
+    def _take_fresh_locked(self, stream_log: StreamLog, limit: int) -> list[DeliveryRow]:
+        limit = min(limit, self._fresh_budget_locked())
+        if limit <= 0:
+            return []
+        if not self._buffer and self._buffer_next < stream_log.end_offset:
+            try:
+                result = stream_log.read(self._buffer_next, max_messages=FRESH_READ_CHUNK)
+            except OffsetOutOfRangeError:  # retention moved the start meanwhile
+                self._follow_log_locked(stream_log)
+                return []
+            self._buffer.extend(rows_from_batches(result.batches))
+            self._buffer_next = result.next_offset
+        return [self._buffer.popleft() for _ in range(min(limit, len(self._buffer)))]
+
+    # ------------------------------------------------------------ delivering
+
+    def receive(
+        self,
+        member: str,
+        max_messages: int,
+        wait_s: float,
+        ack_wait_ms: int,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[Grant]:
+        """Lease up to max_messages (redeliveries first), waiting up to wait_s for any."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self._cond:
+                while True:
+                    self._check_open_locked()
+                    stream_log = self._log_source()
+                    now = self._clock()
+                    self._table.touch(member, now)
+                    self._follow_log_locked(stream_log)
+                    dead = self._table.expire(now)
+                    if dead:
+                        break  # dead-letter outside the lock, then look again
+                    out = self._table.lease_ready(member, now, ack_wait_ms, max_messages)
+                    if len(out) < max_messages:
+                        rows = self._take_fresh_locked(stream_log, max_messages - len(out))
+                        out += self._table.lease_fresh(member, rows, now, ack_wait_ms)
+                    if out:
+                        return [Grant(e.row, e.attempt, e.expires_ms) for e in out]
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or (should_stop is not None and should_stop()):
+                        return []
+                    remaining = min(remaining, LONG_POLL_SLICE_S)
+                    due = self._table.next_due_ms()
+                    if due is not None:
+                        remaining = min(remaining, max(0.001, (due - now) / 1000))
+                    self._wait_locked(stream_log, remaining)
+            self._dead_letter(dead)
+
+    def _wait_locked(self, stream_log: StreamLog, timeout: float) -> None:
+        self._waiters += 1
+        try:
+            if self._watcher is None:
+                self._watcher = threading.Thread(
+                    target=self._watch, args=(stream_log,), daemon=True,
+                    name=f"npstream-group-watch-{self.stream}/{self.group}")
+                self._watcher.start()
+            self._cond.wait(timeout)
+        finally:
+            self._waiters -= 1
+
+    def _watch(self, stream_log: StreamLog) -> None:
+        """Wake waiters when the log grows past what the group has read."""
+        while True:
+            with self._cond:
+                if self._closed is not None or self._waiters == 0:
+                    self._watcher = None
+                    return
+                position = self._buffer_next
+                waiting_for_log = (not self._buffer and self._fresh_budget_locked() > 0
+                                   and position >= stream_log.end_offset)
+                if not waiting_for_log:
+                    self._cond.wait(WATCH_SLICE_S)
+                    continue
+            try:
+                grew = stream_log.wait_for_data(position, WATCH_SLICE_S)
+            except BrokerError:
+                grew = True  # the log changed under us (deleted, broken): let waiters see it
+            if grew:
+                with self._cond:
+                    self._cond.notify_all()
+                    self._cond.wait(WATCH_SLICE_S)
+
+    def wake(self) -> None:
+        """Wake waiting receives so they re-check should_stop."""
+        with self._cond:
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------ finishing
+
+    def ack(self, offsets: list[int], member: str | None) -> tuple[int, int, int]:
+        """(acked count, committed offset, writer ticket for durability)."""
+        with self._cond:
+            self._check_open_locked()
+            count = self._table.ack(offsets, member, self._clock())
+            if count:
+                self._cond.notify_all()  # the fresh budget may have grown
+            return count, self._table.committed, self._persist_locked()
+
+    def nack(self, offsets: list[int], member: str | None, delay_ms: int) -> int:
+        """Release leases for redelivery; dead-letters those out of attempts."""
+        with self._cond:
+            self._check_open_locked()
+            count, dead = self._table.nack(offsets, member, delay_ms, self._clock())
+            if count:
+                self._cond.notify_all()
+        self._dead_letter(dead)
+        return count
+
+    def _dead_letter(self, entries: list[Pending]) -> None:
+        if not entries:
+            return
+        target = self.config.dead_letter_stream
+        try:
+            self._dead_letters.write(self.stream, self.group, target, entries)
+        except Exception as exc:
+            log.error("dead-letter write of %d message(s) from stream '%s' (group '%s') to "
+                      "'%s' failed, redelivering them in %d ms: %s", len(entries), self.stream,
+                      self.group, target, DEAD_LETTER_RETRY_MS, exc)
+            with self._cond:
+                retry_at = self._clock() + DEAD_LETTER_RETRY_MS
+                for entry in entries:
+                    self._table.dead_letter_failed(entry.offset, retry_at)
+                self._cond.notify_all()
+            return
+        with self._cond:
+            for entry in entries:
+                self._table.dead_lettered(entry.offset)
+            self._dead_lettered += len(entries)
+            ticket = self._persist_locked()
+            self._cond.notify_all()
+        self._writer.wait(ticket)
+
+    # ------------------------------------------------------------ upkeep and admin
+
+    def tick(self) -> None:
+        """Expire leases, dead-letter what ran out, follow retention, forget idle members."""
+        with self._cond:
+            if self._closed is not None:
+                return
+            try:
+                stream_log = self._log_source()
+            except BrokerError:
+                return
+            now = self._clock()
+            self._follow_log_locked(stream_log)
+            dead = self._table.expire(now)
+            self._table.forget_idle_members(now, max(MEMBER_IDLE_MS, 2 * self.config.ack_wait_ms))
+            if self._table.next_due_ms() is not None:
+                self._cond.notify_all()  # redeliveries may be due for waiting members
+            self._persist_locked()
+        self._dead_letter(dead)
+
+    def snapshot(self) -> SharedSnapshot:
+        self.tick()
+        with self._cond:
+            now = self._clock()
+            members = [
+                MemberInfo(m, now if s.connections else s.last_seen_ms, s.in_flight)
+                for m, s in sorted(self._table.members.items())
+            ]
+            return SharedSnapshot(
+                committed_offset=self._table.committed,
+                in_flight=self._table.in_flight,
+                pending=self._table.unfinished,
+                dead_lettered=self._dead_lettered,
+                members=members,
+                config=self._table.config,
+            )
+
+    def update_config(self, config: SharedConfig) -> None:
+        with self._cond:
+            self._table.config = config
+
+    def seek(self, offset: int) -> int:
+        """Restart delivery at offset, dropping every lease; returns the writer ticket."""
+        with self._cond:
+            self._check_open_locked()
+            dropped = self._reset_locked(offset)
+            log.info("group '%s' on stream '%s' moved to offset %d; %d unfinished "
+                     "deliveries dropped", self.group, self.stream, offset, dropped)
+            return self._persist_locked()
+
+    def connect(self, member: str) -> None:
+        with self._cond:
+            self._table.touch(member, self._clock()).connections += 1
+
+    def disconnect(self, member: str) -> None:
+        with self._cond:
+            state = self._table.touch(member, self._clock())
+            state.connections = max(0, state.connections - 1)
+
+    def close(self, reason: BrokerError) -> None:
+        """Fail current and future calls with reason (group or stream deleted)."""
+        with self._cond:
+            self._closed = reason
+            self._cond.notify_all()

@@ -1,0 +1,108 @@
+"""Settings of a shared group: lease length, delivery limit, backoff, dead-letter stream.
+
+The wire form (pb.SharedGroupConfig) leaves fields at 0/"" for "default";
+this value type holds the resolved settings, checked once, and the JSON form
+stored in the group's SQLite row.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from npstream.broker.errors import InvalidArgumentError
+from npstream.broker.groups.tuning import DEFAULT_ACK_WAIT_MS
+from npstream.names import validate_stream_name
+from npstream.proto import pb
+
+__all__ = ["DEAD_LETTER_SUFFIX", "SharedConfig"]
+
+# Default dead-letter stream: "<stream>.dlq".
+DEAD_LETTER_SUFFIX = ".dlq"
+
+
+@dataclass(frozen=True)
+class SharedConfig:
+    """Resolved settings of one shared group (every field set)."""
+
+    ack_wait_ms: int = DEFAULT_ACK_WAIT_MS
+    max_deliver: int = 0  # 0 = unlimited attempts, never dead-lettered
+    backoff_ms: tuple[int, ...] = ()  # delay before attempt 2, 3, ...; the last repeats
+    dead_letter_stream: str = ""
+
+    @classmethod
+    def from_pb(cls, stream: str, message: pb.SharedGroupConfig) -> SharedConfig:
+        """Resolve defaults and check values; InvalidArgumentError names the bad field."""
+        if message.ack_wait_ms < 0:
+            raise InvalidArgumentError(
+                f"ack_wait_ms={message.ack_wait_ms} for stream '{stream}' must be >= 0"
+            )
+        if message.max_deliver < 0:
+            raise InvalidArgumentError(
+                f"max_deliver={message.max_deliver} for stream '{stream}' must be >= 0 "
+                "(0 = unlimited)"
+            )
+        backoff = tuple(int(b) for b in message.backoff_ms)
+        if any(b < 0 for b in backoff):
+            raise InvalidArgumentError(
+                f"backoff_ms={list(backoff)} for stream '{stream}' must all be >= 0"
+            )
+        dead_letter = message.dead_letter_stream or stream + DEAD_LETTER_SUFFIX
+        try:
+            validate_stream_name(dead_letter)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"dead_letter_stream: {exc}") from None
+        if dead_letter == stream:
+            raise InvalidArgumentError(
+                f"dead_letter_stream '{dead_letter}' must differ from the stream itself"
+            )
+        return cls(
+            ack_wait_ms=message.ack_wait_ms or DEFAULT_ACK_WAIT_MS,
+            max_deliver=message.max_deliver,
+            backoff_ms=backoff,
+            dead_letter_stream=dead_letter,
+        )
+
+    def backoff_after(self, attempt: int) -> int:
+        """Delay (ms) before the delivery that follows failed attempt number ``attempt``."""
+        if not self.backoff_ms or attempt < 1:
+            return 0
+        return self.backoff_ms[min(attempt, len(self.backoff_ms)) - 1]
+
+    def exhausted(self, attempt: int) -> bool:
+        """True when attempt number ``attempt`` was the last one allowed."""
+        return self.max_deliver > 0 and attempt >= self.max_deliver
+
+    def to_pb(self) -> pb.SharedGroupConfig:
+        return pb.SharedGroupConfig(
+            ack_wait_ms=self.ack_wait_ms,
+            max_deliver=self.max_deliver,
+            backoff_ms=list(self.backoff_ms),
+            dead_letter_stream=self.dead_letter_stream,
+        )
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "ack_wait_ms": self.ack_wait_ms,
+            "max_deliver": self.max_deliver,
+            "backoff_ms": list(self.backoff_ms),
+            "dead_letter_stream": self.dead_letter_stream,
+        }, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> SharedConfig | None:
+        """The stored config, None for groups that never were shared (empty JSON)."""
+        data = json.loads(text or "{}")
+        if not data:
+            return None
+        return cls(
+            ack_wait_ms=int(data["ack_wait_ms"]),
+            max_deliver=int(data["max_deliver"]),
+            backoff_ms=tuple(int(b) for b in data["backoff_ms"]),
+            dead_letter_stream=str(data["dead_letter_stream"]),
+        )
+
+    def same_group_settings(self, other: SharedConfig) -> bool:
+        """True when the group-wide settings agree (ack_wait is per delivery, not compared)."""
+        return (self.max_deliver, self.backoff_ms, self.dead_letter_stream) == (
+            other.max_deliver, other.backoff_ms, other.dead_letter_stream)

@@ -1,0 +1,233 @@
+"""Group rows in the broker's SQLite metadata, and the writer that batches position updates.
+
+One row per (stream, group): kind, committed offset, dead-lettered count and,
+for shared groups, their settings. That row is everything about a group that
+survives a restart; leases deliberately do not (after a restart unacked
+messages are delivered again: at-least-once).
+
+Positions change on every ack, so they are not written one by one:
+``PositionWriter`` keeps the latest value per group and one background thread
+writes all changed rows in one transaction every few milliseconds. Callers
+that must report a durable position wait for the write that covers their
+change (``wait``). Updates only touch existing rows, and ``discard`` drops
+queued updates of a deleted group, so a late write never resurrects a group.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from npstream.broker.groups.shared_config import SharedConfig
+from npstream.broker.groups.tuning import POSITION_FLUSH_INTERVAL_S, POSITION_WAIT_TIMEOUT_S
+from npstream.broker.metadata import Metadata
+
+__all__ = ["GroupRow", "GroupStore", "PositionWriter"]
+
+log = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS consumer_groups (
+    stream           TEXT NOT NULL,
+    grp              TEXT NOT NULL,
+    kind             TEXT NOT NULL DEFAULT '',  -- '' (positioned only), 'cursor', 'shared'
+    committed_offset INTEGER NOT NULL,          -- next offset to read / lowest not acked
+    dead_lettered    INTEGER NOT NULL DEFAULT 0,
+    config_json      TEXT NOT NULL DEFAULT '',  -- shared groups: SharedConfig.to_json()
+    created_ms       INTEGER NOT NULL,
+    updated_ms       INTEGER NOT NULL,
+    PRIMARY KEY (stream, grp)
+) WITHOUT ROWID;
+"""
+
+_COLUMNS = "stream, grp, kind, committed_offset, dead_lettered, config_json, created_ms, updated_ms"
+
+GroupKey = tuple[str, str]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    """A group as stored: what survives a restart."""
+
+    stream: str
+    group: str
+    kind: str
+    committed_offset: int
+    dead_lettered: int
+    config: SharedConfig | None
+    created_ms: int
+    updated_ms: int
+
+
+def _row(record: object) -> GroupRow:
+    r = record  # sqlite3.Row
+    return GroupRow(
+        stream=r["stream"], group=r["grp"], kind=r["kind"],  # type: ignore[index]
+        committed_offset=int(r["committed_offset"]),  # type: ignore[index]
+        dead_lettered=int(r["dead_lettered"]),  # type: ignore[index]
+        config=SharedConfig.from_json(r["config_json"]),  # type: ignore[index]
+        created_ms=int(r["created_ms"]), updated_ms=int(r["updated_ms"]),  # type: ignore[index]
+    )
+
+
+class GroupStore:
+    """CRUD of group rows; every method is one statement or one transaction."""
+
+    def __init__(self, metadata: Metadata, clock: Callable[[], int] = _now_ms) -> None:
+        self._metadata = metadata
+        self._clock = clock
+        metadata.executescript(_SCHEMA)
+
+    def get(self, stream: str, group: str) -> GroupRow | None:
+        rows = self._metadata.execute(
+            f"SELECT {_COLUMNS} FROM consumer_groups WHERE stream = ? AND grp = ?",
+            (stream, group),
+        )
+        return _row(rows[0]) if rows else None
+
+    def list(self, stream: str) -> list[GroupRow]:
+        rows = self._metadata.execute(
+            f"SELECT {_COLUMNS} FROM consumer_groups WHERE stream = ? ORDER BY grp", (stream,)
+        )
+        return [_row(r) for r in rows]
+
+    def streams(self) -> list[str]:
+        """Every stream that has at least one group row."""
+        return [r["stream"] for r in self._metadata.execute(
+            "SELECT DISTINCT stream FROM consumer_groups")]
+
+    def create(self, stream: str, group: str, kind: str, committed_offset: int,
+               config: SharedConfig | None = None) -> tuple[GroupRow, bool]:
+        """(row, created): inserts the group unless it exists, then returns the stored row."""
+        now = self._clock()
+        with self._metadata.transaction():
+            existing = self.get(stream, group)
+            if existing is not None:
+                return existing, False
+            self._metadata.execute(
+                f"INSERT INTO consumer_groups ({_COLUMNS}) VALUES (?, ?, ?, ?, 0, ?, ?, ?)",
+                (stream, group, kind, committed_offset,
+                 config.to_json() if config else "", now, now),
+            )
+        row = self.get(stream, group)
+        assert row is not None
+        return row, True
+
+    def set_kind(self, stream: str, group: str, kind: str,
+                 config: SharedConfig | None = None) -> None:
+        self._metadata.execute(
+            "UPDATE consumer_groups SET kind = ?, config_json = ?, updated_ms = ? "
+            "WHERE stream = ? AND grp = ?",
+            (kind, config.to_json() if config else "", self._clock(), stream, group),
+        )
+
+    def write_positions(self, updates: dict[GroupKey, tuple[int, int]]) -> None:
+        """Store (committed_offset, dead_lettered) of several groups in one transaction."""
+        now = self._clock()
+        self._metadata.executemany(
+            "UPDATE consumer_groups SET committed_offset = ?, dead_lettered = ?, updated_ms = ? "
+            "WHERE stream = ? AND grp = ?",
+            [(c, d, now, s, g) for (s, g), (c, d) in updates.items()],
+        )
+
+    def delete(self, stream: str, group: str) -> bool:
+        with self._metadata.transaction():
+            existed = self.get(stream, group) is not None
+            self._metadata.execute(
+                "DELETE FROM consumer_groups WHERE stream = ? AND grp = ?", (stream, group)
+            )
+        return existed
+
+    def delete_stream(self, stream: str) -> int:
+        with self._metadata.transaction():
+            count = len(self.list(stream))
+            self._metadata.execute("DELETE FROM consumer_groups WHERE stream = ?", (stream,))
+        return count
+
+
+class PositionWriter:
+    """Coalesces position updates and writes them from one thread (see module docstring)."""
+
+    def __init__(self, store: GroupStore,
+                 interval_s: float = POSITION_FLUSH_INTERVAL_S) -> None:
+        self._store = store
+        self._interval_s = interval_s
+        self._cond = threading.Condition()
+        self._pending: dict[GroupKey, tuple[int, int]] = {}
+        self._queued_seq = 0  # sequence number of the latest put
+        self._written_seq = 0  # every put up to this one is in SQLite
+        self._writing = False  # a batch is taken off _pending and not yet written
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="npstream-group-positions",
+                                        daemon=True)
+        self._thread.start()
+
+    def put(self, stream: str, group: str, committed_offset: int, dead_lettered: int) -> int:
+        """Queue the group's new position; returns a ticket for ``wait``."""
+        with self._cond:
+            self._pending[(stream, group)] = (committed_offset, dead_lettered)
+            self._queued_seq += 1
+            self._cond.notify_all()
+            return self._queued_seq
+
+    def wait(self, ticket: int, timeout: float = POSITION_WAIT_TIMEOUT_S) -> bool:
+        """Block until the put with this ticket is written; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self._written_seq >= ticket or self._closed
+                or not (self._pending or self._writing),
+                timeout,
+            )
+
+    def discard(self, stream: str, group: str | None = None) -> None:
+        """Drop queued updates of a group (or of every group of the stream)."""
+        with self._cond:
+            for key in [k for k in self._pending if k[0] == stream and group in (None, k[1])]:
+                del self._pending[key]
+
+    def flush(self) -> None:
+        """Write everything queued so far, now."""
+        with self._cond:
+            ticket = self._queued_seq
+            self._cond.notify_all()
+        self.wait(ticket)
+
+    def close(self) -> None:
+        self.flush()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=POSITION_WAIT_TIMEOUT_S)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending or self._closed)
+                if self._closed and not self._pending:
+                    return
+            time.sleep(self._interval_s)  # let concurrent changes join this write
+            with self._cond:
+                batch, self._pending = self._pending, {}
+                seq = self._queued_seq
+                self._writing = True
+            try:
+                self._store.write_positions(batch)
+            except Exception:
+                log.exception("writing %d group position(s) failed; retrying", len(batch))
+                with self._cond:
+                    for key, value in batch.items():
+                        self._pending.setdefault(key, value)
+                    self._writing = False
+                time.sleep(max(self._interval_s, 0.1))
+                continue
+            with self._cond:
+                self._writing = False
+                self._written_seq = max(self._written_seq, seq)
+                self._cond.notify_all()

@@ -1,0 +1,60 @@
+"""Tuning constants of consumer groups, in one place, each with the reason for its value."""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------- persistence
+# Group positions (committed offsets, dead-letter counts) are written to SQLite
+# by one background thread that coalesces every change made during this
+# interval into one transaction. RPCs that report a position (Ack, Pull with
+# auto-commit, Commit, Seek) wait for the write that covers them, so a few ms
+# of added latency buys one SQLite commit for many acks instead of one each.
+POSITION_FLUSH_INTERVAL_S = 0.005
+# How long an RPC waits for its position write before answering anyway (the
+# write is retried; the answer then says nothing about durability).
+POSITION_WAIT_TIMEOUT_S = 10.0
+
+# ---------------------------------------------------------------- shared groups
+# Default lease length (ack_wait) when a request leaves it at 0.
+DEFAULT_ACK_WAIT_MS = 30_000
+# Default number of deliveries per Receive when max_messages is 0.
+DEFAULT_RECEIVE_MAX = 10
+# Upper bound of one Receive (and of one Subscribe credit grant taken at once).
+MAX_RECEIVE_MAX = 10_000
+# Messages read from the log per refill of a shared group's delivery buffer:
+# one Arrow read serves many Receives; small enough that a fresh buffer costs
+# little memory (the buffer is dropped on seek and retention).
+FRESH_READ_CHUNK = 500
+# At most this many delivered-but-unfinished messages (leased, waiting for a
+# redelivery or for the dead-letter write) per group. Past it, only
+# redeliveries are handed out: a group whose consumers never ack cannot make
+# the broker hold an unbounded number of messages in memory (JetStream's
+# MaxAckPending, on by default here).
+MAX_PENDING_PER_GROUP = 10_000
+# At most this many offsets between the committed offset (lowest not acked)
+# and the next fresh offset. Bounds the set of out-of-order acks kept in
+# memory when one old message stays unacked while later ones complete.
+MAX_ACK_WINDOW = 1_000_000
+# Background pass over shared groups: expires leases (so expired messages
+# reach the dead-letter stream even when nobody receives), forgets idle
+# members, and follows retention. Receives do the same work on demand.
+TICK_INTERVAL_S = 1.0
+# A member that disconnected (or stopped calling Receive) with no leases is
+# listed for this long after it was last seen, then forgotten.
+MEMBER_IDLE_MS = 60_000
+# A waiting Receive/Subscribe re-checks the log at least this often; appends
+# wake it at once through the stream's wait_for_data, so this only bounds how
+# long a watcher thread lingers after the last waiter left.
+WATCH_SLICE_S = 0.5
+# Long polls (Pull, Receive, Subscribe) re-check that the client is still
+# there and that the broker is not stopping at least this often.
+LONG_POLL_SLICE_S = 0.5
+# How long a Subscribe call blocks for work before re-checking that the
+# client is still there and its credits.
+SUBSCRIBE_POLL_S = 1.0
+# When writing to the dead-letter stream fails, retry after this long.
+DEAD_LETTER_RETRY_MS = 5_000
+
+# ---------------------------------------------------------------- cursor groups
+# Default Pull limit when the request leaves it at 0, and the largest allowed.
+DEFAULT_PULL_LIMIT = 100
+MAX_PULL_LIMIT = 100_000
