@@ -1,0 +1,550 @@
+"""Every read option of the ``npstream`` Spark source: name, default, parser and checks.
+
+Spark hands options over as strings in a case-insensitive dict whose keys are
+lower-cased, so the table is keyed by the lower-cased name and every message
+uses the documented camelCase spelling. Parsing happens once, on the driver,
+when the query (or batch read) is planned: a typo or a bad value fails there
+with a message naming the option, the value and what is accepted, instead of
+surfacing later inside a task. The result, ``ReadOptions``, is a frozen,
+picklable value that the readers ship to executors.
+
+Names follow Spark's Kafka source where the meaning is the same
+(``startingOffsets``, ``maxOffsetsPerTrigger``, ``failOnDataLoss``...).
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import json
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from npstream.names import validate_group_name, validate_stream_name
+from npstream.units import parse_duration_ms, parse_size, parse_timestamp_ms
+
+if TYPE_CHECKING:
+    from npstream.client import Client
+
+__all__ = [
+    "CONNECTION_OPTIONS",
+    "DEFAULT_BROKER",
+    "READ_OPTIONS",
+    "ConnectionOptions",
+    "InvalidOptionError",
+    "OptionSpec",
+    "Position",
+    "ReadMode",
+    "ReadOptions",
+    "check_known_options",
+    "parse_connection_options",
+    "parse_read_options",
+]
+
+ReadMode = Literal["stream", "batch"]
+STREAM: frozenset[str] = frozenset({"stream"})
+BATCH: frozenset[str] = frozenset({"batch"})
+BOTH: frozenset[str] = frozenset({"stream", "batch"})
+
+DEFAULT_BROKER = "localhost:7070"
+
+# Kafka's offset sentinels inside a JSON offsets option.
+EARLIEST_SENTINEL = -2
+LATEST_SENTINEL = -1
+
+# ---------------------------------------------------------------- tuning defaults
+# maxTriggerDelay: how long minOffsetsPerTrigger may hold back a batch before
+# one runs anyway (Kafka's default, so jobs moved from Kafka behave the same).
+DEFAULT_MAX_TRIGGER_DELAY = "15m"
+# fetchMaxBytes: bytes per Fetch RPC; matches the client's and the broker's
+# default so one stored 8 MiB batch travels in one response.
+DEFAULT_FETCH_MAX_BYTES = "8MiB"
+# Upper bound for fetchMaxBytes: the gRPC message limit the client configures
+# must stay above one response.
+MAX_FETCH_MAX_BYTES = 64 << 20
+
+
+class InvalidOptionError(ValueError):
+    """A read or write option is unknown, malformed or conflicts with another one."""
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One option: its documented name, default, parser and where it applies."""
+
+    name: str
+    default: str | None
+    parse: Callable[[str], Any]
+    accepted: str
+    modes: frozenset[str]
+    doc: str
+
+
+# ---------------------------------------------------------------- value parsers
+# Each parser gets the raw string and raises ValueError with a short reason; the
+# caller adds the option name, the value and the accepted values.
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    raise ValueError("not a boolean")
+
+
+def _parse_positive_int(text: str) -> int:
+    stripped = text.strip()
+    if not re.fullmatch(r"\+?\d+", stripped):
+        raise ValueError("not an integer")
+    number = int(stripped)
+    if number <= 0:
+        raise ValueError("must be greater than 0")
+    return number
+
+
+def _parse_non_empty(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text.strip()
+
+
+_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)
+_HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
+
+
+def _parse_broker(text: str) -> str:
+    target = text.strip()
+    if not target or any(ch.isspace() for ch in target):
+        raise ValueError("must be a non-empty address without spaces")
+    match = _HOST_PORT.match(target)
+    if match:
+        if not 0 < int(match.group(2)) < 65536:
+            raise ValueError("port must be between 1 and 65535")
+        return target
+    if _SCHEME.match(target) and not target[0].isdigit():
+        return target  # a gRPC target such as dns:///host:port or unix:/path
+    raise ValueError("not host:port")
+
+
+def _parse_stream_list(text: str) -> tuple[str, ...]:
+    names = [part.strip() for part in text.split(",")]
+    if any(not name for name in names):
+        raise ValueError("contains an empty stream name")
+    for name in names:
+        validate_stream_name(name)
+    return tuple(dict.fromkeys(names))
+
+
+_GLOB = re.compile(r"[A-Za-z0-9._\-*?\[\]!]+")
+
+
+def _parse_glob(text: str) -> str:
+    pattern = text.strip()
+    if not _GLOB.fullmatch(pattern):
+        raise ValueError("a glob may only use stream-name characters and * ? [ ] !")
+    return pattern
+
+
+def _parse_timestamp(text: str) -> int:
+    millis = parse_timestamp_ms(text)
+    if millis < 0:
+        raise ValueError("must not be before 1970-01-01T00:00:00Z")
+    return millis
+
+
+def _parse_duration(text: str) -> int:
+    return parse_duration_ms(text)
+
+
+def _parse_fetch_bytes(text: str) -> int:
+    size = parse_size(text)
+    if not 0 < size <= MAX_FETCH_MAX_BYTES:
+        raise ValueError(f"must be between 1 and {MAX_FETCH_MAX_BYTES} bytes (64MiB)")
+    return size
+
+
+def _parse_certificates(text: str) -> bytes:
+    path = Path(text.strip()).expanduser()
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read the file: {exc.strerror or exc}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        raise ValueError("the file holds no PEM certificate")
+    return data
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where reading starts or ends: a keyword, per-stream offsets or a time.
+
+    ``kind`` is earliest | latest | group | offsets | timestamp. ``offsets``
+    maps stream names to offsets where -2 means earliest and -1 latest (Kafka's
+    sentinels); streams not listed fall back to ``default_kind``.
+    """
+
+    kind: str
+    offsets: Mapping[str, int] = field(default_factory=dict)
+    timestamp_ms: int | None = None
+
+    def for_stream(self, stream: str, default_kind: str) -> tuple[str, int | None]:
+        """The (kind, offset) that applies to one stream."""
+        if self.kind != "offsets":
+            return self.kind, None
+        if stream not in self.offsets:
+            return default_kind, None
+        value = self.offsets[stream]
+        if value == EARLIEST_SENTINEL:
+            return "earliest", None
+        if value == LATEST_SENTINEL:
+            return "latest", None
+        return "offsets", value
+
+
+_OFFSETS_EXAMPLE = '{"orders": 42, "clicks": -2} (-2 = earliest, -1 = latest)'
+
+
+def _parse_offsets_json(text: str) -> dict[str, int]:
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+    if not isinstance(parsed, dict) or not parsed:
+        raise ValueError("the JSON must be a non-empty object of stream name to offset")
+    offsets: dict[str, int] = {}
+    for stream, offset in parsed.items():
+        validate_stream_name(stream)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < EARLIEST_SENTINEL:
+            raise ValueError(
+                f"offset for stream '{stream}' is {json.dumps(offset)}; "
+                "use an offset >= 0, -2 (earliest) or -1 (latest)"
+            )
+        offsets[stream] = offset
+    return offsets
+
+
+def _parse_starting_offsets(text: str) -> Position:
+    keyword = text.strip().lower()
+    if keyword in ("earliest", "latest", "group"):
+        return Position(keyword)
+    if text.strip().startswith("{"):
+        return Position("offsets", _parse_offsets_json(text))
+    raise ValueError("not a keyword or a JSON object")
+
+
+def _parse_ending_offsets(text: str) -> Position:
+    keyword = text.strip().lower()
+    if keyword == "latest":
+        return Position("latest")
+    if text.strip().startswith("{"):
+        offsets = _parse_offsets_json(text)
+        for stream, offset in offsets.items():
+            if offset == EARLIEST_SENTINEL:
+                raise ValueError(f"ending offset -2 (earliest) for stream '{stream}' reads nothing")
+        return Position("offsets", offsets)
+    raise ValueError("not 'latest' or a JSON object")
+
+
+# ---------------------------------------------------------------- the option table
+
+CONNECTION_SPECS: tuple[OptionSpec, ...] = (
+    OptionSpec("broker", None, _parse_broker, "host:port or a gRPC target (dns:///h:7070)",
+               BOTH, "Broker address; default env NPSTREAM_BROKER, else localhost:7070."),
+    OptionSpec("token", None, _parse_non_empty, "a non-empty string", BOTH,
+               "Auth token sent as 'authorization: Bearer <token>'."),
+    OptionSpec("tls", "false", _parse_bool, "true or false", BOTH,
+               "Connect with TLS (system root certificates unless tlsRootCertificates)."),
+    OptionSpec("tlsRootCertificates", None, _parse_certificates,
+               "a readable PEM file path", BOTH,
+               "PEM file with the CA certificates to trust; implies tls=true."),
+)
+
+READ_SPECS: tuple[OptionSpec, ...] = (
+    *CONNECTION_SPECS,
+    OptionSpec("stream", None, _parse_stream_list, "a stream name or a comma-separated list",
+               BOTH, "Stream(s) to read. Exactly one of stream / streamPattern."),
+    OptionSpec("streamPattern", None, _parse_glob, "a glob such as 'orders-*'", BOTH,
+               "Read every stream whose name matches; new matches are picked up."),
+    OptionSpec("startingOffsets", None, _parse_starting_offsets,
+               f"earliest, latest, group or JSON like {_OFFSETS_EXAMPLE}", BOTH,
+               "Where a new query starts; default latest (streaming), earliest (batch)."),
+    OptionSpec("startingTimestamp", None, _parse_timestamp,
+               "ISO-8601 (2025-01-01T00:00:00Z) or epoch milliseconds", BOTH,
+               "Start at the first message with timestamp >= this."),
+    OptionSpec("endingOffsets", "latest", _parse_ending_offsets,
+               f"latest or JSON like {_OFFSETS_EXAMPLE}", BATCH,
+               "Exclusive end of a batch read."),
+    OptionSpec("endingTimestamp", None, _parse_timestamp,
+               "ISO-8601 (2025-01-01T00:00:00Z) or epoch milliseconds", BATCH,
+               "Batch reads stop before the first message with timestamp >= this."),
+    OptionSpec("maxOffsetsPerTrigger", None, _parse_positive_int, "a positive integer", STREAM,
+               "At most this many messages per micro-batch, shared fairly by streams."),
+    OptionSpec("minOffsetsPerTrigger", None, _parse_positive_int, "a positive integer", STREAM,
+               "Wait for this many new messages (or maxTriggerDelay) before a batch."),
+    OptionSpec("maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY, _parse_duration,
+               "a duration such as 30s, 15m, 1h (a bare number is seconds)", STREAM,
+               "Longest time minOffsetsPerTrigger may delay a batch."),
+    OptionSpec("minPartitions", None, _parse_positive_int, "a positive integer", BOTH,
+               "At least this many Spark partitions per batch (ranges are split)."),
+    OptionSpec("maxRecordsPerPartition", None, _parse_positive_int, "a positive integer", BOTH,
+               "At most this many messages per Spark partition."),
+    OptionSpec("failOnDataLoss", "true", _parse_bool, "true or false", BOTH,
+               "Fail when messages the query needs were removed by retention."),
+    OptionSpec("group", None, validate_group_name,
+               "a group name of [A-Za-z0-9._-], starting with a letter or digit", BOTH,
+               "Streaming: record the position in this group after each batch. "
+               "Batch: only with startingOffsets=group."),
+    OptionSpec("includeHeaders", "false", _parse_bool, "true or false", BOTH,
+               "Add the headers column (map<string,binary>)."),
+    OptionSpec("fetchMaxBytes", DEFAULT_FETCH_MAX_BYTES, _parse_fetch_bytes,
+               "a size such as 8MiB or 1048576 (at most 64MiB)", BOTH,
+               "Bytes per Fetch RPC made by a task."),
+)
+
+READ_OPTIONS: dict[str, OptionSpec] = {spec.name.lower(): spec for spec in READ_SPECS}
+CONNECTION_OPTIONS: dict[str, OptionSpec] = {spec.name.lower(): spec for spec in CONNECTION_SPECS}
+
+
+# ---------------------------------------------------------------- parsed result
+
+
+@dataclass(frozen=True)
+class ConnectionOptions:
+    """How to reach the broker; picklable so executors connect the same way."""
+
+    broker: str
+    token: str | None = None
+    tls: bool = False
+    root_certificates: bytes | None = None
+
+    def connect(self) -> Client:
+        """A new client for this broker (the caller closes it)."""
+        from npstream.client import Client
+
+        return Client(self.broker, self.token, tls=self.tls,
+                      root_certificates=self.root_certificates)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """The validated read options of one query or batch read."""
+
+    mode: ReadMode
+    connection: ConnectionOptions
+    streams: tuple[str, ...] = ()
+    stream_pattern: str | None = None
+    starting: Position = Position("earliest")
+    ending: Position = Position("latest")
+    max_offsets_per_trigger: int | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 15 * 60 * 1000
+    min_partitions: int | None = None
+    max_records_per_partition: int | None = None
+    fail_on_data_loss: bool = True
+    group: str | None = None
+    include_headers: bool = False
+    fetch_max_bytes: int = 8 << 20
+
+    def subscribes(self, stream: str) -> bool:
+        """True when the stream belongs to this read (named, or matching the pattern)."""
+        if self.stream_pattern is not None:
+            return fnmatch.fnmatchcase(stream, self.stream_pattern)
+        return stream in self.streams
+
+    def describe_subscription(self) -> str:
+        if self.stream_pattern is not None:
+            return f"streamPattern={self.stream_pattern!r}"
+        return f"stream={','.join(self.streams)!r}"
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def _closest(name: str, known: list[str]) -> str:
+    by_lower = {candidate.lower(): candidate for candidate in known}
+    match = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.75)
+    return f" Did you mean '{by_lower[match[0]]}'?" if match else ""
+
+
+def check_known_options(options: Mapping[str, str], known: Mapping[str, str],
+                        what: str) -> None:
+    """Raise InvalidOptionError for the first option whose name is not in ``known``.
+
+    ``known`` maps lower-cased names to their documented spelling; the message
+    lists them all so the fix is one look away.
+    """
+    for key in options:
+        if key.lower() not in known:
+            names = sorted(known.values(), key=str.lower)
+            raise InvalidOptionError(
+                f"Unknown option '{key}' for {what}.{_closest(key, names)} "
+                f"Accepted options: {', '.join(names)}."
+            )
+
+
+def _parse_value(spec: OptionSpec, raw: str) -> Any:
+    try:
+        return spec.parse(raw)
+    except ValueError as exc:
+        raise InvalidOptionError(
+            f"Invalid value {raw!r} for option '{spec.name}': {exc}. Accepted: {spec.accepted}."
+        ) from None
+
+
+def parse_read_options(options: Mapping[str, str], mode: ReadMode,
+                       env: Mapping[str, str] | None = None) -> ReadOptions:
+    """Validate the options of a streaming (``mode="stream"``) or batch read.
+
+    Raises InvalidOptionError naming the option, the value and the accepted
+    values; option names are matched case-insensitively.
+    """
+    environ = os.environ if env is None else env
+    check_known_options(options, {k: s.name for k, s in READ_OPTIONS.items()},
+                        'the "npstream" source')
+    raw = {key.lower(): str(value) for key, value in options.items()}
+    values: dict[str, Any] = {}
+    for key, spec in READ_OPTIONS.items():
+        if key in raw:
+            if mode not in spec.modes:
+                where = "batch reads (spark.read)" if spec.modes == BATCH else (
+                    "streaming reads (spark.readStream)")
+                raise InvalidOptionError(
+                    f"Option '{spec.name}' (value {raw[key]!r}) applies to {where} only; "
+                    "remove it from this "
+                    f"{'streaming query' if mode == 'stream' else 'batch read'}."
+                )
+            values[spec.name] = _parse_value(spec, raw[key])
+        elif spec.default is not None:
+            values[spec.name] = spec.parse(spec.default)
+
+    connection = _connection(values, raw, environ)
+    streams: tuple[str, ...] = values.get("stream", ())
+    pattern: str | None = values.get("streamPattern")
+    if bool(streams) == (pattern is not None):
+        raise InvalidOptionError(
+            "Set exactly one of the options 'stream' (a name or comma-separated list) and "
+            "'streamPattern' (a glob such as 'orders-*')"
+            + (f"; got stream={raw['stream']!r} and streamPattern={raw['streampattern']!r}."
+               if pattern is not None else "; neither is set.")
+        )
+    starting = _starting(values, raw, mode)
+    if mode == "batch" and "group" in values and starting.kind != "group":
+        raise InvalidOptionError(
+            f"Option 'group' ({raw['group']!r}) is only used by batch reads together with "
+            "startingOffsets='group'; batch reads never commit a group position."
+        )
+    if starting.kind == "group" and "group" not in values:
+        raise InvalidOptionError(
+            "Option startingOffsets='group' needs the option 'group' (the group whose "
+            "committed position to start from)."
+        )
+    low, high = values.get("minOffsetsPerTrigger"), values.get("maxOffsetsPerTrigger")
+    if low is not None and high is not None and low > high:
+        raise InvalidOptionError(
+            f"Option 'minOffsetsPerTrigger' ({low}) must not exceed "
+            f"'maxOffsetsPerTrigger' ({high})."
+        )
+    parsed = ReadOptions(
+        mode=mode,
+        connection=connection,
+        streams=streams,
+        stream_pattern=pattern,
+        starting=starting,
+        ending=_ending(values, raw),
+        max_offsets_per_trigger=high,
+        min_offsets_per_trigger=low,
+        max_trigger_delay_ms=values["maxTriggerDelay"],
+        min_partitions=values.get("minPartitions"),
+        max_records_per_partition=values.get("maxRecordsPerPartition"),
+        fail_on_data_loss=values["failOnDataLoss"],
+        group=values.get("group"),
+        include_headers=values["includeHeaders"],
+        fetch_max_bytes=values["fetchMaxBytes"],
+    )
+    for position, option in ((parsed.starting, "startingOffsets"),
+                             (parsed.ending, "endingOffsets")):
+        for stream in position.offsets:
+            if not parsed.subscribes(stream):
+                raise InvalidOptionError(
+                    f"Invalid value {raw[option.lower()]!r} for option '{option}': stream "
+                    f"'{stream}' is not read by this query ({parsed.describe_subscription()})."
+                )
+    return parsed
+
+
+def parse_connection_options(options: Mapping[str, str],
+                             env: Mapping[str, str] | None = None) -> ConnectionOptions:
+    """Only the connection options (broker, token, tls, tlsRootCertificates)."""
+    environ = os.environ if env is None else env
+    raw = {key.lower(): str(value) for key, value in options.items()}
+    values = {spec.name: _parse_value(spec, raw[key])
+              for key, spec in CONNECTION_OPTIONS.items() if key in raw}
+    values.setdefault("tls", False)
+    return _connection(values, raw, environ)
+
+
+def _connection(values: dict[str, Any], raw: dict[str, str],
+                environ: Mapping[str, str]) -> ConnectionOptions:
+    broker = values.get("broker")
+    if broker is None:
+        from_env = environ.get("NPSTREAM_BROKER", "").strip()
+        if from_env:
+            try:
+                broker = _parse_broker(from_env)
+            except ValueError as exc:
+                raise InvalidOptionError(
+                    f"Invalid value {from_env!r} in environment variable NPSTREAM_BROKER "
+                    f"(used because option 'broker' is not set): {exc}. Accepted: host:port."
+                ) from None
+        else:
+            broker = DEFAULT_BROKER
+    certificates = values.get("tlsRootCertificates")
+    tls = values["tls"]
+    if certificates is not None:
+        if "tls" in raw and not tls:
+            raise InvalidOptionError(
+                f"Option 'tlsRootCertificates' ({raw['tlsrootcertificates']!r}) needs TLS, "
+                f"but option 'tls' is {raw['tls']!r}; set tls=true or drop the certificates."
+            )
+        tls = True
+    return ConnectionOptions(broker=broker, token=values.get("token"), tls=tls,
+                             root_certificates=certificates)
+
+
+def _starting(values: dict[str, Any], raw: dict[str, str], mode: ReadMode) -> Position:
+    position: Position | None = values.get("startingOffsets")
+    timestamp: int | None = values.get("startingTimestamp")
+    if position is not None and timestamp is not None:
+        raise InvalidOptionError(
+            f"Set either 'startingOffsets' ({raw['startingoffsets']!r}) or "
+            f"'startingTimestamp' ({raw['startingtimestamp']!r}), not both."
+        )
+    if timestamp is not None:
+        return Position("timestamp", timestamp_ms=timestamp)
+    if position is None:
+        return Position("latest" if mode == "stream" else "earliest")
+    if mode == "batch" and (
+        position.kind == "latest" or LATEST_SENTINEL in position.offsets.values()
+    ):
+        raise InvalidOptionError(
+            f"Invalid value {raw['startingoffsets']!r} for option 'startingOffsets': "
+            "'latest' (-1) is not allowed for batch reads, which would read nothing. "
+            f"Accepted: earliest, group or JSON like {_OFFSETS_EXAMPLE}."
+        )
+    return position
+
+
+def _ending(values: dict[str, Any], raw: dict[str, str]) -> Position:
+    timestamp: int | None = values.get("endingTimestamp")
+    if timestamp is None:
+        return values.get("endingOffsets", Position("latest"))
+    if "endingoffsets" in raw:
+        raise InvalidOptionError(
+            f"Set either 'endingOffsets' ({raw['endingoffsets']!r}) or "
+            f"'endingTimestamp' ({raw['endingtimestamp']!r}), not both."
+        )
+    return Position("timestamp", timestamp_ms=timestamp)

@@ -1,0 +1,301 @@
+"""The streaming reader: offsets per stream, admission control, AvailableNow, group commits.
+
+Driver side (one long-lived Python process per query): ``initialOffset``,
+``latestOffset``, ``partitions``, ``commit``. Executor side: ``read``, which
+only uses the partition it is given (the reader object is pickled to tasks
+before any driver state exists).
+
+Offsets are ``{stream: next_offset}`` (see ``offsets.py``). Streams that join
+a ``streamPattern`` after the query started are read from offset 0, their
+beginning; a stream whose offset went backwards (deleted and re-created) is
+read again from 0 after data loss is reported; a deleted stream is reported
+and dropped. Spark's checkpoint is the source of truth for progress;
+``commit`` only mirrors it into the broker-side group for lag and for
+``startingOffsets=group``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+
+from npstream.spark.data_loss import report_data_loss
+from npstream.spark.offsets import SourceOffset
+from npstream.spark.options import InvalidOptionError, ReadOptions
+from npstream.spark.partitioning import OffsetRange, prorate, split_ranges
+from npstream.spark.range_reader import RangePartition, read_range
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from npstream.client import Client
+
+__all__ = ["NpstreamStreamReader", "resolve_start", "subscribed_bounds"]
+
+log = logging.getLogger("npstream.spark.stream")
+
+Bounds = dict[str, tuple[int, int]]  # stream -> (start_offset, end_offset)
+
+
+def subscribed_bounds(client: Client, options: ReadOptions) -> Bounds:
+    """(start_offset, end_offset) of every subscribed stream that exists, in one RPC."""
+    from npstream.errors import StreamNotFound
+
+    if options.stream_pattern is not None:
+        return client.end_offsets(pattern=options.stream_pattern)
+    try:
+        return client.end_offsets(options.streams)
+    except StreamNotFound:
+        # A named stream is gone; ask for all streams so the others still resolve.
+        everything = client.end_offsets(pattern="*")
+        return {name: everything[name] for name in options.streams if name in everything}
+
+
+def group_position(client: Client, stream: str, group: str) -> int | None:
+    """The group's committed offset on the stream; None when the group does not exist."""
+    from npstream.errors import GroupNotFound, StreamNotFound
+    from npstream.proto import pb
+
+    try:
+        info = client.call("GroupService.DescribeGroup",
+                           pb.DescribeGroupRequest(stream=stream, group=group))
+    except (GroupNotFound, StreamNotFound):
+        return None
+    return int(info.committed_offset)
+
+
+def resolve_start(client: Client, options: ReadOptions, stream: str, first: int,
+                  last: int) -> int:
+    """Where reading of one stream starts, from startingOffsets / startingTimestamp.
+
+    ``first``/``last`` are the stream's start_offset and end_offset. Streams
+    not named in a startingOffsets JSON start at the earliest offset. An
+    explicit or group offset below start_offset is data loss (reported, then
+    the read starts at start_offset).
+    """
+    kind, explicit = options.starting.for_stream(stream, default_kind="earliest")
+    if kind == "earliest":
+        return first
+    if kind == "latest":
+        return last
+    if kind == "timestamp":
+        assert options.starting.timestamp_ms is not None
+        return client.offset_for_timestamp(stream, options.starting.timestamp_ms)
+    if kind == "group":
+        assert options.group is not None
+        explicit = group_position(client, stream, options.group)
+        if explicit is None:
+            log.info("group '%s' has no position on stream '%s'; starting at earliest offset %d",
+                     options.group, stream, first)
+            return first
+        source = f"group '{options.group}'"
+    else:
+        source = "startingOffsets"
+        assert explicit is not None
+        if explicit > last:
+            raise InvalidOptionError(
+                f"Invalid value for option 'startingOffsets': offset {explicit} for stream "
+                f"'{stream}' is beyond its end_offset {last}. Accepted: an offset in "
+                f"[{first}, {last}], -2 (earliest) or -1 (latest)."
+            )
+    if explicit < first:
+        report_data_loss(stream, explicit, first,
+                         f"{source} asks for offset {explicit} but retention moved the "
+                         f"stream's start_offset to {first}", fail=options.fail_on_data_loss)
+        return first
+    return min(explicit, last)
+
+
+class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reader over one or more streams (see NpstreamDataSource for options)."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self._options = options
+        self._client: Client | None = None
+        self._last_trigger: float | None = None  # monotonic seconds of the last admitted batch
+        self._target: dict[str, int] | None = None  # AvailableNow: ends recorded at start
+        self._latest: dict[str, int] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_client"] = None  # connections never travel to executors
+        return state
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = self._options.connection.connect()
+        return self._client
+
+    # ------------------------------------------------------------ driver: offsets
+
+    def initialOffset(self) -> dict[str, int]:
+        bounds = subscribed_bounds(self.client, self._options)
+        missing = [name for name in self._options.streams if name not in bounds]
+        if missing:
+            from npstream.errors import StreamNotFound
+
+            raise StreamNotFound(
+                f"stream(s) {', '.join(repr(m) for m in missing)} named by option 'stream' do "
+                f"not exist on broker {self.client.address}; create them first, or use "
+                "streamPattern to pick streams up when they appear"
+            )
+        offsets = {name: resolve_start(self.client, self._options, name, first, last)
+                   for name, (first, last) in sorted(bounds.items())}
+        log.info("initial offsets (%s, %s): %s", self._options.describe_subscription(),
+                 self._options.starting.kind, SourceOffset(offsets).to_json())
+        return offsets
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """ReadMaxRows when maxOffsetsPerTrigger is set, else ReadMinRows, else all.
+
+        Python sources cannot return Spark's composite limit; when both options
+        are set the engine passes ReadMaxRows and latestOffset applies
+        minOffsetsPerTrigger from the options as well.
+        """
+        if self._options.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self._options.max_offsets_per_trigger)
+        if self._options.min_offsets_per_trigger is not None:
+            return ReadMinRows(self._options.min_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        bounds = subscribed_bounds(self.client, self._options)
+        self._target = {name: last for name, (_, last) in bounds.items()}
+        log.info("Trigger.AvailableNow: reading up to %s", SourceOffset(self._target).to_json())
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        begin = SourceOffset.from_dict(start)
+        bounds = subscribed_bounds(self.client, self._options)
+        latest = {name: last for name, (_, last) in bounds.items()}
+        if self._target is not None:
+            latest = {name: min(end, latest[name]) for name, end in self._target.items()
+                      if name in latest}
+        deleted = self._report_gone_and_recreated(begin, bounds)
+        for name in sorted(set(latest) - begin.streams):
+            log.info("stream '%s' joined %s; reading it from offset 0 (end_offset %d)",
+                     name, self._options.describe_subscription(), latest[name])
+        self._latest = latest
+
+        # Where each stream's next batch really starts: 0 for new or re-created
+        # streams, start_offset when retention removed the gap (the task reports it).
+        effective = {}
+        for name, end in latest.items():
+            position = begin.get(name, 0) or 0
+            effective[name] = 0 if position > end else max(position, bounds[name][0])
+
+        if isinstance(limit, ReadAllAvailable):
+            return latest
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else (
+            self._options.max_offsets_per_trigger)
+        min_rows = limit.min_rows if isinstance(limit, ReadMinRows) else (
+            self._options.min_offsets_per_trigger)
+        if min_rows is not None and self._target is None and not deleted:
+            backlog = sum(end - effective[name] for name, end in latest.items())
+            if not self._admit(backlog, min_rows):
+                return start
+        if max_rows is not None:
+            return prorate(max_rows, effective, latest)
+        return latest
+
+    def _admit(self, backlog: int, min_rows: int) -> bool:
+        """minOffsetsPerTrigger with maxTriggerDelay, as Kafka: wait unless enough or too long."""
+        now = time.monotonic()
+        delay_s = self._options.max_trigger_delay_ms / 1000
+        overdue = self._last_trigger is None or now - self._last_trigger >= delay_s
+        if overdue or backlog >= min_rows:
+            self._last_trigger = now
+            return True
+        log.debug("delaying batch: %d new messages < minOffsetsPerTrigger %d", backlog, min_rows)
+        return False
+
+    def _report_gone_and_recreated(self, begin: SourceOffset, bounds: Bounds) -> bool:
+        """Data-loss checks the driver can make; True when a stream was deleted."""
+        fail = self._options.fail_on_data_loss
+        deleted = sorted(begin.streams - set(bounds))
+        for name in deleted:
+            report_data_loss(name, begin.get(name) or 0, None,
+                             "the stream was deleted; it is dropped from the query", fail=fail)
+        for name, (_, last) in sorted(bounds.items()):
+            position = begin.get(name)
+            if position is not None and position > last:
+                report_data_loss(
+                    name, position, None,
+                    f"the stream's end_offset is now {last}, below the query's position "
+                    f"{position}: it was deleted and re-created; reading it again from 0",
+                    fail=fail,
+                )
+        return bool(deleted)
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        return self._latest
+
+    # ------------------------------------------------------------ driver: planning
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        begin = SourceOffset.from_dict(start)
+        ranges = []
+        for name, stop in sorted(SourceOffset.from_dict(end).items()):
+            position = begin.get(name, 0) or 0
+            ranges.append(OffsetRange(name, 0 if position > stop else position, stop))
+        pieces = split_ranges(
+            ranges,
+            max_records_per_partition=self._options.max_records_per_partition,
+            min_partitions=self._options.min_partitions,
+        )
+        log.debug("planned %d partitions for %s -> %s", len(pieces), start, end)
+        return [RangePartition(p.stream, p.start, p.end) for p in pieces]
+
+    # ------------------------------------------------------------ executor
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        return read_range(self._options, partition)
+
+    # ------------------------------------------------------------ driver: progress
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Mirror the processed position into the group, if one is set (best effort)."""
+        if self._options.group is None:
+            return
+        from npstream.errors import NpstreamError
+
+        for name, offset in sorted(SourceOffset.from_dict(end).items()):
+            try:
+                commit_group_position(self.client, name, self._options.group, offset)
+            except NpstreamError as exc:
+                log.warning("could not commit offset %d of stream '%s' to group '%s': %s "
+                            "(the checkpoint still has it)", offset, name,
+                            self._options.group, exc)
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def commit_group_position(client: Client, stream: str, group: str, next_offset: int) -> None:
+    """Set the group's position to ``next_offset``, creating the group when it is new."""
+    from npstream.errors import GroupNotFound, StreamNotFound
+    from npstream.proto import pb
+
+    request = pb.CommitRequest(stream=stream, group=group, next_offset=next_offset)
+    try:
+        client.call("GroupService.Commit", request)
+    except StreamNotFound:
+        log.debug("not committing group '%s': stream '%s' no longer exists", group, stream)
+    except GroupNotFound:
+        client.call("GroupService.OpenConsumer", pb.OpenConsumerRequest(
+            stream=stream, group=group, start_from=pb.StartFrom(offset=next_offset)))
+        client.call("GroupService.Commit", request)
