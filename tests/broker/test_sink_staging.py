@@ -1,0 +1,190 @@
+"""Unit tests of what a Stage stores: routing, checks, deterministic ids, durable files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from npstream.broker.errors import InvalidArgumentError
+from npstream.broker.sink_staging import (
+    StagingArea,
+    check_sink_id,
+    check_staging_id,
+    message_sizes,
+    prepare_stage,
+)
+from npstream.schema import HEADERS_TYPE
+
+
+def limits(limit: int = 1 << 20):
+    return lambda stream: limit
+
+
+def test_prepare_stage_with_stream_column_routes_rows_and_falls_back_to_default():
+    data = pa.table({"value": ["a", "b", "c"], "stream": ["x", None, "y"]})
+    staged = prepare_stage(data, "d", limits(), "s.st.")
+    assert staged.column("stream").to_pylist() == ["x", "d", "y"]
+    assert staged.column("value").to_pylist() == [b"a", b"b", b"c"]
+    assert staged.schema.metadata[b"npstream.streams"] == b'["d", "x", "y"]'
+    assert staged.schema.metadata[b"npstream.rows"] == b"3"
+
+
+def test_prepare_stage_without_stream_column_sends_all_rows_to_default():
+    staged = prepare_stage(pa.table({"value": [b"1", b"2"]}), "orders", limits(), "p.")
+    assert staged.column("stream").to_pylist() == ["orders", "orders"]
+
+
+def test_prepare_stage_null_stream_without_default_names_the_row():
+    data = pa.table({"value": ["a", "b"], "stream": ["x", None]})
+    with pytest.raises(InvalidArgumentError, match=r"row 1 has no target stream"):
+        prepare_stage(data, "", limits(), "p.")
+
+
+def test_prepare_stage_no_stream_anywhere_is_rejected():
+    with pytest.raises(InvalidArgumentError, match=r"no 'stream' column .* no default stream"):
+        prepare_stage(pa.table({"value": ["a"]}), "", limits(), "p.")
+
+
+def test_prepare_stage_invalid_stream_name_names_row_and_stream():
+    data = pa.table({"value": ["a", "b", "c"], "stream": ["ok", "ok", "../etc"]})
+    with pytest.raises(InvalidArgumentError, match=r"row 2: invalid stream name '\.\./etc'"):
+        prepare_stage(data, "", limits(), "p.")
+
+
+def test_prepare_stage_invalid_default_stream_is_rejected():
+    with pytest.raises(InvalidArgumentError, match=r"default stream: invalid stream name '\.x'"):
+        prepare_stage(pa.table({"value": ["a"]}), ".x", limits(), "p.")
+
+
+def test_prepare_stage_oversized_row_names_row_stream_and_limit():
+    data = pa.table({
+        "value": ["aa", "bbbbbb", "cc"],
+        "key": ["k", None, "kk"],
+        "stream": ["small", "big", "small"],
+    })
+    per_stream = {"small": 3, "big": 100}
+    with pytest.raises(InvalidArgumentError,
+                       match=r"row 2 for stream 'small' is 4 bytes, over the stream's "
+                             r"max_message_bytes=3; nothing was staged"):
+        prepare_stage(data, "", per_stream.__getitem__, "p.")
+
+
+def test_prepare_stage_missing_value_column_is_rejected():
+    with pytest.raises(InvalidArgumentError, match="no 'value' column"):
+        prepare_stage(pa.table({"key": ["a"]}), "s", limits(), "p.")
+
+
+def test_prepare_stage_null_value_is_rejected():
+    with pytest.raises(InvalidArgumentError, match="'value' has 1 null"):
+        prepare_stage(pa.table({"value": ["a", None]}), "s", limits(), "p.")
+
+
+def test_prepare_stage_unknown_column_is_rejected():
+    with pytest.raises(InvalidArgumentError, match=r"unknown publish column\(s\) \['offset'\]"):
+        prepare_stage(pa.table({"value": ["a"], "offset": [1]}), "s", limits(), "p.")
+
+
+def test_prepare_stage_fills_missing_and_empty_ids_deterministically():
+    data = pa.table({"value": ["a", "b", "c"], "id": ["keep", None, ""]})
+    first = prepare_stage(data, "s", limits(), "sink.st-0.")
+    again = prepare_stage(data, "s", limits(), "sink.st-0.")
+    assert first.column("id").to_pylist() == ["keep", "sink.st-0.1", "sink.st-0.2"]
+    assert again.equals(first)
+
+
+def test_prepare_stage_without_id_column_adds_one():
+    staged = prepare_stage(pa.table({"value": ["a", "b"]}), "s", limits(), "x.")
+    assert staged.column("id").to_pylist() == ["x.0", "x.1"]
+
+
+def test_prepare_stage_casts_string_key_and_string_headers():
+    headers = pa.array([[("h", "vv")], None], pa.map_(pa.string(), pa.string()))
+    data = pa.table({"value": ["a", "b"], "key": ["k", None], "headers": headers})
+    staged = prepare_stage(data, "s", limits(), "p.")
+    assert staged.schema.field("key").type == pa.binary()
+    assert staged.schema.field("headers").type == HEADERS_TYPE
+    assert staged.column("headers").to_pylist() == [[("h", b"vv")], None]
+
+
+def test_message_sizes_counts_value_key_and_headers_of_sliced_maps():
+    headers = pa.array([[("ab", b"xyz")], None, [("c", b""), ("dd", None)]], HEADERS_TYPE)
+    table = pa.table({"value": [b"1", b"22", b"333"], "key": [b"k", None, b"kk"],
+                      "headers": headers})
+    assert message_sizes(table).tolist() == [1 + 1 + 5, 2, 3 + 2 + 1 + 2]
+    assert message_sizes(table.slice(1)).tolist() == [2, 3 + 2 + 1 + 2]
+
+
+@pytest.mark.parametrize("bad", ["", ".hidden", "a/b", "..", "x" * 256])
+def test_check_ids_path_like_value_is_rejected(bad):
+    with pytest.raises(InvalidArgumentError, match="invalid sink_id"):
+        check_sink_id(bad)
+    with pytest.raises(InvalidArgumentError, match="invalid staging_id"):
+        check_staging_id(bad)
+
+
+def staged(values: list[str], stream: str = "s", prefix: str = "p.") -> pa.Table:
+    return prepare_stage(pa.table({"value": values}), stream, limits(), prefix)
+
+
+def test_staging_area_write_then_read_round_trips_rows_and_targets(tmp_path: Path):
+    area = StagingArea(tmp_path / "sink")
+    size = area.write("sink1", 3, "3-0-0", staged(["a", "b"]))
+    path = tmp_path / "sink" / "sink1" / "3" / "3-0-0.arrow"
+    assert size == path.stat().st_size > 0
+    assert area.targets("sink1", 3, "3-0-0") == ["s"]
+    back = area.read("sink1", 3, "3-0-0")
+    assert back.rows_for("s").column("value").to_pylist() == [b"a", b"b"]
+    assert "stream" not in back.rows_for("s").column_names
+
+
+def test_staging_area_rewrite_of_same_id_replaces_the_file(tmp_path: Path):
+    area = StagingArea(tmp_path)
+    area.write("k", 0, "st", staged(["old", "old"]))
+    area.write("k", 0, "st", staged(["new"]))
+    assert area.read("k", 0, "st").table.column("value").to_pylist() == [b"new"]
+    assert sorted(p.name for p in (tmp_path / "k" / "0").iterdir()) == ["st.arrow"]
+
+
+def test_staged_table_rows_for_filters_one_stream_in_order(tmp_path: Path):
+    area = StagingArea(tmp_path)
+    data = pa.table({"value": ["1", "2", "3", "4"], "stream": ["a", "b", "a", "b"]})
+    area.write("k", 0, "st", prepare_stage(data, "", limits(), "p."))
+    back = area.read("k", 0, "st")
+    assert back.streams == ["a", "b"]
+    assert back.rows_for("a").column("value").to_pylist() == [b"1", b"3"]
+    assert back.rows_for("b").column("value").to_pylist() == [b"2", b"4"]
+
+
+def test_staging_area_drop_listed_or_all_counts_files(tmp_path: Path):
+    area = StagingArea(tmp_path)
+    for staging_id in ("a", "b", "c"):
+        area.write("k", 5, staging_id, staged(["x"]))
+    assert area.drop("k", 5, ["a", "missing"]) == 1
+    assert sorted(f.staging_id for f in area.files()) == ["b", "c"]
+    assert area.drop("k", 5) == 2
+    assert list(area.files()) == []
+    assert not (tmp_path / "k").exists()
+
+
+def test_staging_area_drop_up_to_keeps_later_batches(tmp_path: Path):
+    area = StagingArea(tmp_path)
+    for batch in (1, 2, 3, 10):
+        area.write("k", batch, f"{batch}-0", staged(["x"]))
+    assert area.drop_up_to("k", 3) == 3
+    assert [(f.batch_id, f.staging_id) for f in area.files()] == [(10, "10-0")]
+
+
+def test_staging_area_failed_write_leaves_no_file(tmp_path: Path, monkeypatch):
+    area = StagingArea(tmp_path)
+    area.write("k", 0, "other", staged(["x"]))
+
+    def broken_fsync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", broken_fsync)
+    with pytest.raises(OSError, match="Input/output error"):
+        area.write("k", 0, "st", staged(["x"]))
+    assert [p.name for p in (tmp_path / "k" / "0").iterdir()] == ["other.arrow"]

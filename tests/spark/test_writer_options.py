@@ -1,0 +1,173 @@
+"""Unit tests of the writer's option and schema checks, sink ids and request chunking."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from npstream.spark.options import InvalidOptionError
+from npstream.spark.writer import (
+    NpstreamCommitMessage,
+    _chunks,
+    _staging_ids,
+    make_batch_writer,
+    make_stream_writer,
+)
+from npstream.spark.writer_options import WRITER_OPTIONS, checkpoint_sink_id
+
+VALUE_ONLY = StructType([StructField("value", StringType())])
+READER_SCHEMA = StructType([
+    StructField("stream", StringType()), StructField("offset", LongType()),
+    StructField("id", StringType()), StructField("key", BinaryType()),
+    StructField("value", BinaryType()), StructField("timestamp", TimestampType()),
+    StructField("headers", MapType(StringType(), BinaryType())),
+])
+
+
+def test_writer_options_lists_every_documented_name():
+    expected = {"broker", "token", "tls", "tlsRootCertificates", "stream", "sinkId",
+                "stageBytes", "checkpointLocation", "queryName"}
+    assert set(WRITER_OPTIONS) == expected
+
+
+def test_make_stream_writer_with_checkpoint_derives_stable_sink_id():
+    first = make_stream_writer({"checkpointlocation": "/tmp/ck/q1", "stream": "b"}, VALUE_ONLY)
+    again = make_stream_writer({"checkpointLocation": "file:/tmp/ck/q1/", "stream": "b"},
+                               VALUE_ONLY)
+    other = make_stream_writer({"checkpointlocation": "/tmp/ck/q2", "stream": "b"}, VALUE_ONLY)
+    assert first.sink_id == again.sink_id == checkpoint_sink_id("/tmp/ck/q1")
+    assert first.sink_id.startswith("cp-") and len(first.sink_id) == 27
+    assert other.sink_id != first.sink_id
+
+
+def test_checkpoint_sink_id_relative_path_equals_absolute():
+    assert checkpoint_sink_id("ck/q") == checkpoint_sink_id(os.path.abspath("ck/q"))
+    assert checkpoint_sink_id("hdfs://nn/ck/q") != checkpoint_sink_id("/ck/q")
+
+
+def test_make_stream_writer_sink_id_option_wins_over_checkpoint():
+    writer = make_stream_writer({"sinkid": "orders-copy", "checkpointlocation": "/x",
+                                 "stream": "b"}, VALUE_ONLY)
+    assert writer.sink_id == "orders-copy"
+
+
+def test_make_stream_writer_query_name_only_gives_a_sink_id():
+    writer = make_stream_writer({"queryname": "copy", "stream": "b"}, VALUE_ONLY)
+    assert writer.sink_id.startswith("q-")
+
+
+def test_make_stream_writer_without_any_sink_name_fails_naming_options():
+    with pytest.raises(InvalidOptionError, match=r"set the option 'sinkId', or "
+                                                 r"'checkpointLocation'"):
+        make_stream_writer({"stream": "b"}, VALUE_ONLY)
+
+
+def test_make_batch_writer_each_job_gets_a_fresh_sink_id():
+    first = make_batch_writer({"stream": "b"}, VALUE_ONLY, False)
+    second = make_batch_writer({"stream": "b"}, VALUE_ONLY, False)
+    assert first.sink_id.startswith("batch-") and first.sink_id != second.sink_id
+
+
+def test_make_batch_writer_sink_id_option_is_rejected():
+    with pytest.raises(InvalidOptionError, match=r"Option 'sinkId' \(value 'x'\) applies to "
+                                                 r"streaming writes"):
+        make_batch_writer({"stream": "b", "sinkId": "x"}, VALUE_ONLY, False)
+
+
+def test_make_batch_writer_overwrite_mode_is_rejected():
+    with pytest.raises(InvalidOptionError, match=r"'overwrite' is not supported.*append"):
+        make_batch_writer({"stream": "b"}, VALUE_ONLY, True)
+
+
+def test_unknown_option_is_rejected_with_suggestion_and_accepted_list():
+    with pytest.raises(InvalidOptionError, match=r"Unknown option 'streem' for the \"npstream\" "
+                                                 r"sink. Did you mean 'stream'\? Accepted options: "
+                                                 r"broker, checkpointLocation"):
+        make_batch_writer({"streem": "b"}, VALUE_ONLY, False)
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("stream", "a,b", r"Invalid value 'a,b' for option 'stream': the writer takes one stream"),
+    ("stream", "../x", r"Invalid value '\.\./x' for option 'stream': invalid stream name"),
+    ("stageBytes", "1KiB", r"Invalid value '1KiB' for option 'stageBytes': must be between "
+                           r"65536 \(64KiB\) and 33554432 \(32MiB\)"),
+    ("stageBytes", "lots", r"Invalid value 'lots' for option 'stageBytes'"),
+    ("tls", "maybe", r"Invalid value 'maybe' for option 'tls': not a boolean"),
+    ("broker", "no port", r"Invalid value 'no port' for option 'broker'"),
+])
+def test_bad_option_value_names_option_value_and_accepted(key, value, message):
+    with pytest.raises(InvalidOptionError, match=message):
+        make_batch_writer({"stream": "b", key: value}, VALUE_ONLY, False)
+
+
+def test_stream_writer_bad_sink_id_is_rejected():
+    with pytest.raises(InvalidOptionError, match=r"Invalid value 'a/b' for option 'sinkId'"):
+        make_stream_writer({"stream": "b", "sinkId": "a/b"}, VALUE_ONLY)
+
+
+def test_no_stream_option_and_no_stream_column_is_rejected():
+    with pytest.raises(InvalidOptionError, match=r"No target stream: set the option 'stream'"):
+        make_batch_writer({}, VALUE_ONLY, False)
+
+
+def test_missing_value_column_is_rejected_listing_columns():
+    schema = StructType([StructField("key", StringType())])
+    with pytest.raises(InvalidOptionError, match=r"no 'value' column \(columns: key\)"):
+        make_batch_writer({"stream": "b"}, schema, False)
+
+
+def test_unknown_column_is_rejected_naming_it():
+    schema = StructType([StructField("value", StringType()), StructField("n", IntegerType())])
+    with pytest.raises(InvalidOptionError, match=r"Column 'n' \(int\) cannot be written"):
+        make_batch_writer({"stream": "b"}, schema, False)
+
+
+def test_wrong_column_type_is_rejected_naming_accepted_types():
+    schema = StructType([StructField("value", IntegerType())])
+    with pytest.raises(InvalidOptionError, match=r"Column 'value' has type int; the npstream "
+                                                 r"writer accepts string or binary"):
+        make_batch_writer({"stream": "b"}, schema, False)
+
+
+def test_reader_schema_with_stream_option_drops_stream_offset_timestamp():
+    writer = make_batch_writer({"stream": "copy"}, READER_SCHEMA, False)
+    assert writer.options.columns == ("id", "key", "value", "headers")
+    assert writer.options.use_stream_column is False
+
+
+def test_stream_column_without_option_routes_per_row():
+    writer = make_batch_writer({}, READER_SCHEMA, False)
+    assert writer.options.columns == ("stream", "id", "key", "value", "headers")
+    assert writer.options.use_stream_column is True
+
+
+def test_chunks_group_small_batches_and_split_large_ones():
+    small = pa.record_batch({"value": pa.array([b"x" * 100] * 10), "skip": pa.array([1] * 10)})
+    big = pa.record_batch({"value": pa.array([b"y" * 1000] * 100), "skip": pa.array([2] * 100)})
+    chunks = list(_chunks([small, small, pa.record_batch({"value": pa.array([], pa.binary()),
+                                                         "skip": pa.array([], pa.int64())}),
+                           big], ("value",), 20_000))
+    assert [c.column_names for c in chunks] == [["value"]] * len(chunks)
+    assert sum(c.num_rows for c in chunks) == 120
+    assert all(c.nbytes <= 20_000 + 1100 for c in chunks)
+    assert len(chunks) >= 6
+    rows = pa.concat_tables(chunks).column("value").to_pylist()
+    assert rows == [b"x" * 100] * 20 + [b"y" * 1000] * 100
+
+
+def test_staging_ids_follow_partition_order_and_skip_failed_tasks():
+    messages = [NpstreamCommitMessage(2, ["2a"]), None, NpstreamCommitMessage(0, ["0a", "0b"]),
+                NpstreamCommitMessage(1, [])]
+    assert _staging_ids(messages) == ["0a", "0b", "2a"]
