@@ -201,12 +201,12 @@ def _segment_sizes(stream_dir: Path) -> dict[Path, int]:
 
 
 def _tear(stream_dir: Path, before: dict[Path, int], keep_bytes: int) -> None:
-    """Cut the data written since ``before`` back to keep_bytes (newest data file first grew)."""
+    """Cut the segment bytes written since ``before`` back to keep_bytes in total."""
+    from npstream.broker.storage.files import SEGMENT_SUFFIX
+
     after = _segment_sizes(stream_dir)
     grown = sorted(p for p, size in after.items()
-                   if size > before.get(p, 0) and p.suffix in (".log", ".seg", ".data"))
-    if not grown:
-        grown = sorted(p for p, size in after.items() if size > before.get(p, 0))
+                   if size > before.get(p, 0) and p.suffix == SEGMENT_SUFFIX)
     for index, path in enumerate(grown):
         base = before.get(path, 0)
         with open(path, "r+b") as handle:

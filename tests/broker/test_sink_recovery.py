@@ -1,0 +1,104 @@
+"""Sink commits interrupted by a broker crash finish exactly once at restart; staging GC.
+
+The crash points come from the test-only fault hook NPSTREAM_SINK_FAULT
+(npstream.broker.sink_commit): the broker process os._exit()s at an exact
+step of a commit, which is what kill -9 at that instant would leave behind.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from npstream import Client
+from npstream.broker.sink_commit import FAULT_ENV, FAULT_EXIT_CODE
+from npstream.errors import BrokerUnavailable
+from npstream.schema import MESSAGE_SCHEMA
+from npstream.sink_client import SinkConflict
+
+ORDERS, AUDIT = "orders", "audit"
+
+
+def read(client: Client, stream: str) -> pa.Table:
+    info = client.stream_info(stream)
+    return pa.Table.from_batches(list(client.read_range(stream, info.start_offset,
+                                                        info.end_offset)),
+                                 schema=MESSAGE_SCHEMA)
+
+
+def staged_tables() -> list[pa.Table]:
+    """Two task stagings routing rows to two streams; value i goes to orders unless i % 3 == 0."""
+    tables = []
+    for part in range(2):
+        numbers = range(part * 600, part * 600 + 600)
+        tables.append(pa.table({
+            "value": [f"v{i}" for i in numbers],
+            "id": [f"id-{i}" for i in numbers],
+            "stream": [AUDIT if i % 3 == 0 else ORDERS for i in numbers],
+        }))
+    return tables
+
+
+def expected(stream: str) -> list[str]:
+    return [f"id-{i}" for i in range(1200) if (AUDIT if i % 3 == 0 else ORDERS) == stream]
+
+
+@pytest.mark.parametrize("fault", ["marker", "append", "torn:40", "done:1"])
+def test_commit_killed_mid_commit_is_finished_exactly_once_at_restart(broker_factory, fault):
+    proc = broker_factory("data", env={FAULT_ENV: fault})
+    with Client(proc.address, retry_deadline=1.0) as client:
+        client.publish_batch(ORDERS, [{"value": b"pre", "id": f"pre-{i}"} for i in range(3)])
+        sink = client.sink()
+        for part, table in enumerate(staged_tables()):
+            sink.stage("crashy", 7, f"7-{part}", None, table)
+        with pytest.raises(BrokerUnavailable):
+            sink.commit("crashy", 7, ["7-0", "7-1"])
+    assert proc.proc.wait(10) == FAULT_EXIT_CODE
+    assert f"test fault hook {FAULT_ENV}" in proc.log_text()
+
+    proc.extra_env.pop(FAULT_ENV)
+    proc.start()
+
+    with Client(proc.address) as client:
+        orders, audit = read(client, ORDERS), read(client, AUDIT)
+        assert orders.column("id").to_pylist() == [f"pre-{i}" for i in range(3)] + expected(
+            ORDERS)
+        assert orders.column("offset").to_pylist() == list(range(3 + 800))
+        assert audit.column("id").to_pylist() == expected(AUDIT)
+        assert audit.column("offset").to_pylist() == list(range(400))
+        sink = client.sink()
+        assert sink.last_batch_id("crashy") == 7
+        assert sink.commit("crashy", 7, ["7-0", "7-1"]).already_committed is True
+        assert client.publish(ORDERS, b"after").offset == 803
+    assert "finishing a commit interrupted by a restart" in proc.log_text()
+    assert not list((Path(proc.data_dir) / "sink").rglob("*.arrow"))
+
+
+def test_staging_survives_broker_kill_and_commits_after_restart(broker_factory):
+    proc = broker_factory("data")
+    with Client(proc.address) as client:
+        client.sink().stage("durable", 0, "0-0", ORDERS, pa.table({"value": ["a", "b"]}))
+    proc.restart(hard=True)
+    with Client(proc.address) as client:
+        result = client.sink().commit("durable", 0, ["0-0"])
+        assert result.written == {ORDERS: (0, 2)}
+        assert read(client, ORDERS).column("value").to_pylist() == [b"a", b"b"]
+
+
+def test_orphaned_staging_older_than_ttl_is_garbage_collected(broker_factory):
+    proc = broker_factory("data", env={"NPSTREAM_SINK_STAGING_TTL": "1s"})
+    sink_dir = Path(proc.data_dir) / "sink" / "orphan"
+    with Client(proc.address) as client:
+        sink = client.sink()
+        sink.stage("orphan", 0, "0-0", ORDERS, pa.table({"value": ["x"]}))
+        assert [p.name for p in sink_dir.rglob("*.arrow")] == ["0-0.arrow"]
+        deadline = time.monotonic() + 15
+        while sink_dir.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not sink_dir.exists()
+        with pytest.raises(SinkConflict, match=r"staging '0-0' not found \(aborted, expired"):
+            sink.commit("orphan", 0, ["0-0"])
+    assert "dropped expired staging '0-0'" in proc.log_text()

@@ -1,0 +1,214 @@
+"""SinkService against a real broker process: staging, atomic commits, replays, aborts, GC."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from npstream import Client
+from npstream.errors import InvalidArgument, StreamNotFound
+from npstream.proto import pb
+from npstream.schema import MESSAGE_SCHEMA
+from npstream.sink_client import SinkClient, SinkConflict
+
+
+def rows(client: Client, stream: str, start: int = 0) -> pa.Table:
+    end = client.stream_info(stream).end_offset
+    return pa.Table.from_batches(list(client.read_range(stream, start, end)),
+                                 schema=MESSAGE_SCHEMA)
+
+
+def values(client: Client, stream: str, start: int = 0) -> list[bytes]:
+    return rows(client, stream, start).column("value").to_pylist()
+
+
+def staging_files(broker, sink_id: str) -> list[str]:
+    root = Path(broker.data_dir) / "sink" / sink_id
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*.arrow")) if root.exists() else []
+
+
+@pytest.fixture
+def sink(client: Client) -> SinkClient:
+    return client.sink()
+
+
+def test_commit_staged_rows_become_visible_at_once_with_contiguous_offsets(
+        broker, client, sink, stream_name):
+    client.publish_batch(stream_name, [{"value": b"before-0"}, {"value": b"before-1"}])
+    first = sink.stage("s-visible", 0, "0-0-0", stream_name,
+                       pa.table({"value": ["a", "b", "c"], "id": ["ia", None, "ic"]}))
+    sink.stage("s-visible", 0, "0-1-0", stream_name, pa.table({"value": [b"d", b"e"]}))
+    assert (first.rows, first.bytes > 0) == (3, True)
+    assert client.stream_info(stream_name).end_offset == 2  # staged data is invisible
+
+    result = sink.commit("s-visible", 0, ["0-0-0", "0-1-0"])
+
+    assert result.already_committed is False
+    assert result.written == {stream_name: (2, 7)}
+    table = rows(client, stream_name, 2)
+    assert table.column("offset").to_pylist() == [2, 3, 4, 5, 6]
+    assert table.column("value").to_pylist() == [b"a", b"b", b"c", b"d", b"e"]
+    assert table.column("id").to_pylist() == [
+        "ia", "s-visible.0-0-0.1", "ic", "s-visible.0-1-0.0", "s-visible.0-1-0.1"]
+    assert sink.last_batch_id("s-visible") == 0
+    assert staging_files(broker, "s-visible") == []
+
+
+def test_commit_replayed_or_older_batch_id_appends_nothing(client, sink, stream_name):
+    sink.stage("s-replay", 4, "4-0", stream_name, pa.table({"value": ["x", "y"]}))
+    assert sink.commit("s-replay", 4, ["4-0"]).written == {stream_name: (0, 2)}
+
+    replay = sink.commit("s-replay", 4, ["4-0"])
+    older = sink.commit("s-replay", 3, [])
+
+    assert (replay.already_committed, replay.written) == (True, {})
+    assert (older.already_committed, older.written) == (True, {})
+    assert values(client, stream_name) == [b"x", b"y"]
+    assert sink.last_batch_id("s-replay") == 4
+
+
+def test_stage_for_already_committed_batch_is_accepted_and_discarded(broker, client, sink,
+                                                                     stream_name):
+    sink.stage("s-restage", 0, "0-0-a", stream_name, pa.table({"value": ["x"]}))
+    sink.commit("s-restage", 0, ["0-0-a"])
+
+    again = sink.stage("s-restage", 0, "0-0-b", stream_name, pa.table({"value": ["x"]}))
+
+    assert (again.rows, again.bytes) == (1, 0)
+    assert staging_files(broker, "s-restage") == []
+    assert sink.commit("s-restage", 0, ["0-0-b"]).already_committed is True
+    assert values(client, stream_name) == [b"x"]
+
+
+def test_commit_appends_only_listed_stagings_and_drops_the_rest(broker, client, sink,
+                                                                stream_name):
+    sink.stage("s-listed", 0, "0-0-attempt0", stream_name, pa.table({"value": ["failed"]}))
+    sink.stage("s-listed", 0, "0-0-attempt1", stream_name, pa.table({"value": ["retried"]}))
+    sink.stage("s-listed", 1, "1-0-early", stream_name, pa.table({"value": ["next"]}))
+
+    sink.commit("s-listed", 0, ["0-0-attempt1"])
+
+    assert values(client, stream_name) == [b"retried"]
+    assert staging_files(broker, "s-listed") == ["1/1-0-early.arrow"]
+
+
+def test_stage_resent_staging_id_replaces_the_earlier_rows(client, sink, stream_name):
+    sink.stage("s-resend", 0, "0-0", stream_name, pa.table({"value": ["one", "two"]}))
+    sink.stage("s-resend", 0, "0-0", stream_name, pa.table({"value": ["three"]}))
+    sink.commit("s-resend", 0, ["0-0"])
+    assert values(client, stream_name) == [b"three"]
+
+
+def test_commit_routes_rows_by_stream_column_atomically_per_stream(client, sink, stream_name):
+    a, b = f"{stream_name}-a", f"{stream_name}-b"
+    data = pa.table({"value": ["1", "2", "3", "4", "5"],
+                     "stream": [a, b, None, a, b]})
+    sink.stage("s-route", 0, "0-0", a, data)
+
+    result = sink.commit("s-route", 0, ["0-0"])
+
+    assert result.written == {a: (0, 3), b: (0, 2)}
+    assert values(client, a) == [b"1", b"3", b"4"]
+    assert values(client, b) == [b"2", b"5"]
+
+
+def test_stage_bad_row_is_rejected_and_nothing_is_staged(broker, client, sink, stream_name):
+    client.create_stream(stream_name, max_message_bytes=4)
+    data = pa.table({"value": ["ok", "toolarge"], "stream": [stream_name, stream_name]})
+
+    with pytest.raises(InvalidArgument, match=rf"row 1 for stream '{stream_name}' is 8 bytes, "
+                                              r"over the stream's max_message_bytes=4"):
+        sink.stage("s-bad", 0, "0-0", None, data)
+    with pytest.raises(InvalidArgument, match=r"row 0: invalid stream name 'a/b'"):
+        sink.stage("s-bad", 0, "0-0", None, pa.table({"value": ["x"], "stream": ["a/b"]}))
+    with pytest.raises(InvalidArgument, match=r"invalid sink_id '\.\./x'"):
+        sink.stage("../x", 0, "0-0", stream_name, pa.table({"value": ["x"]}))
+    with pytest.raises(InvalidArgument, match=r"row 0 has no target stream"):
+        sink.stage("s-bad", 0, "0-0", None, pa.table({"value": ["x"], "stream": [None]},
+                                                    schema=pa.schema([("value", pa.string()),
+                                                                      ("stream", pa.string())])))
+
+    assert staging_files(broker, "s-bad") == []
+    with pytest.raises(SinkConflict, match=r"staging '0-0' not found .* nothing was appended"):
+        sink.commit("s-bad", 0, ["0-0"])
+    assert client.stream_info(stream_name).end_offset == 0
+
+
+def test_commit_to_missing_stream_with_auto_create_creates_it(client, sink, stream_name):
+    sink.stage("s-create", 0, "0-0", stream_name, pa.table({"value": ["x"]}))
+    with pytest.raises(StreamNotFound):
+        client.stream_info(stream_name)
+    sink.commit("s-create", 0, ["0-0"])
+    assert client.stream_info(stream_name).end_offset == 1
+
+
+def test_abort_drops_staging_and_a_later_commit_of_it_fails(broker, client, sink, stream_name):
+    sink.stage("s-abort", 2, "2-0", stream_name, pa.table({"value": ["x"]}))
+    sink.stage("s-abort", 2, "2-1", stream_name, pa.table({"value": ["y"]}))
+    sink.stage("s-abort", 3, "3-0", stream_name, pa.table({"value": ["z"]}))
+
+    assert sink.abort("s-abort", 2, ["2-1"]) == 1
+    assert sink.abort("s-abort", 2) == 1
+    assert sink.abort("s-abort", 2) == 0
+
+    assert staging_files(broker, "s-abort") == ["3/3-0.arrow"]
+    with pytest.raises(SinkConflict, match=r"staging '2-0' not found"):
+        sink.commit("s-abort", 2, ["2-0"])
+    with pytest.raises(StreamNotFound):
+        client.stream_info(stream_name)
+
+
+def test_sink_state_of_unknown_sink_is_minus_one(client):
+    reply = client.call("SinkService.SinkState", pb.SinkStateRequest(sink_id="never-used"))
+    assert (reply.exists, reply.last_batch_id) == (False, -1)
+    assert client.sink().last_batch_id("never-used") == -1
+
+
+def test_commit_with_concurrent_publishes_keeps_sink_rows_contiguous(client, sink, stream_name):
+    batch = pa.table({"value": pa.array([b"s" * 200] * 5000)})
+    staging_ids = [f"0-{p}" for p in range(4)]
+    for staging_id in staging_ids:
+        sink.stage("s-concurrent", 0, staging_id, stream_name, batch)
+    stop = threading.Event()
+    published: list[int] = []
+
+    def publish_loop() -> None:
+        with Client(client.address) as other:
+            while not stop.is_set():
+                published.append(other.publish(stream_name, b"p", ack="write").offset)
+
+    threads = [threading.Thread(target=publish_loop) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    result = sink.commit("s-concurrent", 0, staging_ids)
+    time.sleep(0.1)
+    stop.set()
+    for thread in threads:
+        thread.join()
+
+    start, end = result.written[stream_name]
+    assert end - start == 20_000
+    table = rows(client, stream_name)
+    sink_offsets = [o for o, v in zip(table.column("offset").to_pylist(),
+                                      table.column("value").to_pylist(), strict=True)
+                    if v != b"p"]
+    assert sink_offsets == list(range(start, end))
+    assert not set(published) & set(range(start, end))
+    assert len(published) > 0
+
+
+def test_delete_stream_drops_staging_that_targets_only_it(broker, client, sink, stream_name):
+    other = f"{stream_name}-other"
+    client.create_stream(stream_name)
+    sink.stage("s-delete", 0, "0-only", stream_name, pa.table({"value": ["x"]}))
+    sink.stage("s-delete", 0, "0-mixed", None,
+               pa.table({"value": ["x", "y"], "stream": [stream_name, other]}))
+
+    assert client.delete_stream(stream_name) is True
+
+    assert staging_files(broker, "s-delete") == ["0/0-mixed.arrow"]
