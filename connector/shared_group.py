@@ -1,0 +1,430 @@
+"""Shared groups (Nexo model): many consumers split a stream's messages, each one leased.
+
+Two ways to consume, mixable within one group:
+
+* ``client.receive(stream, group, max=10, wait=...)`` (pull) returns Lease
+  objects; call ``lease.ack()`` when done or ``lease.nack(delay)`` to have it
+  redelivered.
+* ``client.subscribe(stream, group, handler, max_in_flight=...)`` (push) opens
+  a GroupService.Subscribe stream and calls ``handler(lease)`` in worker
+  threads. Credits are the flow control: the broker never has more than
+  ``max_in_flight`` unfinished deliveries out to this subscription. A handler
+  that returns without settling its lease acks it; one that raises nacks it
+  (the broker's backoff applies). The subscription reconnects by itself when
+  the broker restarts.
+
+A lease that is neither acked nor nacked within ``ack_wait`` seconds expires
+and the message goes to another member (at-least-once). After
+``max_deliver`` attempts it is copied to the dead-letter stream.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from npstream.errors import BrokerUnavailable, InvalidArgument, NpstreamError
+from npstream.names import validate_group_name, validate_stream_name
+from npstream.proto import pb
+from npstream.units import parse_duration_ms
+
+if TYPE_CHECKING:
+    from npstream.client import Client
+    from npstream.connection import StreamingCall
+
+__all__ = ["Lease", "Subscription", "ack_leases", "receive", "subscribe"]
+
+log = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------- tuning
+# Reconnect backoff of a subscription after the broker became unreachable:
+# first wait, growth factor and cap (seconds). A restarted local broker is
+# back within a second or two.
+RECONNECT_INITIAL_S = 0.1
+RECONNECT_MULTIPLIER = 2.0
+RECONNECT_MAX_S = 2.0
+# How long stop() waits for running handlers by default (seconds).
+STOP_TIMEOUT_S = 30.0
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_member_numbers = itertools.count(1)
+
+
+def default_member_id() -> str:
+    """"host-pid": one member per process for receive() unless member_id is given."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _config(stream: str, ack_wait: object, max_deliver: int,
+            backoff: Sequence[object] | None, dead_letter_stream: str | None
+            ) -> pb.SharedGroupConfig:
+    try:
+        validate_stream_name(stream)
+        ack_wait_ms = parse_duration_ms(ack_wait)
+        backoff_ms = [parse_duration_ms(b) for b in (backoff or ())]
+        if dead_letter_stream is not None:
+            validate_stream_name(dead_letter_stream)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    if ack_wait_ms < 1:
+        raise InvalidArgument(f"ack_wait={ack_wait!r} must be at least 1 ms")
+    if isinstance(max_deliver, bool) or not isinstance(max_deliver, int) or max_deliver < 0:
+        raise InvalidArgument(f"max_deliver={max_deliver!r} must be an int >= 0 (0 = unlimited)")
+    return pb.SharedGroupConfig(ack_wait_ms=ack_wait_ms, max_deliver=max_deliver,
+                                backoff_ms=backoff_ms,
+                                dead_letter_stream=dead_letter_stream or "")
+
+
+def _check_group(group: str) -> None:
+    try:
+        validate_group_name(group)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+
+
+@dataclass(eq=False)
+class Lease:
+    """One delivery of one message; settle it with ``ack()`` or ``nack(delay)``.
+
+    ``attempt`` is 1 on the first delivery. ``lease_expires_ms`` is when the
+    broker gives the message to someone else unless it is settled.
+    Settling twice is a no-op.
+    """
+
+    stream: str
+    group: str
+    offset: int
+    id: str
+    key: bytes | None
+    value: bytes
+    headers: dict[str, bytes]
+    timestamp_ms: int
+    attempt: int
+    lease_expires_ms: int
+    _settle: Callable[[Lease, str, int], None] = field(repr=False, compare=False)
+    settled: str = ""  # "", "ack" or "nack"
+
+    @classmethod
+    def from_pb(cls, stream: str, group: str, d: pb.Delivery,
+                settle: Callable[[Lease, str, int], None]) -> Lease:
+        return cls(stream, group, d.offset, d.id, d.key if d.HasField("key") else None,
+                   d.value, dict(d.headers), d.timestamp_ms, d.attempt, d.lease_expires_ms,
+                   settle)
+
+    @property
+    def timestamp(self) -> dt.datetime:
+        return _EPOCH + dt.timedelta(milliseconds=self.timestamp_ms)
+
+    @property
+    def lease_expires(self) -> dt.datetime:
+        return _EPOCH + dt.timedelta(milliseconds=self.lease_expires_ms)
+
+    def text(self) -> str:
+        return self.value.decode("utf-8")
+
+    def ack(self) -> None:
+        """Done: the message is not delivered again."""
+        if not self.settled:
+            self.settled = "ack"
+            self._settle(self, "ack", 0)
+
+    def nack(self, delay: float = 0) -> None:
+        """Not done: redeliver (to any member) now, or after ``delay`` seconds."""
+        if not self.settled:
+            delay_ms = parse_duration_ms(delay)
+            self.settled = "nack"
+            self._settle(self, "nack", delay_ms)
+
+
+def _unary_settler(client: Client, member_id: str) -> Callable[[Lease, str, int], None]:
+    def settle(lease: Lease, how: str, delay_ms: int) -> None:
+        if how == "ack":
+            client.call("GroupService.Ack", pb.AckRequest(
+                stream=lease.stream, group=lease.group, offsets=[lease.offset],
+                member_id=member_id))
+        else:
+            client.call("GroupService.Nack", pb.NackRequest(
+                stream=lease.stream, group=lease.group, offsets=[lease.offset],
+                delay_ms=delay_ms, member_id=member_id))
+    return settle
+
+
+def ack_leases(client: Client, leases: Sequence[Lease]) -> int:
+    """Ack many leases with one call per (stream, group); returns how many the broker counted."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for lease in leases:
+        if not lease.settled:
+            lease.settled = "ack"
+            groups.setdefault((lease.stream, lease.group), []).append(lease.offset)
+    acked = 0
+    for (stream, group), offsets in groups.items():
+        acked += client.call("GroupService.Ack", pb.AckRequest(
+            stream=stream, group=group, offsets=offsets)).acked
+    return acked
+
+
+def receive(
+    client: Client,
+    stream: str,
+    group: str,
+    max: int = 10,
+    *,
+    wait: float = 0.0,
+    ack_wait: float = 30.0,
+    max_deliver: int = 0,
+    backoff: Sequence[float] | None = None,
+    dead_letter_stream: str | None = None,
+    member_id: str | None = None,
+) -> list[Lease]:
+    """Lease up to ``max`` messages of the shared group (created on first use).
+
+    Redeliveries that are due come first, then new messages in offset order.
+    ``wait`` seconds long-polls when there is nothing to deliver.
+    """
+    config = _config(stream, ack_wait, max_deliver, backoff, dead_letter_stream)
+    _check_group(group)
+    if max < 1:
+        raise InvalidArgument(f"max={max} must be >= 1")
+    if wait < 0:
+        raise InvalidArgument(f"wait={wait} must be >= 0 seconds")
+    member = member_id or default_member_id()
+    response = client.call(
+        "GroupService.Receive",
+        pb.ReceiveRequest(stream=stream, group=group, member_id=member, max_messages=max,
+                          wait_ms=int(wait * 1000), config=config),
+        timeout=client.timeout + wait,
+    )
+    settle = _unary_settler(client, member)
+    return [Lease.from_pb(stream, group, d, settle) for d in response.deliveries]
+
+
+def subscribe(
+    client: Client,
+    stream: str,
+    group: str,
+    handler: Callable[[Lease], object],
+    *,
+    ack_wait: float = 30.0,
+    max_in_flight: int = 100,
+    max_deliver: int = 0,
+    backoff: Sequence[float] | None = None,
+    dead_letter_stream: str | None = None,
+    member_id: str | None = None,
+) -> Subscription:
+    """Start a push subscription; see the module docstring. Returns it running."""
+    config = _config(stream, ack_wait, max_deliver, backoff, dead_letter_stream)
+    _check_group(group)
+    if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+        raise InvalidArgument(f"max_in_flight={max_in_flight!r} must be an int >= 1")
+    if not callable(handler):
+        raise InvalidArgument(f"handler must be callable, got {type(handler).__name__}")
+    member = member_id or f"{default_member_id()}-{next(_member_numbers)}"
+    subscription = Subscription(client, stream, group, handler, config, member, max_in_flight)
+    subscription._start()
+    return subscription
+
+
+class _Connection:
+    """One Subscribe call: its outgoing request queue and response iterator."""
+
+    def __init__(self) -> None:
+        self.requests: queue.SimpleQueue[pb.SubscribeRequest | None] = queue.SimpleQueue()
+        self.call: StreamingCall | None = None
+        self.open = True
+
+    def request_iterator(self) -> Iterator[pb.SubscribeRequest]:
+        while True:
+            request = self.requests.get()
+            if request is None:
+                return
+            yield request
+
+    def send(self, request: pb.SubscribeRequest) -> bool:
+        if not self.open:
+            return False
+        self.requests.put(request)
+        return True
+
+    def close(self) -> None:
+        if self.open:
+            self.open = False
+            self.requests.put(None)
+
+
+class Subscription:
+    """A running push subscription; ``stop()`` ends it, ``join()`` waits for its end.
+
+    ``error`` holds the exception that ended it (stream or group deleted,
+    invalid settings); ``join`` raises it.
+    """
+
+    def __init__(self, client: Client, stream: str, group: str,
+                 handler: Callable[[Lease], object], config: pb.SharedGroupConfig,
+                 member_id: str, max_in_flight: int) -> None:
+        self.client = client
+        self.stream = stream
+        self.group = group
+        self.member_id = member_id
+        self.max_in_flight = max_in_flight
+        self.error: BaseException | None = None
+        self._handler = handler
+        self._config = config
+        self._lock = threading.Lock()
+        self._running_handlers = 0
+        self._idle = threading.Condition(self._lock)
+        self._stopping = threading.Event()
+        self._connection: _Connection | None = None
+        self._pool = ThreadPoolExecutor(max_workers=max_in_flight,
+                                        thread_name_prefix=f"npstream-handler-{group}")
+        self._unary = _unary_settler(client, member_id)
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"npstream-subscription-{stream}/{group}")
+
+    # ------------------------------------------------------------ lifecycle
+
+    def _start(self) -> None:
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float | None = STOP_TIMEOUT_S) -> None:
+        """Take no new messages, let running handlers finish (up to timeout), then close."""
+        self._stopping.set()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._idle:
+            while self._running_handlers:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    log.warning("stopping subscription to '%s' (group '%s') with %d handler(s) "
+                                "still running; their leases expire and are redelivered",
+                                self.stream, self.group, self._running_handlers)
+                    break
+                self._idle.wait(left)
+            connection = self._connection
+        if connection is not None:
+            connection.close()  # half-close: the broker ends the call
+        self._thread.join(timeout)
+        if self._thread.is_alive() and connection is not None and connection.call is not None:
+            connection.call.cancel()
+            self._thread.join(timeout)
+        self._pool.shutdown(wait=False)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until the subscription ends; raises the error that ended it, if any."""
+        self._thread.join(timeout)
+        if self.error is not None:
+            raise self.error
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return (f"Subscription(stream={self.stream!r}, group={self.group!r}, "
+                f"member_id={self.member_id!r}, {state})")
+
+    # ------------------------------------------------------------ the call
+
+    def _run(self) -> None:
+        backoff = RECONNECT_INITIAL_S
+        while not self._stopping.is_set():
+            try:
+                self._one_connection()
+                backoff = RECONNECT_INITIAL_S
+                if not self._stopping.is_set():
+                    log.info("subscription to '%s' (group '%s') ended by the broker; "
+                             "reconnecting", self.stream, self.group)
+            except BrokerUnavailable as exc:
+                log.warning("subscription to '%s' (group '%s') lost the broker, reconnecting "
+                            "in %.1fs: %s", self.stream, self.group, backoff, exc)
+                if self._stopping.wait(backoff):
+                    break
+                backoff = min(backoff * RECONNECT_MULTIPLIER, RECONNECT_MAX_S)
+            except NpstreamError as exc:
+                log.error("subscription to '%s' (group '%s') failed: %s", self.stream,
+                          self.group, exc)
+                self.error = exc
+                break
+            except Exception as exc:
+                log.exception("subscription to '%s' (group '%s') failed", self.stream,
+                              self.group)
+                self.error = exc
+                break
+
+    def _one_connection(self) -> None:
+        connection = _Connection()
+        with self._lock:
+            credits = max(0, self.max_in_flight - self._running_handlers)
+            self._connection = connection
+        open_request = pb.SubscribeRequest(credits=credits)
+        open_request.open.CopyFrom(pb.SubscribeRequest.Open(
+            stream=self.stream, group=self.group, member_id=self.member_id,
+            config=self._config))
+        connection.send(open_request)
+        if self._stopping.is_set():
+            connection.close()
+        call = self.client.stream("GroupService.Subscribe", connection.request_iterator())
+        connection.call = call
+        try:
+            for delivery in call:
+                lease = Lease.from_pb(self.stream, self.group, delivery, self._settle)
+                if self._stopping.is_set():
+                    lease.nack()  # arrived while stopping: give it to another member now
+                    continue
+                with self._lock:
+                    self._running_handlers += 1
+                self._pool.submit(self._handle, lease, connection)
+        finally:
+            connection.close()
+            with self._lock:
+                if self._connection is connection:
+                    self._connection = None
+
+    def _handle(self, lease: Lease, connection: _Connection) -> None:
+        try:
+            self._handler(lease)
+        except Exception:
+            log.exception("handler failed on offset %d of stream '%s' (group '%s', attempt %d);"
+                          " nacking it", lease.offset, self.stream, self.group, lease.attempt)
+            self._safe_settle(lease, "nack")
+        else:
+            self._safe_settle(lease, "ack")
+        finally:
+            with self._lock:
+                self._running_handlers -= 1
+                current = self._connection
+                self._idle.notify_all()
+            if current is not None and not self._stopping.is_set():
+                current.send(pb.SubscribeRequest(credits=1))
+
+    def _safe_settle(self, lease: Lease, how: str) -> None:
+        try:
+            lease.ack() if how == "ack" else lease.nack()
+        except NpstreamError as exc:
+            log.warning("could not %s offset %d of stream '%s' (group '%s'): %s; it will be "
+                        "redelivered after its lease expires", how, lease.offset, self.stream,
+                        self.group, exc)
+
+    def _settle(self, lease: Lease, how: str, delay_ms: int) -> None:
+        """Send the ack/nack on the live stream, or as a unary call when there is none."""
+        with self._lock:
+            connection = self._connection
+        request = (pb.SubscribeRequest(ack_offsets=[lease.offset]) if how == "ack" else
+                   pb.SubscribeRequest(nack_offsets=[lease.offset], nack_delay_ms=delay_ms))
+        if connection is None or not connection.send(request):
+            self._unary(lease, how, delay_ms)
