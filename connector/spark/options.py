@@ -231,7 +231,7 @@ def _parse_starting_offsets(text: str) -> Position:
     keyword = text.strip().lower()
     if keyword in ("earliest", "latest", "group"):
         return Position(keyword)
-    if text.strip().startswith("{"):
+    if text.strip().startswith(("{", "[")):
         return Position("offsets", _parse_offsets_json(text))
     raise ValueError("not a keyword or a JSON object")
 
@@ -240,7 +240,7 @@ def _parse_ending_offsets(text: str) -> Position:
     keyword = text.strip().lower()
     if keyword == "latest":
         return Position("latest")
-    if text.strip().startswith("{"):
+    if text.strip().startswith(("{", "[")):
         offsets = _parse_offsets_json(text)
         for stream, offset in offsets.items():
             if offset == EARLIEST_SENTINEL:
