@@ -266,6 +266,14 @@ class StagingArea:
     def write(self, sink_id: str, batch_id: int, staging_id: str, table: pa.Table) -> int:
         """Store durably (fsynced, renamed, directory fsynced); returns the file size."""
         target = self.path(sink_id, batch_id, staging_id)
+        try:
+            return self._write_once(target, table)
+        except FileNotFoundError:
+            # The batch directory vanished under us (its batch committed or was aborted
+            # meanwhile): write it again; the sweep deletes it if it is never committed.
+            return self._write_once(target, table)
+
+    def _write_once(self, target: Path, table: pa.Table) -> int:
         self._make_dirs(target.parent)
         tmp = target.with_name(f"{target.name}.{uuid.uuid4().hex[:12]}{_TMP_SUFFIX}")
         try:
