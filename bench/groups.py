@@ -22,6 +22,7 @@ import itertools
 import multiprocessing as mp
 import os
 import sys
+import threading
 import time
 import uuid
 from typing import Any
@@ -45,7 +46,7 @@ MESSAGES = 200_000             # shared-group throughput: messages drained per c
 QUICK_MESSAGES = 5_000
 SIZE = 100                     # payload bytes
 CONSUMER_COUNTS = (1, 2, 4)
-MAX_IN_FLIGHT = 1000           # subscribe() credits per consumer (the peers' window of 1000)
+MAX_IN_FLIGHT = 100            # subscribe() credits per consumer (the client's default)
 PUBLISH_BATCH = 10_000         # rows per publish_batch when filling the stream (not timed)
 LATENCY_MESSAGES = 2000
 QUICK_LATENCY_MESSAGES = 200
@@ -159,10 +160,12 @@ def _throughput_member(index: int, address: str, stream: str, group: str, max_in
                        counts: Any, ready: Any, start: Any, stop: Any) -> None:
     from npstream import Client
 
+    lock = threading.Lock()  # handlers run on the subscription's worker threads
     with Client(address) as client:
         def handle(lease: Any) -> None:
             lease.ack()
-            counts[index] += 1  # own slot, no lock: only this process writes it
+            with lock:
+                counts[index] += 1  # this process's own slot: no cross-process lock needed
 
         ready.release()
         start.wait()

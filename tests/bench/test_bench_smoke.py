@@ -1,0 +1,59 @@
+"""Smoke test of bench/broker.py: the benchmark code must keep running against the real broker.
+
+Not a performance test: it runs the quick configuration without peers and checks that the
+table has our publish, replay and latency rows with sane numbers, so a contract change in
+the client or the broker shows up here instead of on the next benchmark day.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "broker.py"
+
+
+def _number(cell: str) -> float:
+    return float(cell.replace(",", ""))
+
+
+@pytest.mark.slow
+def test_broker_bench_quick_without_peers_prints_our_rows(tmp_path: Path) -> None:
+    raw = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--skip-peers", "--json", str(raw)],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert re.search(r"^system\s+config\s+msg/s\s+MB/s\s+vs Redis\s+vs JetStream$", out, re.M)
+
+    publish = re.findall(r"^npstream\s+publish (\S+) x (\d+) B, (\d+)/publish_batch, "
+                         r"ack=fsync\s+([\d,]+)\s+([\d.,]+)\s+-\s+-$", out, re.M)
+    assert [(n, s, b) for n, s, b, _rate, _mb in publish] == [
+        ("20,000", "100", "1000"), ("5,000", "1000", "500")]
+    replay = re.findall(r"^npstream\s+replay (\S+) x (\d+) B from 0 into an Arrow table"
+                        r"\s+([\d,]+)\s+([\d.,]+)", out, re.M)
+    assert [(n, s) for n, s, _r, _mb in replay] == [("20,000", "100"), ("5,000", "1000")]
+    for _n, size, _b, msgs, mb in publish:
+        assert _number(msgs) > 0
+        assert _number(mb) == pytest.approx(_number(msgs) * int(size) / 1e6, rel=0.05, abs=0.1)
+
+    latency = re.findall(r"^npstream\s+size (\d+), fetch long-poll, ack=fsync\s+1\s+"
+                         r"(\d+)/(\d+)\s+([\d.]+)\s+([\d.]+)", out, re.M)
+    assert [(size, got, sent) for size, got, sent, _p50, _p99 in latency] == [
+        ("100", "200", "200"), ("1000", "200", "200")]
+    assert all(0 < float(p50) <= float(p99) for *_x, p50, p99 in latency)
+    # Goals that need peers are reported as not measured, never as passed.
+    assert "PASS" not in out and "FAIL" not in out
+    assert out.count("N/A ") == 8
+
+    result = json.loads(raw.read_text())
+    configs = result["npstream"]["configs"]
+    assert [c["produce"]["stored"] for c in configs] == [20_000, 5_000]
+    assert all(c["consume"]["offsets_ok"] and c["consume"]["payload_bytes_ok"] for c in configs)
