@@ -321,6 +321,10 @@ class Subscription:
             self._thread.join(timeout)
         self._pool.shutdown(wait=False)
 
+    def close(self) -> None:
+        """Same as ``stop()`` with the default timeout."""
+        self.stop()
+
     def join(self, timeout: float | None = None) -> None:
         """Wait until the subscription ends; raises the error that ended it, if any."""
         self._thread.join(timeout)
