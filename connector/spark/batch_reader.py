@@ -37,7 +37,7 @@ from pyspark.sql.datasource import (
 from npstream.spark.options import InvalidOptionError, ReadOptions
 from npstream.spark.partitioning import OffsetRange, split_ranges
 from npstream.spark.range_reader import RangePartition, read_range
-from npstream.spark.stream_reader import resolve_start, subscribed_bounds
+from npstream.spark.stream_reader import check_start, resolve_start, subscribed_bounds
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -237,10 +237,14 @@ class NpstreamBatchReader(DataSourceReader):
         for name, (first, last) in sorted(bounds.items()):
             if not self._narrowing.allows(name):
                 continue
-            start = resolve_start(client, self._options, name, first, last)
+            start, source = resolve_start(client, self._options, name, first, last)
             end = resolve_end(client, self._options, name, first, last)
+            # Narrow first: offsets the filters exclude are never read, so their
+            # removal by retention is not data loss.
             start, end = self._narrowing.narrow(client, name, start, max(start, end))
-            ranges.append(OffsetRange(name, start, end))
+            if start < end:
+                start = check_start(self._options, name, start, first, source)
+            ranges.append(OffsetRange(name, start, max(start, end)))
         return ranges
 
     def partitions(self) -> Sequence[InputPartition]:

@@ -41,7 +41,14 @@ if TYPE_CHECKING:
 
     from npstream.client import Client
 
-__all__ = ["NpstreamStreamReader", "resolve_start", "subscribed_bounds"]
+__all__ = [
+    "NpstreamStreamReader",
+    "check_start",
+    "commit_group_position",
+    "group_position",
+    "resolve_start",
+    "subscribed_bounds",
+]
 
 log = logging.getLogger("npstream.spark.stream")
 
@@ -76,45 +83,49 @@ def group_position(client: Client, stream: str, group: str) -> int | None:
 
 
 def resolve_start(client: Client, options: ReadOptions, stream: str, first: int,
-                  last: int) -> int:
-    """Where reading of one stream starts, from startingOffsets / startingTimestamp.
+                  last: int) -> tuple[int, str]:
+    """Where reading of one stream should start, and what asked for it.
 
-    ``first``/``last`` are the stream's start_offset and end_offset. Streams
-    not named in a startingOffsets JSON start at the earliest offset. An
-    explicit or group offset below start_offset is data loss (reported, then
-    the read starts at start_offset).
+    From startingOffsets / startingTimestamp; ``first``/``last`` are the
+    stream's start_offset and end_offset. Streams not named in a
+    startingOffsets JSON start at the earliest offset. The offset may lie below
+    ``first`` (retention removed it): ``check_start`` decides what then.
     """
     kind, explicit = options.starting.for_stream(stream, default_kind="earliest")
     if kind == "earliest":
-        return first
+        return first, "earliest"
     if kind == "latest":
-        return last
+        return last, "latest"
     if kind == "timestamp":
         assert options.starting.timestamp_ms is not None
-        return client.offset_for_timestamp(stream, options.starting.timestamp_ms)
+        return client.offset_for_timestamp(stream, options.starting.timestamp_ms), (
+            "startingTimestamp")
     if kind == "group":
         assert options.group is not None
-        explicit = group_position(client, stream, options.group)
-        if explicit is None:
+        position = group_position(client, stream, options.group)
+        if position is None:
             log.info("group '%s' has no position on stream '%s'; starting at earliest offset %d",
                      options.group, stream, first)
-            return first
-        source = f"group '{options.group}'"
-    else:
-        source = "startingOffsets"
-        assert explicit is not None
-        if explicit > last:
-            raise InvalidOptionError(
-                f"Invalid value for option 'startingOffsets': offset {explicit} for stream "
-                f"'{stream}' is beyond its end_offset {last}. Accepted: an offset in "
-                f"[{first}, {last}], -2 (earliest) or -1 (latest)."
-            )
-    if explicit < first:
-        report_data_loss(stream, explicit, first,
-                         f"{source} asks for offset {explicit} but retention moved the "
+            return first, "earliest"
+        return min(position, last), f"group '{options.group}'"
+    assert explicit is not None
+    if explicit > last:
+        raise InvalidOptionError(
+            f"Invalid value for option 'startingOffsets': offset {explicit} for stream "
+            f"'{stream}' is beyond its end_offset {last}. Accepted: an offset in "
+            f"[{first}, {last}], -2 (earliest) or -1 (latest)."
+        )
+    return explicit, "startingOffsets"
+
+
+def check_start(options: ReadOptions, stream: str, offset: int, first: int, source: str) -> int:
+    """``offset``, or ``first`` after reporting data loss when retention removed it."""
+    if offset < first:
+        report_data_loss(stream, offset, first,
+                         f"{source} asks for offset {offset} but retention moved the "
                          f"stream's start_offset to {first}", fail=options.fail_on_data_loss)
         return first
-    return min(explicit, last)
+    return offset
 
 
 class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -151,8 +162,10 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"not exist on broker {self.client.address}; create them first, or use "
                 "streamPattern to pick streams up when they appear"
             )
-        offsets = {name: resolve_start(self.client, self._options, name, first, last)
-                   for name, (first, last) in sorted(bounds.items())}
+        offsets = {}
+        for name, (first, last) in sorted(bounds.items()):
+            offset, source = resolve_start(self.client, self._options, name, first, last)
+            offsets[name] = check_start(self._options, name, offset, first, source)
         log.info("initial offsets (%s, %s): %s", self._options.describe_subscription(),
                  self._options.starting.kind, SourceOffset(offsets).to_json())
         return offsets
