@@ -1,0 +1,21 @@
+"""The npstream storage engine: per-stream logs of Arrow record batches on local disk.
+
+The public API is docs/internals.md "Storage engine"; the on-disk format is
+docs/format.md. No gRPC and no SQLite here.
+"""
+
+from npstream.broker.storage.log import StreamLog
+from npstream.broker.storage.results import AppendResult, LogStats, ReadResult
+from npstream.broker.storage.settings import AckMode, StorageSettings, StreamConfig
+from npstream.broker.storage.storage import Storage
+
+__all__ = [
+    "AckMode",
+    "AppendResult",
+    "LogStats",
+    "ReadResult",
+    "Storage",
+    "StorageSettings",
+    "StreamConfig",
+    "StreamLog",
+]

@@ -1,0 +1,136 @@
+"""Deciding which rows of an append are stored, and at which offsets.
+
+Runs in two halves. ``prepare_append`` runs in the caller's thread with no
+lock: it completes the columns, checks message sizes and finds ids repeated
+within the append. ``plan_append`` runs in the group-commit leader under the
+append lock, because it must see everything stored before: it drops rows
+whose id is in the dedup window (or earlier in the same group) and reports
+each dropped row with its original offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from npstream.broker.storage.batch_builder import (
+    check_message_sizes,
+    complete_publish_table,
+    producer_id_mask,
+)
+from npstream.broker.storage.dedup import DedupWindow, IntraDuplicates, find_intra_duplicates
+
+__all__ = ["PendingAppend", "PlannedRows", "plan_append", "prepare_append"]
+
+
+@dataclass(frozen=True)
+class PendingAppend:
+    """An append ready for the writer."""
+
+    table: pa.Table  # PUBLISH_SCHEMA, every column present
+    supplied: pa.BooleanArray | None  # rows with a producer id; None when there are none
+    intra: IntraDuplicates | None  # ids repeated within this append
+    atomic: bool = False
+    before_write: Callable[[int], None] | None = None
+
+
+@dataclass(frozen=True)
+class PlannedRows:
+    """The rows of one append to store, and the duplicates dropped."""
+
+    table: pa.Table
+    supplied: pa.BooleanArray | None
+    duplicates: list[tuple[int, int]]
+
+
+def prepare_append(
+    data: pa.Table, stream: str, max_message_bytes: int, *, find_repeats: bool,
+    atomic: bool = False, before_write: Callable[[int], None] | None = None,
+) -> PendingAppend:
+    """Check and complete ``data``; MessageTooLargeError before anything is queued."""
+    table = complete_publish_table(data)
+    check_message_sizes(table, stream, max_message_bytes)
+    ids = table.column("id").chunk(0) if table.num_rows else pa.array([], pa.string())
+    supplied: pa.BooleanArray | None = None
+    intra = None
+    if table.num_rows and ids.null_count < len(ids):
+        mask = producer_id_mask(ids)
+        if pc.any(mask).as_py():
+            supplied = mask
+            if find_repeats and not atomic:
+                intra = find_intra_duplicates(ids, mask)
+    return PendingAppend(table, supplied, intra, atomic, before_write)
+
+
+def plan_append(
+    append: PendingAppend, first_offset: int, window: DedupWindow | None,
+    pending: dict[str, int] | None,
+) -> PlannedRows:
+    """Rows of ``append`` to store from ``first_offset`` on, given the ids already stored.
+
+    ``window`` is None when dedup is off. ``pending`` maps ids stored earlier in
+    the same group to their offsets (None for a group of one); the producer
+    ids kept here are added to it.
+    """
+    table, supplied = append.table, append.supplied
+    if window is None or supplied is None or append.atomic:
+        if window is not None and supplied is not None and pending is not None:
+            _remember_pending(pending, table, supplied, first_offset)
+        return PlannedRows(table, supplied, [])
+    rows = table.num_rows
+    ids = table.column("id").chunk(0)
+    supplied_np = np.asarray(supplied)
+    drop = np.zeros(rows, dtype=bool)
+    intra = append.intra
+    if intra is not None:
+        drop[intra.rows] = True
+    candidates = np.flatnonzero(supplied_np & ~drop)
+    candidate_ids = ids.take(pa.array(candidates)).to_pylist()
+    hits = window.lookup(candidate_ids)
+    if pending:
+        hits.update({key: pending[key] for key in pending.keys() & candidate_ids})
+    dup_rows: list[np.ndarray] = []
+    dup_offsets: list[np.ndarray] = []
+    hit_mask = np.zeros(rows, dtype=bool)
+    if hits:
+        hit_mask = np.asarray(pc.fill_null(pc.is_in(ids, value_set=pa.array(list(hits))), False))
+        hit_mask &= supplied_np
+        hit_rows = np.flatnonzero(hit_mask)
+        drop[hit_rows] = True
+        dup_rows.append(hit_rows)
+        dup_offsets.append(np.fromiter(
+            map(hits.__getitem__, ids.take(pa.array(hit_rows)).to_pylist()),
+            dtype=np.int64, count=len(hit_rows),
+        ))
+    kept_rows = np.flatnonzero(~drop)
+    if intra is not None:
+        repeats = ~hit_mask[intra.rows]  # repeats of an id that was not in the window
+        firsts = intra.first_rows[repeats]
+        dup_rows.append(intra.rows[repeats])
+        dup_offsets.append(first_offset + np.searchsorted(kept_rows, firsts))
+    duplicates: list[tuple[int, int]] = []
+    if dup_rows:
+        all_rows = np.concatenate(dup_rows)
+        all_offsets = np.concatenate(dup_offsets)
+        order = np.argsort(all_rows, kind="stable")
+        duplicates = list(zip(all_rows[order].tolist(), all_offsets[order].tolist(), strict=True))
+    if len(kept_rows) != rows:
+        selection = pa.array(kept_rows)
+        table = table.take(selection)
+        supplied = supplied.take(selection)
+    if pending is not None:
+        _remember_pending(pending, table, supplied, first_offset)
+    return PlannedRows(table, supplied if pc.any(supplied).as_py() else None, duplicates)
+
+
+def _remember_pending(
+    pending: dict[str, int], table: pa.Table, supplied: pa.BooleanArray, first_offset: int
+) -> None:
+    rows = np.flatnonzero(np.asarray(supplied))
+    if len(rows):
+        ids = table.column("id").chunk(0).take(pa.array(rows)).to_pylist()
+        pending.update(zip(ids, (first_offset + rows).tolist(), strict=True))

@@ -1,0 +1,129 @@
+"""Group commit without a writer thread: the first waiting appender writes for everyone queued.
+
+Appenders enqueue a request. If no writer is active, the appender becomes the
+*leader*: it takes the requests at the head of the queue (up to
+``max_group_bytes``, at least its own; an atomic request always goes alone),
+writes them as one stored batch, then hands leadership to the next queued
+request and only then fsyncs for the FSYNC requests of its group. So while one
+group is being fsynced the next one is already being written, and appends
+arriving during an fsync ride on the next one. Idle streams hold no thread.
+
+Followers sleep on their own Event until their group is done (or until they
+are promoted to leader).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+__all__ = ["CommitQueue", "CommitRequest"]
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class CommitRequest(Generic[T]):
+    """One append waiting to be written; the writer fills ``result``."""
+
+    payload: T
+    nbytes: int
+    fsync: bool
+    atomic: bool = False
+    result: object = None
+    error: BaseException | None = None
+    done: bool = False
+    wake: threading.Event = field(default_factory=threading.Event)
+
+    def outcome(self) -> object:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class CommitQueue(Generic[T]):
+    """Coalesces concurrent requests into groups written by one leader at a time.
+
+    ``write(group)`` writes a group (filling each request's ``result``) and
+    returns a write sequence number; ``sync(seq)`` returns once everything up to
+    that sequence number is fsynced.
+    """
+
+    def __init__(
+        self,
+        max_group_bytes: int,
+        write: Callable[[list[CommitRequest[T]]], int],
+        sync: Callable[[int], None],
+    ) -> None:
+        self.max_group_bytes = max_group_bytes
+        self._write = write
+        self._sync = sync
+        self._lock = threading.Lock()
+        self._queue: deque[CommitRequest[T]] = deque()
+        self._leader_active = False
+
+    def submit(self, request: CommitRequest[T]) -> object:
+        """Queue ``request``; return its result once written (and fsynced if asked)."""
+        with self._lock:
+            self._queue.append(request)
+            leader = not self._leader_active
+            self._leader_active = True
+        if not leader:
+            request.wake.wait()
+            if request.done:
+                return request.outcome()
+        return self._lead(request)
+
+    def _take_group_locked(self) -> list[CommitRequest[T]]:
+        group = [self._queue[0]]
+        if group[0].atomic:
+            return group
+        total = group[0].nbytes
+        for request in list(self._queue)[1:]:
+            if request.atomic or total + request.nbytes > self.max_group_bytes:
+                break
+            group.append(request)
+            total += request.nbytes
+        return group
+
+    def _lead(self, request: CommitRequest[T]) -> object:
+        with self._lock:
+            group = self._take_group_locked()
+        assert group[0] is request, "the leader must head the queue"
+        error: BaseException | None = None
+        sequence = 0
+        try:
+            sequence = self._write(group)
+        except BaseException as exc:
+            error = exc
+        with self._lock:
+            for _ in group:
+                self._queue.popleft()
+            if self._queue:
+                self._queue[0].wake.set()  # promote the next request to leader
+            else:
+                self._leader_active = False
+        if error is not None:
+            self._finish(group, error)
+            raise error
+        waiting = [member for member in group if member.fsync]
+        self._finish([member for member in group if not member.fsync], None)
+        if waiting:
+            try:
+                self._sync(sequence)
+            except BaseException as exc:
+                self._finish(waiting, exc)
+                raise
+            self._finish(waiting, None)
+        return request.outcome()
+
+    @staticmethod
+    def _finish(members: list[CommitRequest[T]], error: BaseException | None) -> None:
+        for member in members:
+            if error is not None:
+                member.error = error
+            member.done = True
+            member.wake.set()

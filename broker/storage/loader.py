@@ -1,0 +1,211 @@
+"""Opening a stream directory: recovery as an explicit step, and repair on request.
+
+``load_log`` returns what it found and what it did:
+
+- closed segments are taken from their sealed index files when those match
+  the segment file (size and mtime); otherwise the segment is scanned (every
+  frame's CRC checked), its indexes rebuilt and re-sealed;
+- the tail (last) segment is always scanned. A bad frame there that looks like
+  a write cut short by a crash - the frame runs past the end of the file, or
+  it is the last frame and fails its CRC, or only zero bytes follow - is a
+  *torn tail*: the file is truncated at that frame and one WARNING names the
+  file, the byte position and the reason. A clean-shutdown marker matching the
+  tail means no write was in flight, so there a bad frame is corruption;
+- a bad frame anywhere else raises CorruptRecordError(path, position,
+  detail): the stream does not open (the broker reports it as needing
+  repair) and nothing is changed on disk.
+
+``repair_log`` scans every segment, truncates at the first bad frame and
+deletes the segments after it: the operator's explicit choice to drop
+everything from the corruption on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from npstream.broker.errors import CorruptRecordError
+from npstream.broker.storage.file_cache import FileCache
+from npstream.broker.storage.files import TMP_SUFFIX, list_segment_bases, segment_path
+from npstream.broker.storage.frame_reader import BadFrame
+from npstream.broker.storage.segment import Segment
+from npstream.broker.storage.settings import SCAN_CHUNK_BYTES
+from npstream.broker.storage.sparse_index import IndexFileError
+from npstream.broker.storage.stream_files import (
+    check_schema,
+    read_clean_shutdown,
+    read_start_offset,
+    remove_clean_shutdown,
+    remove_start_offset,
+    write_schema,
+    write_start_offset,
+)
+
+__all__ = ["LoadedLog", "load_log", "repair_log"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedLog:
+    """The state recovered from a stream directory and what recovery did to it."""
+
+    segments: list[Segment]
+    start_offset: int
+    end_offset: int
+    valid_bytes: int = 0  # bytes of the tail segment kept
+    truncated_bytes: int = 0  # bytes cut off a torn tail
+    rebuilt_indexes: list[str] = field(default_factory=list)  # closed segments re-scanned
+
+
+def _remove_temporaries(directory: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.listdir(directory):
+            if entry.endswith(TMP_SUFFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(directory / entry)
+
+
+def _only_zeros_from(path: Path, position: int, cache: FileCache) -> bool:
+    """True when every byte from ``position`` to the end of the file is zero."""
+    with cache.borrow(path) as fd:
+        end = os.fstat(fd).st_size
+        while position < end:
+            chunk = os.pread(fd, min(SCAN_CHUNK_BYTES, end - position), position)
+            if not chunk or chunk.count(0) != len(chunk):
+                return False
+            position += len(chunk)
+    return True
+
+
+def _is_torn_tail(bad: BadFrame, path: Path, file_size: int, cache: FileCache) -> bool:
+    if bad.past_end:
+        return True
+    if bad.crc_mismatch and bad.frame_end == file_size:
+        return True
+    return _only_zeros_from(path, bad.position, cache)
+
+
+def _load_closed(
+    directory: Path, base: int, next_base: int, cache: FileCache, index_interval: int,
+    stream: str, rebuilt: list[str],
+) -> Segment:
+    try:
+        segment = Segment.load_sealed(directory, base)
+        if segment.next_offset != next_base:
+            raise IndexFileError(
+                f"ends at offset {segment.next_offset}, next segment at {next_base}"
+            )
+        return segment
+    except IndexFileError as why:
+        reason = str(why)
+    segment, bad = Segment.scan(directory, base, cache, index_interval)
+    if bad is not None:
+        raise CorruptRecordError(segment.path, bad.position, bad.detail)
+    if segment.is_empty or segment.next_offset != next_base:
+        raise CorruptRecordError(
+            segment.path, segment.size,
+            f"segment holds offsets [{base}, {segment.next_offset}) but the next segment "
+            f"starts at offset {next_base}",
+        )
+    segment.seal()
+    rebuilt.append(segment.path.name)
+    log.info("stream %s: rebuilt indexes of %s, offsets [%d, %d) (%s)",
+             stream, segment.path.name, base, segment.next_offset, reason)
+    return segment
+
+
+def load_log(
+    directory: Path, cache: FileCache, index_interval: int, stream: str
+) -> LoadedLog:
+    """Recover the log in ``directory`` (module docstring); CorruptRecordError if corrupt."""
+    if not directory.exists():
+        return LoadedLog([], 0, 0)
+    check_schema(directory)
+    _remove_temporaries(directory)
+    pointer = read_start_offset(directory) or 0
+    bases = list_segment_bases(directory)
+    if not bases:
+        remove_clean_shutdown(directory)
+        return LoadedLog([], pointer, pointer)
+    marker = read_clean_shutdown(directory)
+    result = LoadedLog([], 0, 0)
+    for base, next_base in itertools.pairwise(bases):
+        result.segments.append(
+            _load_closed(directory, base, next_base, cache, index_interval, stream,
+                         result.rebuilt_indexes)
+        )
+    tail_base = bases[-1]
+    if result.segments and result.segments[-1].next_offset != tail_base:
+        raise CorruptRecordError(segment_path(directory, tail_base), 0, "offsets do not continue")
+    tail, bad = Segment.scan(directory, tail_base, cache, index_interval)
+    file_size = os.stat(tail.path).st_size
+    if bad is not None:
+        clean = marker is not None and (marker.segment, marker.size) == (tail_base, file_size)
+        if clean or not _is_torn_tail(bad, tail.path, file_size, cache):
+            raise CorruptRecordError(tail.path, bad.position, bad.detail)
+        tail.truncate_file(cache, bad.position)
+        result.truncated_bytes = file_size - bad.position
+        log.warning(
+            "stream %s: recovery truncated a torn tail: %s at byte %d, %d bytes removed (%s); "
+            "log ends at offset %d", stream, tail.path, bad.position, result.truncated_bytes,
+            bad.detail, tail.next_offset,
+        )
+    tail.delete_index_files()
+    result.valid_bytes = tail.size
+    result.segments.append(tail)
+    remove_clean_shutdown(directory)
+    result.end_offset = tail.next_offset
+    result.start_offset = min(max(pointer, bases[0]), result.end_offset)
+    return result
+
+
+def repair_log(
+    directory: Path, cache: FileCache, index_interval: int, stream: str
+) -> tuple[int, str]:
+    """Truncate at the first bad frame and delete later segments; (bytes removed, "file@pos")."""
+    if not directory.exists():
+        return 0, ""
+    try:
+        check_schema(directory)
+    except CorruptRecordError as exc:
+        log.warning("stream %s: repair rewrote the schema file: %s", stream, exc)
+        write_schema(directory)
+    try:
+        pointer = read_start_offset(directory)
+    except CorruptRecordError as exc:
+        log.warning("stream %s: repair removed the start offset pointer: %s", stream, exc)
+        remove_start_offset(directory)
+        pointer = None
+    remove_clean_shutdown(directory)
+    bases = list_segment_bases(directory)
+    for number, base in enumerate(bases):
+        segment, bad = Segment.scan(directory, base, cache, index_interval)
+        position = bad.position if bad is not None else segment.size
+        later = bases[number + 1 :]
+        continues = not later or (segment.next_offset == later[0] and not segment.is_empty)
+        if bad is None and continues:
+            continue
+        detail = bad.detail if bad is not None else f"next segment starts at offset {later[0]}"
+        removed = os.stat(segment.path).st_size - position
+        for base_after in later:
+            doomed = Segment(directory, base_after)
+            removed += os.stat(doomed.path).st_size
+            doomed.delete(cache)
+        segment.truncate_file(cache, position)
+        segment.delete_index_files()
+        if pointer is not None and pointer > segment.next_offset:
+            write_start_offset(directory, segment.next_offset)
+        where = f"{segment.path.name}@{position}"
+        log.warning(
+            "stream %s: repair truncated the log at %s (%s): %d bytes and %d later segment(s) "
+            "removed; log now ends at offset %d", stream, where, detail, removed, len(later),
+            segment.next_offset,
+        )
+        return removed, where
+    return 0, ""

@@ -1,0 +1,160 @@
+"""Reading a log: offset ranges, timestamp lookups, over an immutable view of its segments.
+
+Readers take no lock. The writer publishes a new ``LogView`` after every
+write (data is visible to readers once written to the file, before any
+fsync); a reader works on the view it picked up, which bounds the tail
+segment to the bytes written when the view was made.
+
+Cost of a read at offset ``o``: a binary search over segments, one over the
+segment's offset index, a walk over at most one index interval of frame
+headers, then the frames themselves - in practice one pread. Stored payloads
+wholly inside the requested range are returned as they are (memoryviews of
+the bytes read); only a batch cut by the range edges is decoded, sliced and
+re-encoded.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass
+from operator import attrgetter
+
+import numpy as np
+
+from npstream.broker.errors import CorruptRecordError, OffsetOutOfRangeError
+from npstream.broker.storage.batch_builder import decode_payload, reencode_rows
+from npstream.broker.storage.file_cache import FileCache
+from npstream.broker.storage.frame_reader import BadFrame
+from npstream.broker.storage.record_batch import HEADER_SIZE, FrameHeader
+from npstream.broker.storage.results import ReadResult
+from npstream.broker.storage.segment import Segment
+from npstream.broker.storage.settings import MIN_READ_BYTES
+
+__all__ = ["LogView", "iter_frames", "offset_for_timestamp", "read_range", "timestamp_at"]
+
+_base_offset = attrgetter("base_offset")
+_max_timestamp = attrgetter("max_timestamp")
+
+
+@dataclass(frozen=True, slots=True)
+class LogView:
+    """What readers may see: offsets [start, end) stored in ``segments``."""
+
+    start: int
+    end: int
+    segments: tuple[Segment, ...]
+    tail_size: int  # bytes of the last segment covered by this view
+
+    def limit(self, number: int) -> int:
+        """Readable bytes of segment ``number``."""
+        return self.tail_size if number == len(self.segments) - 1 else self.segments[number].size
+
+    def segment_number(self, offset: int) -> int:
+        """Index of the segment holding ``offset`` (the last with base <= offset)."""
+        return max(0, bisect_right(self.segments, offset, key=_base_offset) - 1)
+
+
+def iter_frames(
+    view: LogView, cache: FileCache, offset: int, *, read_size: int = MIN_READ_BYTES,
+    stop: int | None = None,
+) -> Iterator[tuple[Segment, int, FrameHeader, memoryview]]:
+    """Frames holding offsets >= ``offset`` (and < ``stop``), from the indexed position on.
+
+    Raises CorruptRecordError for a frame that fails its checks.
+    """
+    stop = view.end if stop is None else stop
+    if not view.segments or offset >= stop:
+        return
+    for number in range(view.segment_number(offset), len(view.segments)):
+        segment = view.segments[number]
+        if segment.base_offset >= stop:
+            return
+        limit = view.limit(number)
+        start = segment.position_for(offset) if segment.base_offset <= offset else 0
+        end = segment.position_bound_after(stop, limit) if stop < segment.next_offset else limit
+        try:
+            for position, header, payload in segment.frames(
+                cache, start, end, min(max(read_size, MIN_READ_BYTES), max(0, end - start))
+            ):
+                if header.next_offset <= offset:
+                    continue
+                if header.base_offset >= stop:
+                    return
+                yield segment, position, header, payload
+        except BadFrame as bad:
+            raise CorruptRecordError(segment.path, bad.position, bad.detail) from None
+
+
+def read_range(
+    view: LogView, cache: FileCache, stream: str, offset: int, *, max_messages: int,
+    max_bytes: int, end_offset: int | None,
+) -> ReadResult:
+    """Stored batches covering [offset, min(end_offset, end)) within the given limits."""
+    if offset < view.start or offset > view.end:
+        raise OffsetOutOfRangeError(stream, offset, view.start, view.end)
+    stop = view.end if end_offset is None else min(end_offset, view.end)
+    stop = min(stop, offset + max(0, max_messages))
+    batches: list[bytes | memoryview] = []
+    if stop <= offset:
+        return ReadResult(batches, offset, 0)
+    position_offset = offset
+    total_bytes = 0
+    read_size = max(1, max_bytes) + HEADER_SIZE
+    for _segment, _position, header, payload in iter_frames(
+        view, cache, offset, read_size=read_size, stop=stop
+    ):
+        low = position_offset - header.base_offset
+        high = min(stop, header.next_offset) - header.base_offset
+        data: bytes | memoryview = payload
+        if low or high != header.count:
+            data = reencode_rows(decode_payload(payload), low, high)
+        if len(data) + total_bytes > max_bytes:
+            if batches:
+                break
+            if high - low > 1:  # always return something, but no more than needed
+                high = low + max(1, (high - low) * max_bytes // len(data))
+                data = reencode_rows(decode_payload(payload), low, high)
+        batches.append(data)
+        total_bytes += len(data)
+        position_offset = header.base_offset + high
+        if position_offset >= stop or total_bytes >= max_bytes:
+            break
+    return ReadResult(batches, position_offset, position_offset - offset)
+
+
+def offset_for_timestamp(view: LogView, cache: FileCache, timestamp_ms: int) -> int:
+    """First offset >= start whose timestamp is >= ``timestamp_ms``; end if there is none."""
+    segments = view.segments
+    searchable = len(segments)
+    if searchable and view.tail_size == 0:
+        searchable -= 1  # an empty tail has no timestamps
+    number = bisect_left(segments, timestamp_ms, hi=searchable, key=_max_timestamp)
+    if number >= searchable:
+        return view.end
+    segment = segments[number]
+    relative = segment.time_index.relative_offset_before(timestamp_ms)
+    found = view.end
+    for _segment, _position, header, payload in iter_frames(
+        view, cache, segment.base_offset + relative
+    ):
+        if header.max_timestamp < timestamp_ms:
+            continue
+        if header.min_timestamp >= timestamp_ms:
+            found = header.base_offset
+        else:
+            timestamps = decode_payload(payload).column("timestamp").cast("int64")
+            row = int(np.searchsorted(np.asarray(timestamps), timestamp_ms, side="left"))
+            found = header.base_offset + row
+        break
+    return max(found, view.start)
+
+
+def timestamp_at(view: LogView, cache: FileCache, offset: int) -> int:
+    """Timestamp of the message at ``offset`` (which must be in [start, end))."""
+    for _segment, _position, header, payload in iter_frames(view, cache, offset):
+        if header.min_timestamp == header.max_timestamp:
+            return header.min_timestamp
+        timestamps = decode_payload(payload).column("timestamp").cast("int64")
+        return int(timestamps[offset - header.base_offset].as_py())
+    return 0

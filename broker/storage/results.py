@@ -1,0 +1,41 @@
+"""Values the storage engine returns to the broker (see docs/internals.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["AppendResult", "LogStats", "ReadResult"]
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """Outcome of one append.
+
+    ``first_offset`` is the offset of the first stored message; when every
+    message was a duplicate nothing is stored and it is the end offset at the
+    time of the append (the offset the next message will get).
+    """
+
+    first_offset: int
+    stored_count: int
+    duplicates: list[tuple[int, int]]  # (index in input, original offset)
+    timestamp_ms: int
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """Stored Arrow IPC record-batch messages (MESSAGE_SCHEMA) covering [offset, next_offset)."""
+
+    batches: list[bytes | memoryview]
+    next_offset: int
+    count: int
+
+
+@dataclass(frozen=True)
+class LogStats:
+    start_offset: int
+    end_offset: int
+    bytes_on_disk: int
+    first_timestamp_ms: int  # 0 when empty
+    last_timestamp_ms: int  # 0 when empty
+    segment_count: int

@@ -1,0 +1,146 @@
+"""The small per-stream files beside the segments, each replaced atomically (write + rename).
+
+- ``start-offset``: ``{"start_offset": N}``, the logical start pointer moved by
+  delete_before / delete_all. The effective start offset is max(pointer, base
+  offset of the first segment), so deleting segments never needs it.
+- ``retention.json``: the retention fields of the last StreamConfig the broker
+  gave; lets retention cover streams that were not opened since the broker
+  started. The registry's config stays the source of truth.
+- ``clean-shutdown``: written when the log is closed cleanly and removed when
+  it is opened: the tail segment's size, next offset and max timestamp. While
+  it matches the tail, a bad frame there is corruption rather than a torn
+  write, and retention can see the tail's age without opening the stream.
+- ``schema.arrow``: MESSAGE_SCHEMA as an Arrow IPC stream with no batches, so
+  the segment payloads can be decoded without this code; checked on open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from npstream.broker.errors import CorruptRecordError
+from npstream.broker.storage.files import (
+    CLEAN_SHUTDOWN_FILE,
+    RETENTION_FILE,
+    SCHEMA_FILE,
+    START_OFFSET_FILE,
+    write_file_atomically,
+)
+from npstream.broker.storage.settings import StreamConfig
+from npstream.schema import MESSAGE_SCHEMA
+
+__all__ = [
+    "CleanShutdown",
+    "check_schema",
+    "read_clean_shutdown",
+    "read_retention_config",
+    "read_start_offset",
+    "remove_clean_shutdown",
+    "remove_start_offset",
+    "write_clean_shutdown",
+    "write_retention_config",
+    "write_schema",
+    "write_start_offset",
+]
+
+
+@dataclass(frozen=True)
+class CleanShutdown:
+    segment: int  # base offset of the tail segment
+    size: int
+    next_offset: int
+    max_timestamp: int
+
+
+def _read_json(path: Path) -> dict[str, object] | None:
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_start_offset(directory: Path) -> int | None:
+    """The persisted start pointer; CorruptRecordError if the file cannot be read."""
+    path = directory / START_OFFSET_FILE
+    try:
+        data = _read_json(path)
+        if data is None:
+            return None
+        value = data["start_offset"]
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"start_offset {value!r} is not an offset")
+        return value
+    except (ValueError, KeyError) as exc:
+        raise CorruptRecordError(path, 0, f"unreadable start offset: {exc}") from None
+
+
+def write_start_offset(directory: Path, offset: int) -> None:
+    write_file_atomically(directory / START_OFFSET_FILE,
+                          json.dumps({"start_offset": offset}).encode())
+
+
+def remove_start_offset(directory: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(directory / START_OFFSET_FILE)
+
+
+def read_retention_config(directory: Path) -> StreamConfig | None:
+    """The last config given for this stream, None if absent or unreadable."""
+    try:
+        data = _read_json(directory / RETENTION_FILE)
+        return StreamConfig(**data) if data is not None else None  # type: ignore[arg-type]
+    except (ValueError, TypeError):
+        return None
+
+
+def write_retention_config(directory: Path, config: StreamConfig) -> None:
+    write_file_atomically(directory / RETENTION_FILE, json.dumps(asdict(config)).encode(),
+                          durable=False)
+
+
+def read_clean_shutdown(directory: Path) -> CleanShutdown | None:
+    try:
+        data = _read_json(directory / CLEAN_SHUTDOWN_FILE)
+        return CleanShutdown(**data) if data is not None else None  # type: ignore[arg-type]
+    except (ValueError, TypeError):
+        return None
+
+
+def write_clean_shutdown(directory: Path, marker: CleanShutdown) -> None:
+    write_file_atomically(directory / CLEAN_SHUTDOWN_FILE, json.dumps(asdict(marker)).encode())
+
+
+def remove_clean_shutdown(directory: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(directory / CLEAN_SHUTDOWN_FILE)
+
+
+def write_schema(directory: Path) -> None:
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, MESSAGE_SCHEMA):
+        pass
+    write_file_atomically(directory / SCHEMA_FILE, sink.getvalue().to_pybytes())
+
+
+def check_schema(directory: Path) -> None:
+    """Refuse a stream directory written with another message schema."""
+    path = directory / SCHEMA_FILE
+    try:
+        with ipc.open_stream(path.read_bytes()) as reader:
+            schema = reader.schema
+    except FileNotFoundError:
+        return
+    except pa.ArrowInvalid as exc:
+        raise CorruptRecordError(path, 0, f"unreadable schema: {exc}") from None
+    if not schema.equals(MESSAGE_SCHEMA):
+        raise CorruptRecordError(path, 0, f"stored schema {schema} is not MESSAGE_SCHEMA")
