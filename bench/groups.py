@@ -34,6 +34,7 @@ from bench_common import (
     latency_summary,
     machine_info,
     median_of,
+    proc_cpu_s,
     rate,
     stamp_of,
     stamped,
@@ -54,7 +55,8 @@ LATENCY_RATE = 1000.0
 LATENCY_REPEATS = 3
 DRAIN_TIMEOUT_S = 300.0        # cap for one throughput run
 # "Busy": the broker process used at least this share of one core (its Python threads
-# share a GIL), or the whole machine at least this share of all cores, during a run.
+# share a GIL), or the broker and the consumer processes together at least this share of
+# all cores (other load on the machine does not count), during a run.
 BUSY_SHARE = 0.9
 # A step to more consumers counts as growth when msg/s rises by at least this factor.
 GROWTH_FACTOR = 1.1
@@ -191,12 +193,15 @@ def shared_throughput(client: Any, broker: BrokerUnderTest, stream: str, n: int,
             stop.set()
             return {"error": "consumer processes did not start"}
     deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    members_cpu0 = [proc_cpu_s(proc.pid) or 0.0 for proc in procs]
     with CpuMeter(broker.pid) as cpu:
         t0 = time.perf_counter()
         start.set()
         while sum(counts) < n and time.monotonic() < deadline:
             time.sleep(0.005)
         seconds = time.perf_counter() - t0
+    members_cpu = sum((proc_cpu_s(proc.pid) or 0.0) - c0
+                      for proc, c0 in zip(procs, members_cpu0, strict=True))
     handled = sum(counts)
     stop.set()
     for proc in procs:
@@ -206,6 +211,7 @@ def shared_throughput(client: Any, broker: BrokerUnderTest, stream: str, n: int,
     info = client.describe_group(stream, group)
     res = rate(min(handled, n), size, seconds)
     res.update(cpu.as_dict())
+    res["consumers_cores_busy"] = round(members_cpu / seconds, 2) if seconds else None
     res["consumers"] = consumers
     res["handled_per_consumer"] = list(counts)
     res["handled"] = handled
@@ -300,27 +306,30 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
     base = runs[0]["msgs_per_s"] if runs else None
     for r in ours["throughput"]:
         if "msgs_per_s" not in r:
-            tp_rows.append(["npstream", "-", r.get("error", "failed"), "", "", "", "", ""])
+            tp_rows.append(["npstream", "-", r.get("error", "failed"), "", "", "", "", "", ""])
             continue
         tp_rows.append([
             "npstream", str(r["consumers"]), fmt(r["msgs_per_s"]), fmt(r["mb_per_s"]),
             f"{r['msgs_per_s'] / base:.2f}x" if base else "-",
-            fmt(r["server_cores_busy"], 2), fmt(r["machine_cores_busy"], 2),
+            fmt(r["server_cores_busy"], 2), fmt(r["consumers_cores_busy"], 2),
+            fmt(r["machine_cores_busy"], 2),
             "yes" if r["all_acked"] else f"no ({r['committed_after']:,} committed, "
             f"{r['in_flight_after']} in flight)"])
     cores = os.cpu_count() or 1
     for prev, cur in itertools.pairwise(runs):
         grew = cur["msgs_per_s"] >= GROWTH_FACTOR * prev["msgs_per_s"]
         broker_busy = (prev["server_cores_busy"] or 0) >= BUSY_SHARE
-        machine_busy = prev["machine_cores_busy"] >= BUSY_SHARE * cores
-        why = ("grew" if grew else "flat, broker busy" if broker_busy
-               else "flat, machine busy" if machine_busy else "flat while cores were idle")
+        ours = (prev["server_cores_busy"] or 0) + (prev["consumers_cores_busy"] or 0)
+        cores_full = ours >= BUSY_SHARE * cores
+        why = ("grew" if grew else "no growth, broker busy" if broker_busy
+               else "no growth, broker + consumers filled the cores" if cores_full
+               else "no growth while cores were idle")
         goals.append(Goal(
             f"shared throughput {prev['consumers']} -> {cur['consumers']} consumers grows "
-            "until the broker's cores are busy", grew or broker_busy or machine_busy,
+            "until the broker's cores are busy", grew or broker_busy or cores_full,
             f"{fmt(prev['msgs_per_s'])} -> {fmt(cur['msgs_per_s'])} msg/s ({why}; at "
-            f"{prev['consumers']}: broker {prev['server_cores_busy']} cores, machine "
-            f"{prev['machine_cores_busy']}/{cores})"))
+            f"{prev['consumers']}: broker {prev['server_cores_busy']} cores, consumers "
+            f"{prev['consumers_cores_busy']}, of {cores})"))
     lost = [r for r in runs if not r["all_acked"]]
     goals.append(Goal("every message acked in every throughput run", not lost and bool(runs),
                       "committed offset = messages, nothing in flight" if not lost
@@ -335,10 +344,11 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
         f"shared group throughput: {a.messages:,} x {a.size} B, every message acked "
         f"(subscribe, max_in_flight {a.max_in_flight})",
         render_table(["system", "consumers", "msg/s", "MB/s", "vs 1", "broker cores",
-                      "machine cores", "all acked"], tp_rows),
+                      "consumer cores", "machine cores", "all acked"], tp_rows),
+        "cores: CPU seconds per wall second during the run (machine: every process on it)",
         "",
-        "durability: npstream publish ack=fsync; "
-        + "; ".join(f"{PEER_LABEL[k]}: {v.get('durability')}" for k, v in peers.items()),
+        "durability: " + "; ".join(["npstream: publish ack=fsync"] + [
+            f"{PEER_LABEL[k]}: {v.get('durability')}" for k, v in peers.items()]),
     ]
     return "\n".join(text), goals
 
