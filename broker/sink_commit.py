@@ -374,10 +374,14 @@ class SinkCommitter:
                 return marker.first_offset, marker.first_offset + marker.row_count
             if end > marker.first_offset:
                 stream_log.truncate_to(marker.first_offset)
-            log.warning("sink '%s' batch %d: append to '%s' at offset %d was torn "
-                        "(end_offset %d of %d); truncated and writing it again",
-                        pending.sink_id, pending.batch_id, stream, marker.first_offset,
-                        end, marker.first_offset + marker.row_count)
+                log.warning("sink '%s' batch %d: append to '%s' at offset %d was torn (%d of %d "
+                            "rows on disk); truncated to offset %d and writing it again",
+                            pending.sink_id, pending.batch_id, stream, marker.first_offset,
+                            end - marker.first_offset, marker.row_count, marker.first_offset)
+            else:
+                log.warning("sink '%s' batch %d: append to '%s' at offset %d had no complete "
+                            "row on disk; writing it again", pending.sink_id, pending.batch_id,
+                            stream, marker.first_offset)
         if not tables:
             self._record_marker(pending, stream, stream_log.end_offset, 0, "done")
             return stream_log.end_offset, stream_log.end_offset

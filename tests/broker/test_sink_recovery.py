@@ -7,6 +7,7 @@ step of a commit, which is what kill -9 at that instant would leave behind.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -46,9 +47,20 @@ def expected(stream: str) -> list[str]:
     return [f"id-{i}" for i in range(1200) if (AUDIT if i % 3 == 0 else ORDERS) == stream]
 
 
-@pytest.mark.parametrize("fault", ["marker", "append", "torn:40", "done:1"])
-def test_commit_killed_mid_commit_is_finished_exactly_once_at_restart(broker_factory, fault):
-    proc = broker_factory("data", env={FAULT_ENV: fault})
+@pytest.mark.parametrize(("fault", "env", "recovery_log"), [
+    ("marker", {}, r"append to 'audit' at offset 0 had no complete row on disk"),
+    ("append", {}, r"append to 'audit' at \[0,400\) had completed; marked done"),
+    ("torn:40", {}, r"append to 'audit' at offset 0 had no complete row on disk"),
+    # Small frames: the torn append leaves whole frames of the commit on disk.
+    ("torn:6000", {"NPSTREAM_MAX_BATCH_BYTES": "2KiB"},
+     r"append to 'audit' at offset 0 was torn \(([1-9]\d*) of 400 rows on disk\); "
+     r"truncated to offset 0"),
+    ("done:1", {}, r"finishing a commit interrupted by a restart \(2 staging\(s\), "
+                   r"streams \['audit', 'orders'\]\)"),
+])
+def test_commit_killed_mid_commit_is_finished_exactly_once_at_restart(broker_factory, fault,
+                                                                      env, recovery_log):
+    proc = broker_factory("data", env={FAULT_ENV: fault, **env})
     with Client(proc.address, retry_deadline=1.0) as client:
         client.publish_batch(ORDERS, [{"value": b"pre", "id": f"pre-{i}"} for i in range(3)])
         sink = client.sink()
@@ -74,6 +86,9 @@ def test_commit_killed_mid_commit_is_finished_exactly_once_at_restart(broker_fac
         assert sink.commit("crashy", 7, ["7-0", "7-1"]).already_committed is True
         assert client.publish(ORDERS, b"after").offset == 803
     assert "finishing a commit interrupted by a restart" in proc.log_text()
+    assert re.search(recovery_log, proc.log_text())
+    if fault == "done:1":
+        assert "append to 'orders'" not in proc.log_text()
     assert not list((Path(proc.data_dir) / "sink").rglob("*.arrow"))
 
 
