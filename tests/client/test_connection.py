@@ -94,3 +94,13 @@ def test_client_bad_arguments_fail_before_any_call(call, message):
         InvalidArgument, match=message
     ):
         call(client)
+
+
+def test_import_npstream_loads_neither_pyspark_nor_pandas():
+    import subprocess
+    import sys
+
+    code = "import sys, npstream; print(sorted({'pyspark', 'pandas'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, timeout=60)
+    assert result.stdout.strip() == "[]"
