@@ -179,3 +179,30 @@ def test_bad_arguments_exit_2_with_one_line(broker):
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr.startswith("npstream: error: argument name: invalid stream name 'a/b'")
     assert result.stderr.count("\n") == 1
+
+
+def test_broker_command_runs_a_broker_with_the_given_arguments(tmp_path):
+    from npstream import Client
+
+    ready = tmp_path / "ready"
+    script = shutil.which("npstream", path=str(Path(sys.executable).parent)) or "npstream"
+    env = {**os.environ, "NPSTREAM_METRICS_PORT": "0"}
+    proc = subprocess.Popen(
+        [script, "broker", "--data-dir", str(tmp_path / "data"), "--host", "127.0.0.1",
+         "--port", "0", "--ready-file", str(ready)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not (ready.exists() and ready.read_text().strip()):
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "broker did not become ready"
+            time.sleep(0.05)
+        with Client(ready.read_text().strip()) as client:
+            assert client.publish("via-cli", "x").offset == 0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert (tmp_path / "data" / "streams" / "via-cli").is_dir()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
