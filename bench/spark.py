@@ -183,6 +183,10 @@ def make_spark() -> Any:
     )
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(ArrowCeilingSource)
+    # Editable (development) installs are invisible to Spark's pyspark_* discovery.
+    from npstream.spark import register
+
+    register(spark, filter_pushdown=False)
     return spark
 
 
