@@ -206,3 +206,40 @@ def test_broker_command_runs_a_broker_with_the_given_arguments(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_consume_with_group_resumes_where_the_group_left_off(broker, client, stream_name):
+    client.publish_batch(stream_name, [{"value": {"n": i}} for i in range(5)])
+    first = npstream(broker, "consume", stream_name, "--group", "audit", "--max", "2")
+    assert first.returncode == 0, first.stderr
+    second = npstream(broker, "consume", stream_name, "--group", "audit")
+    assert second.returncode == 0, second.stderr
+    assert [json.loads(x)["offset"] for x in first.stdout.splitlines()] == [0, 1]
+    assert [json.loads(x)["value"] for x in second.stdout.splitlines()] == [
+        {"n": 2}, {"n": 3}, {"n": 4}]
+
+
+def test_produce_draws_progress_only_when_stderr_is_a_terminal(broker, stream_name):
+    import pty
+
+    controller, terminal = pty.openpty()
+    env = {**os.environ, "NPSTREAM_BROKER": broker.address}
+    proc = subprocess.Popen([sys.executable, "-m", "npstream.cli", "produce", stream_name],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=terminal,
+                            env=env)
+    os.close(terminal)
+    out, _ = proc.communicate(b'{"a": 1}\n{"a": 2}\n', timeout=60)
+    drawn = b""
+    while True:
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # EIO once the process closed its end
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    os.close(controller)
+    assert proc.returncode == 0
+    assert out.decode().startswith("produced 2 message(s)")
+    assert b"\r2 messages sent (" in drawn
+    assert drawn.endswith(b"\r\x1b[K")  # the line is cleared before the summary
