@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -48,14 +49,15 @@ def test_streaming_copy_writes_every_row_once_and_restart_continues(
     checkpoint = tmp_path / "checkpoint"
 
     query = copy_query(npstream_spark, broker, source, target, checkpoint,
-                       maxOffsetsPerTrigger="200")
+                       maxOffsetsPerTrigger="200", includeHeaders="true")
     query.awaitTermination(120)
     assert query.exception() is None
     batches = [p["batchId"] for p in query.recentProgress if p["numInputRows"]]
 
     client.publish_batch(source, [{"value": f"v{i}".encode(), "id": f"id-{i}"}
                                   for i in range(500, 650)])
-    again = copy_query(npstream_spark, broker, source, target, checkpoint)
+    again = copy_query(npstream_spark, broker, source, target, checkpoint,
+                       includeHeaders="true")
     again.awaitTermination(120)
     assert again.exception() is None
 
@@ -104,7 +106,7 @@ def test_batch_write_with_a_failing_task_makes_nothing_visible(npstream_spark, b
     from pyspark.sql.functions import udf
 
     @udf("string")
-    def fail_on_last(value: str) -> str:
+    def fail_on_last(value):
         if value == "999":
             raise ValueError("boom at row 999")
         return value
@@ -117,6 +119,9 @@ def test_batch_write_with_a_failing_task_makes_nothing_visible(npstream_spark, b
             .option("stream", stream_name).mode("append").save()
 
     assert client.stream_info(stream_name).end_offset == 0
+    # Partitions that finished before the failure had staged rows: the abort dropped them.
+    assert re.search(r"sink 'batch-[0-9a-f]{32}' batch 0 aborted: [1-9]\d* staging file",
+                     broker.log_text())
 
 
 def test_write_with_unknown_option_fails_naming_it(npstream_spark, broker, stream_name):
