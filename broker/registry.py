@@ -254,7 +254,8 @@ class StreamRegistry:
         after = ""
         if page_token:
             try:
-                after = base64.urlsafe_b64decode(page_token.encode()).decode()
+                after = base64.b64decode(page_token.encode(), altchars=b"-_",
+                                         validate=True).decode()
             except (binascii.Error, UnicodeDecodeError, ValueError):
                 raise InvalidArgumentError(f"invalid page_token {page_token!r}") from None
         names = self.matching(prefix, pattern, after)
