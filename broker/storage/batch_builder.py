@@ -21,6 +21,7 @@ __all__ = [
     "check_message_sizes",
     "complete_publish_table",
     "decode_payload",
+    "generated_ids",
     "message_sizes",
     "null_array",
     "producer_id_mask",
@@ -110,28 +111,54 @@ def producer_id_mask(ids: pa.Array) -> pa.BooleanArray:
     return pc.fill_null(pc.greater(pc.binary_length(ids), 0), False)
 
 
+# Two hex characters per byte value, as the little-endian uint16 of the pair.
+_HEX_PAIRS = np.frombuffer(b"".join(b"%02x" % value for value in range(256)), dtype="<u2")
+ID_PREFIX_CHARS = 16
+GENERATED_ID_CHARS = ID_PREFIX_CHARS + 16
+
+
+def generated_ids(id_prefix: bytes, first_offset: int, length: int) -> pa.StringArray:
+    """Ids ``<16 hex chars of id_prefix><offset as 16 hex digits>`` for offsets first.. onwards.
+
+    Built as one fixed-width character matrix (no per-row formatting): 32 hex
+    characters, unique within the stream because offsets are never reused and
+    across streams because the prefix is random per opened log.
+    """
+    if len(id_prefix) != ID_PREFIX_CHARS:
+        raise ValueError(f"id prefix must be {ID_PREFIX_CHARS} characters, got {id_prefix!r}")
+    # Rows of 32 characters as 4 little uint64 words: 2 words of prefix, then
+    # the 8 big-endian bytes of the offset as 16 hex characters.
+    words = np.empty((length, 4), dtype=np.uint64)
+    prefix = np.frombuffer(id_prefix, dtype=np.uint64)
+    offsets = np.arange(first_offset, first_offset + length, dtype=">u8")
+    hex_words = np.take(_HEX_PAIRS, offsets.view(np.uint8)).view(np.uint64).reshape(length, 2)
+    for column in range(2):  # column-wise fills: far faster than a 2-D broadcast
+        words[:, column] = prefix[column]
+        words[:, 2 + column] = hex_words[:, column]
+    chars = words.view(np.uint8)
+    value_offsets = np.arange(0, GENERATED_ID_CHARS * (length + 1), GENERATED_ID_CHARS,
+                              dtype=np.int32)
+    return pa.StringArray.from_buffers(length, pa.py_buffer(value_offsets), pa.py_buffer(chars))
+
+
 def build_message_batch(
-    table: pa.Table, first_offset: int, timestamp_ms: int, id_prefix: str
+    table: pa.Table, first_offset: int, timestamp_ms: int, id_prefix: bytes
 ) -> pa.RecordBatch:
     """The MESSAGE_SCHEMA batch storing ``table`` (PUBLISH_SCHEMA) at ``first_offset``.
 
-    Rows without a producer id get ``<id_prefix>-<offset>``: unique because
-    offsets are never reused within a stream and the prefix is random per
-    opened log.
+    Rows without a producer id (null or empty) get a generated_ids() id.
     """
     length = table.num_rows
     offsets = pa.array(np.arange(first_offset, first_offset + length, dtype=np.int64))
     ids = table.column("id").combine_chunks()
-    supplied = producer_id_mask(ids)
-    generated = pc.binary_join_element_wise(
-        pa.scalar(id_prefix + "-"), pc.cast(offsets, pa.string()), ""
-    )
-    if pc.all(supplied).as_py():
-        filled = ids
-    elif not pc.any(supplied).as_py():
-        filled = generated
+    if ids.null_count == length:
+        filled = generated_ids(id_prefix, first_offset, length)
     else:
-        filled = pc.if_else(supplied, ids, generated)
+        supplied = producer_id_mask(ids)
+        if pc.all(supplied).as_py():
+            filled = ids
+        else:
+            filled = pc.if_else(supplied, ids, generated_ids(id_prefix, first_offset, length))
     timestamps = pa.array(np.full(length, timestamp_ms, dtype=np.int64)).cast(_TIMESTAMP_TYPE)
     columns = [
         offsets,
@@ -166,7 +193,8 @@ def reencode_rows(batch: pa.RecordBatch, start: int, stop: int) -> bytes:
     """
     part = batch.slice(start, stop - start)
     columns = [
-        null_array(column.type, len(column)) if column.null_count == len(column) and len(column)
+        null_array(column.type, len(column))
+        if pa.types.is_map(column.type) and column.null_count == len(column) and len(column)
         else column
         for column in part.columns
     ]

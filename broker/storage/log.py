@@ -132,7 +132,7 @@ class StreamLog:
         self._queue: CommitQueue[PendingAppend] = CommitQueue(
             settings.max_batch_bytes, self._write_group, self._sync_through
         )
-        self._id_prefix = secrets.token_hex(8)
+        self._id_prefix = secrets.token_hex(8).encode()
         self._closed: BrokerError | None = None
         self._failure: OSError | None = None
         self._first_timestamp: tuple[int, int] = (-1, 0)  # (start offset, its timestamp)

@@ -118,7 +118,7 @@ def read_range(
         batches.append(data)
         total_bytes += len(data)
         position_offset = header.base_offset + high
-        if position_offset >= stop or total_bytes >= max_bytes:
+        if position_offset >= stop or total_bytes >= max_bytes or high < header.count:
             break
     return ReadResult(batches, position_offset, position_offset - offset)
 

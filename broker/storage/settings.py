@@ -15,7 +15,6 @@ from pathlib import Path
 from npstream.broker.errors import InvalidArgumentError
 
 __all__ = [
-    "FILE_CACHE_SLACK",
     "MAX_SEGMENT_BYTES",
     "MIN_READ_BYTES",
     "SCAN_CHUNK_BYTES",
@@ -35,9 +34,6 @@ SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 # Index entries store positions and relative offsets as uint32, so a segment
 # can never be larger than this (segment_bytes is capped to it).
 MAX_SEGMENT_BYTES = 2**32 - 1
-# Open handles the file cache may exceed its cap by while every cached handle
-# is in use by a concurrent read or write (it never closes a handle in use).
-FILE_CACHE_SLACK = 8
 
 
 @dataclass(frozen=True)

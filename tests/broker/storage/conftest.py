@@ -1,0 +1,127 @@
+"""Fixtures for the storage engine unit tests: a fake clock, storages, tables, frame listings."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from npstream.broker.storage import Storage, StorageSettings, StreamConfig
+from npstream.broker.storage.frame_reader import FrameReader
+from npstream.broker.storage.record_batch import FrameHeader
+from npstream.schema import normalize_publish_table
+
+START_MS = 1_700_000_000_000
+
+
+class FakeClock:
+    """Epoch milliseconds that move only when a test says so."""
+
+    def __init__(self, now: int = START_MS) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def config() -> StreamConfig:
+    return StreamConfig(max_age_ms=0, max_bytes=0, dedup_window_ms=0, max_message_bytes=1 << 20)
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Iterator[Path]:
+    """The storage's data dir: on tmpfs when the machine has one.
+
+    These tests check what the engine does, not how fast the disk syncs; on
+    tmpfs fsync costs nothing, so loops over hundreds of recoveries stay fast
+    on a busy shared disk. Everything else (files, renames, truncation) is
+    the same.
+    """
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        base = Path(tempfile.mkdtemp(prefix="npstream-storage-test-", dir=shm))
+        yield base / "data"
+        shutil.rmtree(base, ignore_errors=True)
+    else:
+        yield tmp_path / "data"
+
+
+@pytest.fixture
+def make_storage(data_dir: Path, clock: FakeClock) -> Iterator[Callable[..., Storage]]:
+    """Storage(StorageSettings(data_dir, **settings), clock); all closed at teardown."""
+    made: list[Storage] = []
+
+    def make(*, fault_hook: object = None, **settings: object) -> Storage:
+        storage = Storage(StorageSettings(data_dir=data_dir, **settings), clock,  # type: ignore[arg-type]
+                          fault_hook=fault_hook)  # type: ignore[arg-type]
+        made.append(storage)
+        return storage
+
+    yield make
+    for storage in made:
+        storage.close()
+
+
+@pytest.fixture
+def table_of() -> Callable[..., pa.Table]:
+    """table_of(values, ids=None, keys=None, headers=None): a normalized publish table."""
+
+    def build(values: list[bytes] | int, *, ids: list[str | None] | None = None,
+              keys: list[bytes | None] | None = None,
+              headers: list[dict[str, bytes] | None] | None = None, tag: str = "m") -> pa.Table:
+        if isinstance(values, int):
+            values = [f"{tag}{i}".encode() for i in range(values)]
+        columns: dict[str, pa.Array] = {"value": pa.array(values, pa.binary())}
+        if ids is not None:
+            columns["id"] = pa.array(ids, pa.string())
+        if keys is not None:
+            columns["key"] = pa.array(keys, pa.binary())
+        if headers is not None:
+            columns["headers"] = pa.array(
+                [list(h.items()) if h is not None else None for h in headers],
+                pa.map_(pa.string(), pa.binary()),
+            )
+        return normalize_publish_table(pa.table(columns))
+
+    return build
+
+
+def list_frames(path: Path) -> list[tuple[int, FrameHeader]]:
+    """(position, header) of every frame of a segment file."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        reader = FrameReader(fd, 0, os.fstat(fd).st_size, read_size=1 << 20)
+        frames = []
+        while (frame := reader.next_frame()) is not None:
+            frames.append((frame[0], frame[1]))
+        return frames
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def frames_of() -> Callable[[Path], list[tuple[int, FrameHeader]]]:
+    return list_frames
+
+
+def segment_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.log"))
+
+
+@pytest.fixture
+def segments_in() -> Callable[[Path], list[Path]]:
+    return segment_files
