@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -209,11 +210,13 @@ class BrokerServer:
 
     def stop(self) -> None:
         """Graceful stop; safe to call on a partly started broker."""
+        started = time.monotonic()
         self.stopping.set()
         if self._health is not None:
             self._health.enter_graceful_shutdown()
         if self._server is not None:
             self._server.stop(self.config.shutdown_grace_ms / 1000).wait()
+        drained = time.monotonic()
         if self._retention is not None:
             self._retention.join(timeout=30)
         for closeable in reversed(self._closeables):
@@ -222,16 +225,21 @@ class BrokerServer:
             except Exception:
                 log.exception("closing %r failed", closeable)
         ctx = self.ctx
+        storage_started = time.monotonic()
         if ctx is not None:
             ctx.storage.close()
+        storage_s = time.monotonic() - storage_started
+        if ctx is not None:
             ctx.metadata.checkpoint()
             ctx.metadata.close()
             ctx.metrics.stop()
             grpc_errors.observe_errors(None)
         if self._lock_handle is not None:
             self._lock_handle.close()
-        log.info("npstream broker stopped (%s, data_dir=%s)", self.address or "not serving",
-                 self.config.data_dir.resolve())
+        log.info("npstream broker stopped (%s, data_dir=%s): calls drained in %.2fs, "
+                 "storage flushed and closed in %.2fs, total %.2fs",
+                 self.address or "not serving", self.config.data_dir.resolve(),
+                 drained - started, storage_s, time.monotonic() - started)
 
 
 def _write_ready_file(path: Path, address: str) -> None:
@@ -256,6 +264,10 @@ def run(config: BrokerConfig, ready_file: Path | None = None) -> int:
         broker.start()
     except StartupError as exc:
         log.error("cannot start: %s", exc)
+        broker.stop()
+        return 1
+    except Exception:
+        log.exception("cannot start: unexpected error")
         broker.stop()
         return 1
     if ready_file is not None:

@@ -195,3 +195,26 @@ def test_second_broker_on_same_data_dir_refuses_to_start(broker_factory):
     assert "broker exited with 1" in str(info.value)
     assert f"data dir {first.data_dir} is in use by another broker (pid {first.pid})" in str(
         info.value)
+
+
+def test_retention_thread_removes_expired_segments_on_its_interval(broker_factory):
+    broker = broker_factory(env={"NPSTREAM_RETENTION_CHECK_INTERVAL": "100ms",
+                                 "NPSTREAM_SEGMENT_BYTES": "1KiB"})
+    with grpc.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.StreamServiceStub(channel)
+        stub.CreateStream(pb.CreateStreamRequest(name="short", config=pb.StreamConfig(
+            max_age_ms=500)))
+        stub.CreateStream(pb.CreateStreamRequest(name="forever", config=pb.StreamConfig(
+            max_age_ms=0)))
+        for stream in ("short", "forever"):
+            for i in range(5):  # 2 KB each: one segment per message
+                stub.Publish(pb.PublishRequest(stream=stream, messages=[
+                    pb.Message(value=bytes([i]) * 2000)]))
+        deadline = time.monotonic() + 15
+        info = stub.DescribeStream(pb.DescribeStreamRequest(name="short"))
+        while info.start_offset < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            info = stub.DescribeStream(pb.DescribeStreamRequest(name="short"))
+        assert info.start_offset >= 4 and info.end_offset == 5
+        kept = stub.DescribeStream(pb.DescribeStreamRequest(name="forever"))
+        assert (kept.start_offset, kept.end_offset, kept.segment_count) == (0, 5, 5)
