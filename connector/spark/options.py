@@ -41,6 +41,7 @@ __all__ = [
     "ReadMode",
     "ReadOptions",
     "check_known_options",
+    "check_read_options",
     "parse_connection_options",
     "parse_read_options",
 ]
@@ -395,6 +396,17 @@ def _parse_value(spec: OptionSpec, raw: str) -> Any:
         ) from None
 
 
+def check_read_options(options: Mapping[str, str],
+                       env: Mapping[str, str] | None = None) -> None:
+    """Every check that does not depend on streaming vs batch (used at ``load()``).
+
+    Spark asks for the schema at ``load()``, before it knows whether the read
+    is streaming; checking names and values there makes a typo fail on the
+    line that made it. The mode-specific checks follow when the reader is built.
+    """
+    _parse(options, None, env)
+
+
 def parse_read_options(options: Mapping[str, str], mode: ReadMode,
                        env: Mapping[str, str] | None = None) -> ReadOptions:
     """Validate the options of a streaming (``mode="stream"``) or batch read.
@@ -402,6 +414,11 @@ def parse_read_options(options: Mapping[str, str], mode: ReadMode,
     Raises InvalidOptionError naming the option, the value and the accepted
     values; option names are matched case-insensitively.
     """
+    return _parse(options, mode, env)
+
+
+def _parse(options: Mapping[str, str], mode: ReadMode | None,
+           env: Mapping[str, str] | None) -> ReadOptions:
     environ = os.environ if env is None else env
     check_known_options(options, {k: s.name for k, s in READ_OPTIONS.items()},
                         'the "npstream" source')
@@ -409,7 +426,7 @@ def parse_read_options(options: Mapping[str, str], mode: ReadMode,
     values: dict[str, Any] = {}
     for key, spec in READ_OPTIONS.items():
         if key in raw:
-            if mode not in spec.modes:
+            if mode is not None and mode not in spec.modes:
                 where = "batch reads (spark.read)" if spec.modes == BATCH else (
                     "streaming reads (spark.readStream)")
                 raise InvalidOptionError(
@@ -449,7 +466,7 @@ def parse_read_options(options: Mapping[str, str], mode: ReadMode,
             f"'maxOffsetsPerTrigger' ({high})."
         )
     parsed = ReadOptions(
-        mode=mode,
+        mode=mode or "stream",
         connection=connection,
         streams=streams,
         stream_pattern=pattern,
@@ -515,7 +532,7 @@ def _connection(values: dict[str, Any], raw: dict[str, str],
                              root_certificates=certificates)
 
 
-def _starting(values: dict[str, Any], raw: dict[str, str], mode: ReadMode) -> Position:
+def _starting(values: dict[str, Any], raw: dict[str, str], mode: ReadMode | None) -> Position:
     position: Position | None = values.get("startingOffsets")
     timestamp: int | None = values.get("startingTimestamp")
     if position is not None and timestamp is not None:

@@ -21,6 +21,7 @@ from npstream.spark.options import (
     ReadMode,
     ReadOptions,
     check_known_options,
+    check_read_options,
     parse_read_options,
 )
 from npstream.spark.range_reader import spark_read_schema
@@ -110,20 +111,12 @@ class NpstreamDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        # Only includeHeaders shapes the schema; the full check runs when the
-        # reader is built, because Spark also calls schema() on some write paths.
-        include_headers = False
-        raw = self.options.get("includeheaders", self.options.get("includeHeaders"))
-        if raw is not None:
-            spec = READ_OPTIONS["includeheaders"]
-            try:
-                include_headers = spec.parse(str(raw))
-            except ValueError as exc:
-                raise InvalidOptionError(
-                    f"Invalid value {raw!r} for option 'includeHeaders': {exc}. "
-                    f"Accepted: {spec.accepted}."
-                ) from None
-        return spark_read_schema(include_headers)
+        # Spark calls schema() at load() of a read (never for writes), so read
+        # options are checked here already and a typo fails on the load() line.
+        check_read_options(self.options)
+        lowered = {key.lower(): str(value) for key, value in self.options.items()}
+        raw = lowered.get("includeheaders", "false")
+        return spark_read_schema(READ_OPTIONS["includeheaders"].parse(raw))
 
     def _read_options(self, mode: ReadMode, schema: StructType) -> ReadOptions:
         options = parse_read_options(self.options, mode)

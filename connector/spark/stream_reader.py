@@ -137,6 +137,7 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_trigger: float | None = None  # monotonic seconds of the last admitted batch
         self._target: dict[str, int] | None = None  # AvailableNow: ends recorded at start
         self._latest: dict[str, int] | None = None
+        self._group_positions: dict[str, int] = {}  # last position written to the group
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -190,6 +191,10 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         begin = SourceOffset.from_dict(start)
+        # `start` is where the last completed batch ended: record it now, since
+        # Spark calls commit() for a batch only when it plans the next one, so
+        # the last batch of an AvailableNow run would otherwise never be recorded.
+        self._record_group_position(begin)
         bounds = subscribed_bounds(self.client, self._options)
         latest = {name: last for name, (_, last) in bounds.items()}
         if self._target is not None:
@@ -280,17 +285,24 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, int]) -> None:
         """Mirror the processed position into the group, if one is set (best effort)."""
+        self._record_group_position(SourceOffset.from_dict(end))
+
+    def _record_group_position(self, position: SourceOffset) -> None:
         if self._options.group is None:
             return
         from npstream.errors import NpstreamError
 
-        for name, offset in sorted(SourceOffset.from_dict(end).items()):
+        for name, offset in sorted(position.items()):
+            if self._group_positions.get(name) == offset:
+                continue
             try:
                 commit_group_position(self.client, name, self._options.group, offset)
             except NpstreamError as exc:
                 log.warning("could not commit offset %d of stream '%s' to group '%s': %s "
                             "(the checkpoint still has it)", offset, name,
                             self._options.group, exc)
+                continue
+            self._group_positions[name] = offset
 
     def stop(self) -> None:
         if self._client is not None:

@@ -94,8 +94,7 @@ def test_stream_read_to_memory_returns_exact_rows(npstream_spark, broker, client
     assert_df_equality(actual.orderBy("offset"), expected.orderBy("offset"),
                        ignore_nullable=True)
     assert [p["numInputRows"] for p in query.recentProgress] == [3]
-    assert query.recentProgress[0]["sources"][0]["latestOffset"] == json.dumps(
-        {stream_name: 3}).replace(" ", "")
+    assert json.loads(query.recentProgress[0]["sources"][0]["latestOffset"]) == {stream_name: 3}
 
 
 def test_stream_restart_from_checkpoint_continues_without_loss_or_duplicates(
@@ -213,27 +212,33 @@ def wait_until(condition, what: str, timeout: float = 90.0) -> None:
 def test_stream_fail_on_data_loss_true_fails_then_false_skips_gap(
         npstream_spark, broker, client, stream_name, tmp_path):
     publish(client, stream_name, 10)
-    checkpoint = tmp_path / "checkpoint"
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
 
     def run(fail: str):
         frame = read_stream(npstream_spark, broker, stream=stream_name,
                             startingOffsets="earliest", failOnDataLoss=fail)
-        return run_to_memory(frame, checkpoint)
+        query = (frame.select("offset").writeStream.format("parquet")
+                 .option("path", str(out)).option("checkpointLocation", str(checkpoint))
+                 .trigger(availableNow=True).start())
+        try:
+            query.awaitTermination(QUERY_TIMEOUT_S)
+        except Exception as exc:  # the query failed: awaitTermination re-raises it
+            return str(exc)
+        return None
 
-    query, _ = run("true")
-    assert query.exception() is None  # reads [0, 10)
+    assert run("true") is None  # reads [0, 10)
     publish(client, stream_name, 40, start=10)
     client.delete_messages(stream_name, before_offset=30)
 
-    failed, _ = run("true")
-    error = str(failed.exception())
+    error = run("true")
+    assert error is not None
     assert f"Data loss on stream '{stream_name}': offsets [10, 30) can no longer be read" in error
     assert "retention moved the stream's start_offset to 30" in error
     assert "set the option failOnDataLoss=false" in error
 
-    skipped, table = run("false")
-    assert skipped.exception() is None
-    assert [r[1] for r in rows_in(npstream_spark, table)] == list(range(30, 50))
+    assert run("false") is None
+    read_back = npstream_spark.read.parquet(str(out)).orderBy("offset").collect()
+    assert [r.offset for r in read_back] == list(range(10)) + list(range(30, 50))
 
 
 def test_stream_group_commit_is_visible_and_starts_next_query(
@@ -275,13 +280,20 @@ def test_stream_starting_timestamp_skips_older_messages(npstream_spark, broker, 
     assert [r[1] for r in rows_in(npstream_spark, table)] == [3, 4]
 
 
-def test_stream_unknown_option_fails_at_start_naming_it(npstream_spark, broker, stream_name):
-    frame = read_stream(npstream_spark, broker, stream=stream_name, maxOffsetPerTrigger="5")
+def test_stream_unknown_option_fails_at_load_naming_it(npstream_spark, broker, stream_name):
     with pytest.raises(Exception, match="Unknown option 'maxoffsetpertrigger'") as info:
-        query = frame.writeStream.format("memory").queryName("never").start()
-        query.awaitTermination(QUERY_TIMEOUT_S)
-        raise AssertionError(str(query.exception()))
+        read_stream(npstream_spark, broker, stream=stream_name, maxOffsetPerTrigger="5")
     assert "Did you mean 'maxOffsetsPerTrigger'?" in str(info.value)
+
+
+def test_stream_batch_only_option_fails_at_start(npstream_spark, broker, stream_name):
+    frame = read_stream(npstream_spark, broker, stream=stream_name, endingOffsets="latest")
+    query = frame.writeStream.format("memory").queryName(
+        f"q_{uuid.uuid4().hex[:12]}").trigger(availableNow=True).start()
+    with pytest.raises(Exception) as info:
+        query.awaitTermination(QUERY_TIMEOUT_S)
+    assert ("Option 'endingOffsets' (value 'latest') applies to batch reads (spark.read) only"
+            in str(info.value))
 
 
 def test_stream_named_stream_missing_fails_at_start(npstream_spark, broker, stream_name):
@@ -289,6 +301,7 @@ def test_stream_named_stream_missing_fails_at_start(npstream_spark, broker, stre
                         startingOffsets="earliest")
     query = frame.writeStream.format("memory").queryName(
         f"q_{uuid.uuid4().hex[:12]}").trigger(availableNow=True).start()
-    query.awaitTermination(QUERY_TIMEOUT_S)
+    with pytest.raises(Exception) as info:
+        query.awaitTermination(QUERY_TIMEOUT_S)
     assert f"stream(s) '{stream_name}-nope' named by option 'stream' do not exist" in str(
-        query.exception())
+        info.value)
