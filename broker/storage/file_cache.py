@@ -68,11 +68,11 @@ class FileCache:
             if handle is not None:  # another thread opened it meanwhile
                 os.close(fd)
                 self._handles.move_to_end(path)
+                handle.borrowers += 1
             else:
-                handle = _Handle(fd)
+                handle = _Handle(fd, borrowers=1)  # borrowed before eviction runs
                 self._handles[path] = handle
                 self._evict_idle_locked()
-            handle.borrowers += 1
             return handle
 
     def _evict_idle_locked(self) -> None:

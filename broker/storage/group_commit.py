@@ -3,10 +3,13 @@
 Appenders enqueue a request. If no writer is active, the appender becomes the
 *leader*: it takes the requests at the head of the queue (up to
 ``max_group_bytes``, at least its own; an atomic request always goes alone),
-writes them as one stored batch, then hands leadership to the next queued
-request and only then fsyncs for the FSYNC requests of its group. So while one
-group is being fsynced the next one is already being written, and appends
-arriving during an fsync ride on the next one. Idle streams hold no thread.
+writes them as one stored batch, fsyncs at once if any of them asked for
+FSYNC, and then hands leadership to the next queued request. Appends that
+arrive during the write or the fsync queue up and become the next group: one
+batch and one fsync for all of them. Idle streams hold no thread.
+
+A failed write fails the whole group; a failed fsync fails only the members
+that waited for it (WRITE members were written and are acknowledged).
 
 Followers sleep on their own Event until their group is done (or until they
 are promoted to leader).
@@ -93,12 +96,17 @@ class CommitQueue(Generic[T]):
         with self._lock:
             group = self._take_group_locked()
         assert group[0] is request, "the leader must head the queue"
-        error: BaseException | None = None
-        sequence = 0
+        write_error: BaseException | None = None
+        sync_error: BaseException | None = None
         try:
             sequence = self._write(group)
+            if any(member.fsync for member in group):
+                try:
+                    self._sync(sequence)
+                except BaseException as exc:
+                    sync_error = exc
         except BaseException as exc:
-            error = exc
+            write_error = exc
         with self._lock:
             for _ in group:
                 self._queue.popleft()
@@ -106,24 +114,10 @@ class CommitQueue(Generic[T]):
                 self._queue[0].wake.set()  # promote the next request to leader
             else:
                 self._leader_active = False
-        if error is not None:
-            self._finish(group, error)
-            raise error
-        waiting = [member for member in group if member.fsync]
-        self._finish([member for member in group if not member.fsync], None)
-        if waiting:
-            try:
-                self._sync(sequence)
-            except BaseException as exc:
-                self._finish(waiting, exc)
-                raise
-            self._finish(waiting, None)
-        return request.outcome()
-
-    @staticmethod
-    def _finish(members: list[CommitRequest[T]], error: BaseException | None) -> None:
-        for member in members:
+        for member in group:
+            error = write_error or (sync_error if member.fsync else None)
             if error is not None:
                 member.error = error
             member.done = True
             member.wake.set()
+        return request.outcome()

@@ -7,8 +7,8 @@ Concurrency model:
 - Readers take no lock: they use the current ``LogView`` (reader.py), replaced
   under ``_state`` after each change; ``_state`` is also the condition that
   ``wait_for_data`` sleeps on.
-- fsync runs outside the append lock under ``_sync_lock``, so the next group
-  is written while the previous one is being synced (group_commit.py).
+- fsync runs outside the append lock under ``_sync_lock`` (the group-commit
+  leader's, or the flusher's for WRITE-mode data; group_commit.py).
   ``_written_seq`` counts written groups; ``_synced_seq`` is the last count
   known durable. Rolling a segment fsyncs it first, so syncing the current
   tail covers everything written.

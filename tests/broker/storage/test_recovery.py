@@ -178,3 +178,27 @@ def test_open_after_crash_without_fsync_keeps_whole_frames(make_storage, config,
             f"c{i}".encode() for i in range(5)]
     finally:
         reopened.close()
+
+
+def test_read_damaged_trusted_segment_raises_corrupt_record(make_storage, config, table_of,
+                                                            segments_in, frames_of):
+    directory = build_log(make_storage, config, table_of, "rot", 20, segment_bytes=3000)
+    first = segments_in(directory)[0]
+    position, header = frames_of(first)[1]
+    stat = first.stat()
+    with open(first, "r+b") as handle:  # bit rot: content changes, size and mtime do not
+        handle.seek(position + header.frame_size - 1)
+        byte = handle.read(1)[0]
+        handle.seek(position + header.frame_size - 1)
+        handle.write(bytes([byte ^ 1]))
+    os.utime(first, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    storage = make_storage()
+    log = storage.open_log("rot", config)  # index seal matches: opened without a scan
+    assert log.read(0, max_messages=header.base_offset).count == header.base_offset
+    with pytest.raises(CorruptRecordError) as error:
+        log.read(header.base_offset)
+    assert (error.value.path, error.value.position) == (first, position)
+    assert "CRC mismatch" in error.value.detail
+    _removed, where = storage.repair_log("rot", config)
+    assert where == f"{first.name}@{position}"
+    assert storage.open_log("rot", config).end_offset == header.base_offset

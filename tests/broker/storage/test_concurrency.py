@@ -1,0 +1,152 @@
+"""Concurrent appends (group commit), wait_for_data, append_atomic contiguity."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from npstream.broker.storage import AckMode
+
+
+def run_threads(count: int, target) -> None:
+    threads = [threading.Thread(target=target, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+        assert not thread.is_alive()
+
+
+def test_append_many_threads_offsets_dense_nothing_lost(make_storage, config, table_of,
+                                                        frames_of, segments_in, data_dir):
+    storage = make_storage(segment_bytes=64 * 1024)
+    log = storage.open_log("busy", config)
+    results: dict[tuple[int, int], tuple[int, int]] = {}
+    errors: list[BaseException] = []
+
+    def publish(thread: int) -> None:
+        try:
+            for round_ in range(25):
+                rows = round_ % 4 + 1
+                ack = AckMode.FSYNC if round_ % 2 else AckMode.WRITE
+                result = log.append(
+                    table_of([f"t{thread}-r{round_}-{i}".encode() for i in range(rows)]), ack=ack)
+                assert result.stored_count == rows
+                results[(thread, round_)] = (result.first_offset, rows)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    run_threads(12, publish)
+    assert errors == []
+    total = sum(rows for _, rows in results.values())
+    assert log.end_offset == total == 12 * sum(r % 4 + 1 for r in range(25))
+    table = log.read_table(0, total)
+    assert table.column("offset").to_pylist() == list(range(total))
+    values = table.column("value").to_pylist()
+    for (thread, round_), (first, rows) in results.items():
+        assert values[first : first + rows] == [
+            f"t{thread}-r{round_}-{i}".encode() for i in range(rows)]
+    ids = table.column("id").to_pylist()
+    assert len(set(ids)) == total and all(len(i) == 32 for i in ids)
+    frames = sum(len(frames_of(path)) for path in segments_in(data_dir / "streams" / "busy"))
+    assert frames <= len(results)  # concurrent appends share frames (group commit)
+
+
+def test_append_concurrent_small_appends_coalesce_into_fewer_frames(
+        make_storage, config, table_of, frames_of, segments_in, data_dir):
+    fsyncs: list[int] = []
+    first_fsync_started = threading.Event()
+
+    def slow_first_fsync(operation, path, position):
+        if operation == "fsync":
+            fsyncs.append(position)
+            if len(fsyncs) == 1:
+                first_fsync_started.set()
+                time.sleep(0.3)  # appends arriving meanwhile queue up behind it
+
+    log = make_storage(fault_hook=slow_first_fsync).open_log("coalesce", config)
+    first = threading.Thread(target=log.append, args=(table_of([b"first"]),))
+    first.start()
+    assert first_fsync_started.wait(10)
+    run_threads(20, lambda index: log.append(table_of([f"c{index}".encode()])))
+    first.join(10)
+    frames = frames_of(segments_in(data_dir / "streams" / "coalesce")[0])
+    assert log.end_offset == 21
+    # the first append, then the 20 that arrived during its fsync: one batch, one fsync
+    assert [header.count for _, header in frames] == [1, 20]
+    assert len(fsyncs) == 2
+    assert sorted(log.read_table(1, 21).column("value").to_pylist()) == sorted(
+        f"c{i}".encode() for i in range(20))
+
+
+def test_wait_for_data_wakes_on_append(make_storage, config, table_of):
+    log = make_storage().open_log("wait", config)
+    log.append(table_of(2))
+    assert log.wait_for_data(1, 0.0) is True
+    assert log.wait_for_data(2, 0.05) is False
+    woke_after: list[float] = []
+
+    def waiter(_index: int) -> None:
+        started = time.monotonic()
+        assert log.wait_for_data(2, 30.0) is True
+        woke_after.append(time.monotonic() - started)
+
+    thread = threading.Thread(target=waiter, args=(0,))
+    thread.start()
+    time.sleep(0.2)
+    log.append(table_of(1), ack=AckMode.WRITE)
+    thread.join(10)
+    assert len(woke_after) == 1 and 0.15 < woke_after[0] < 5.0
+
+
+def test_append_atomic_contiguous_with_concurrent_appends_and_before_write_offset(
+        make_storage, config, table_of):
+    log = make_storage(max_batch_bytes=4096).open_log("atomic", config)
+    seen_first: list[tuple[int, int]] = []
+    atomic_results = []
+    stop = threading.Event()
+
+    def chatter(index: int) -> None:
+        while not stop.is_set():
+            log.append(table_of([f"noise{index}".encode()] * 3), ack=AckMode.WRITE)
+
+    noise = [threading.Thread(target=chatter, args=(i,)) for i in range(4)]
+    for thread in noise:
+        thread.start()
+    try:
+        for batch in range(10):
+            tables = [table_of([f"a{batch}-{part}-{i}".encode() for i in range(40)])
+                      for part in range(3)]
+
+            def before_write(first: int, batch: int = batch) -> None:
+                seen_first.append((batch, first))
+                assert first == log.end_offset  # under the append lock: nothing written yet
+
+            atomic_results.append(log.append_atomic(tables, before_write=before_write))
+    finally:
+        stop.set()
+        for thread in noise:
+            thread.join(30)
+    for batch, result in enumerate(atomic_results):
+        assert seen_first[batch] == (batch, result.first_offset)
+        assert result.stored_count == 120
+        values = log.read_table(result.first_offset, result.first_offset + 120).column(
+            "value").to_pylist()
+        assert values == [f"a{batch}-{part}-{i}".encode() for part in range(3) for i in range(40)]
+
+
+def test_append_atomic_before_write_raises_nothing_written(make_storage, config, table_of):
+    log = make_storage().open_log("refused", config)
+    log.append(table_of(2))
+
+    def refuse(first: int) -> None:
+        raise RuntimeError(f"marker failed at {first}")
+
+    try:
+        log.append_atomic([table_of(5)], before_write=refuse)
+    except RuntimeError as exc:
+        assert str(exc) == "marker failed at 2"
+    else:
+        raise AssertionError("append_atomic did not raise")
+    assert log.end_offset == 2
+    assert log.append(table_of(1)).first_offset == 2
