@@ -218,3 +218,24 @@ def test_retention_thread_removes_expired_segments_on_its_interval(broker_factor
         assert info.start_offset >= 4 and info.end_offset == 5
         kept = stub.DescribeStream(pb.DescribeStreamRequest(name="forever"))
         assert (kept.start_offset, kept.end_offset, kept.segment_count) == (0, 5, 5)
+
+
+def test_request_over_grpc_max_message_bytes_is_resource_exhausted(broker_factory):
+    broker = broker_factory(env={"NPSTREAM_GRPC_MAX_MESSAGE_BYTES": "4MiB",
+                                 "NPSTREAM_DEFAULT_MAX_MESSAGE_BYTES": "1MiB",
+                                 "NPSTREAM_MAX_BATCH_BYTES": "1MiB"})
+    with grpc.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.StreamServiceStub(channel)
+        big = [pb.Message(value=b"x" * (512 << 10))] * 10  # 5 MiB request
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Publish(pb.PublishRequest(stream="big", messages=big), timeout=10)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        reply = stub.Publish(pb.PublishRequest(stream="big", messages=big[:6]), timeout=10)
+        assert reply.stored_count == 6
+        # A fetch reply stays under the limit: it is filled to at most half of it.
+        options = [("grpc.max_receive_message_length", 64 << 20)]
+        with grpc.insecure_channel(broker.address, options=options) as reader:
+            fetched = pb_grpc.StreamServiceStub(reader).Fetch(
+                pb.FetchRequest(stream="big", offset=0, max_bytes=64 << 20), timeout=10)
+        assert fetched.ByteSize() <= 4 << 20
+        assert fetched.count >= 1
