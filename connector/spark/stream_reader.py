@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -131,8 +131,10 @@ def check_start(options: ReadOptions, stream: str, offset: int, first: int, sour
 class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reader over one or more streams (see NpstreamDataSource for options)."""
 
-    def __init__(self, options: ReadOptions) -> None:
+    def __init__(self, options: ReadOptions,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._options = options
+        self._clock = clock  # seconds; injectable so maxTriggerDelay tests are exact
         self._client: Client | None = None
         self._last_trigger: float | None = None  # monotonic seconds of the last admitted batch
         self._target: dict[str, int] | None = None  # AvailableNow: ends recorded at start
@@ -229,7 +231,7 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _admit(self, backlog: int, min_rows: int) -> bool:
         """minOffsetsPerTrigger with maxTriggerDelay, as Kafka: wait unless enough or too long."""
-        now = time.monotonic()
+        now = self._clock()
         delay_s = self._options.max_trigger_delay_ms / 1000
         overdue = self._last_trigger is None or now - self._last_trigger >= delay_s
         if overdue or backlog >= min_rows:
