@@ -22,6 +22,7 @@ import pytest
 
 from npstream import Client
 from npstream.schema import MESSAGE_SCHEMA
+from npstream.sink_client import SinkClient
 from npstream.spark.writer_options import checkpoint_sink_id
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -85,6 +86,17 @@ def wait_for_line(proc: subprocess.Popen[str], expected: str, log: Path) -> None
                              f"{log.read_text()[-4000:]}")
 
 
+def wait_for_commit(sink: SinkClient, sink_id: str, last: int,
+                    job: subprocess.Popen[str], log: Path) -> None:
+    """Return as soon as the broker records a batch after ``last`` for this sink."""
+    deadline = time.monotonic() + 180
+    while sink.last_batch_id(sink_id) == last:
+        if job.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"copy job made no progress (exit {job.returncode}):\n"
+                                 f"{log.read_text()[-4000:]}")
+        time.sleep(0.02)
+
+
 def test_copy_with_driver_killed_at_random_points_is_exactly_once(broker, stream_name,
                                                                    tmp_path):
     source, target = f"{stream_name}-a", f"{stream_name}-b"
@@ -96,11 +108,17 @@ def test_copy_with_driver_killed_at_random_points_is_exactly_once(broker, stream
     with Client(broker.address) as client:
         client.publish_batch(source, [{"value": f"value-{i}".encode(), "id": f"a-{i}"}
                                       for i in range(TOTAL)])
+        sink = client.sink()
+        sink_id = checkpoint_sink_id(str(checkpoint))
+        # The first kill lands right after the broker committed a batch (likely before
+        # Spark's commit log has it: the replay case), the others at random moments.
+        delays = [0.0] + [rng.uniform(0.0, 3.0) for _ in range(KILLS - 1)]
         progress: list[int] = []
-        for _ in range(KILLS):
+        for delay in delays:
             job = start_job(script, [*args, "run"], log)
             wait_for_line(job, "STARTED", log)
-            time.sleep(rng.uniform(1.0, 6.0))
+            wait_for_commit(sink, sink_id, sink.last_batch_id(sink_id), job, log)
+            time.sleep(delay)
             os.killpg(job.pid, signal.SIGKILL)
             job.wait(30)
             progress.append(copied(client, target))
@@ -119,7 +137,6 @@ def test_copy_with_driver_killed_at_random_points_is_exactly_once(broker, stream
         assert any(0 < count < TOTAL for count in progress), progress
         spark_commits = [int(p.name) for p in (checkpoint / "commits").iterdir()
                          if p.name.isdigit()]
-        sink_id = checkpoint_sink_id(str(checkpoint))
-        assert client.sink().last_batch_id(sink_id) == max(spark_commits)
+        assert sink.last_batch_id(sink_id) == max(spark_commits)
     leftover = Path(broker.data_dir) / "sink" / sink_id
     assert not list(leftover.rglob("*.arrow"))
