@@ -6,10 +6,10 @@ only uses the partition it is given (the reader object is pickled to tasks
 before any driver state exists).
 
 Offsets are ``{stream: next_offset}`` (see ``offsets.py``). Streams that join
-a ``streamPattern`` after the query started are read from offset 0, their
-beginning; a stream whose offset went backwards (deleted and re-created) is
-read again from 0 after data loss is reported; a deleted stream is reported
-and dropped. Spark's checkpoint is the source of truth for progress;
+a ``streamPattern`` after the query started are read from their earliest
+offset; a stream whose offset went backwards (deleted and re-created) is read
+again from its earliest offset after data loss is reported; a deleted stream
+is reported and dropped. Spark's checkpoint is the source of truth for progress;
 ``commit`` only mirrors it into the broker-side group for lag and for
 ``startingOffsets=group``.
 """
@@ -140,6 +140,9 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[str, int] | None = None  # AvailableNow: ends recorded at start
         self._latest: dict[str, int] | None = None
         self._group_positions: dict[str, int] = {}  # last position written to the group
+        # Earliest offsets of streams that joined (or were re-created), seen by
+        # latestOffset, so that partitions() plans them from the same offset.
+        self._fresh_starts: dict[str, int] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -203,17 +206,22 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = {name: min(end, latest[name]) for name, end in self._target.items()
                       if name in latest}
         deleted = self._report_gone_and_recreated(begin, bounds)
+        self._fresh_starts = {name: min(bounds[name][0], end) for name, end in latest.items()
+                              if _is_fresh(begin.get(name), end)}
         for name in sorted(set(latest) - begin.streams):
-            log.info("stream '%s' joined %s; reading it from offset 0 (end_offset %d)",
-                     name, self._options.describe_subscription(), latest[name])
+            log.info("stream '%s' joined %s; reading it from its earliest offset %d "
+                     "(end_offset %d)", name, self._options.describe_subscription(),
+                     self._fresh_starts[name], latest[name])
         self._latest = latest
 
-        # Where each stream's next batch really starts: 0 for new or re-created
-        # streams, start_offset when retention removed the gap (the task reports it).
-        effective = {}
-        for name, end in latest.items():
-            position = begin.get(name, 0) or 0
-            effective[name] = 0 if position > end else max(position, bounds[name][0])
+        # Where each stream's next batch really starts: the earliest offset for
+        # new or re-created streams, start_offset when retention removed a gap
+        # (the task reports that gap).
+        effective = {
+            name: self._fresh_starts[name] if name in self._fresh_starts
+            else max(begin.get(name) or 0, bounds[name][0])
+            for name in latest
+        }
 
         if isinstance(limit, ReadAllAvailable):
             return latest
@@ -253,7 +261,8 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 report_data_loss(
                     name, position, None,
                     f"the stream's end_offset is now {last}, below the query's position "
-                    f"{position}: it was deleted and re-created; reading it again from 0",
+                    f"{position}: it was deleted and re-created; reading it again from its "
+                    "earliest offset",
                     fail=fail,
                 )
         return bool(deleted)
@@ -265,10 +274,13 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         begin = SourceOffset.from_dict(start)
+        stops = SourceOffset.from_dict(end)
+        fresh = self._fresh_start_offsets(
+            [name for name, stop in stops.items() if _is_fresh(begin.get(name), stop)])
         ranges = []
-        for name, stop in sorted(SourceOffset.from_dict(end).items()):
-            position = begin.get(name, 0) or 0
-            ranges.append(OffsetRange(name, 0 if position > stop else position, stop))
+        for name, stop in sorted(stops.items()):
+            position = fresh[name] if name in fresh else begin.get(name) or 0
+            ranges.append(OffsetRange(name, min(position, stop), stop))
         pieces = split_ranges(
             ranges,
             max_records_per_partition=self._options.max_records_per_partition,
@@ -276,6 +288,15 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
         log.debug("planned %d partitions for %s -> %s", len(pieces), start, end)
         return [RangePartition(p.stream, p.start, p.end) for p in pieces]
+
+    def _fresh_start_offsets(self, names: list[str]) -> dict[str, int]:
+        """Earliest offsets of joined/re-created streams: as latestOffset saw them or,
+        when the batch is re-planned after a restart, as the broker has them now."""
+        current: Bounds = {}
+        if any(name not in self._fresh_starts for name in names):
+            current = subscribed_bounds(self.client, self._options)
+        return {name: self._fresh_starts[name] if name in self._fresh_starts
+                else current.get(name, (0, 0))[0] for name in names}
 
     # ------------------------------------------------------------ executor
 
@@ -310,6 +331,11 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _is_fresh(position: int | None, end: int) -> bool:
+    """A stream read from its earliest offset: new to the query, or re-created."""
+    return position is None or position > end
 
 
 def commit_group_position(client: Client, stream: str, group: str, next_offset: int) -> None:
