@@ -7,6 +7,8 @@ much as a copy of its bytes.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,7 +28,7 @@ __all__ = [
     "null_array",
     "producer_id_mask",
     "reencode_rows",
-    "rows_per_frame",
+    "serialize_frames",
 ]
 
 # The publish columns in a fixed order, all present: what the writer concatenates.
@@ -36,12 +38,22 @@ PUBLISH_SCHEMA = pa.schema(
 _TIMESTAMP_TYPE = MESSAGE_SCHEMA.field("timestamp").type
 
 
+_CACHED_NULLS_MAX_LENGTH = 1 << 16
+
+
 def null_array(dtype: pa.DataType, length: int) -> pa.Array:
     """An all-null array whose buffers stay small when sliced and serialized.
 
     pyarrow.nulls() builds map children as long as the array, and a slice of
-    it serializes all of them; this one has empty children.
+    it serializes all of them; this one has empty children. Arrays are
+    immutable, so the common lengths are built once and shared.
     """
+    if length <= _CACHED_NULLS_MAX_LENGTH:
+        return _cached_null_array(dtype, length)
+    return _build_null_array(dtype, length)
+
+
+def _build_null_array(dtype: pa.DataType, length: int) -> pa.Array:
     if pa.types.is_map(dtype):
         offsets = pa.array(np.zeros(length + 1, dtype=np.int32))
         mask = pa.array(np.ones(length, dtype=bool))
@@ -51,13 +63,21 @@ def null_array(dtype: pa.DataType, length: int) -> pa.Array:
     return pa.nulls(length, dtype)
 
 
+_cached_null_array = functools.lru_cache(maxsize=128)(_build_null_array)
+
+
+def _single_chunk(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array (no copy when it already is one chunk)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def complete_publish_table(table: pa.Table) -> pa.Table:
     """``table`` (normalize_publish_table output) with every PUBLISH_SCHEMA column, one chunk."""
     length = table.num_rows
     columns: list[pa.Array] = []
     for field in PUBLISH_SCHEMA:
         if field.name in table.column_names:
-            column = table.column(field.name).combine_chunks()
+            column = _single_chunk(table.column(field.name))
             if column.null_count == length and length:
                 column = null_array(field.type, length)
         else:
@@ -88,11 +108,14 @@ def _headers_sizes(headers: pa.Array) -> np.ndarray:
 
 def message_sizes(table: pa.Table) -> np.ndarray:
     """len(value) + len(key) + size of headers, per row, as int64."""
-    sizes = np.asarray(pc.binary_length(table.column("value").combine_chunks()), dtype=np.int64)
-    key = table.column("key").combine_chunks()
+    sizes = np.asarray(pc.binary_length(_single_chunk(table.column("value"))), dtype=np.int64)
+    key = _single_chunk(table.column("key"))
     if key.null_count != len(key):
         sizes = sizes + np.asarray(pc.fill_null(pc.binary_length(key), 0), dtype=np.int64)
-    return sizes + _headers_sizes(table.column("headers").combine_chunks())
+    headers = _single_chunk(table.column("headers"))
+    if headers.null_count != len(headers):
+        sizes = sizes + _headers_sizes(headers)
+    return sizes
 
 
 def check_message_sizes(table: pa.Table, stream: str, limit: int) -> None:
@@ -150,7 +173,7 @@ def build_message_batch(
     """
     length = table.num_rows
     offsets = pa.array(np.arange(first_offset, first_offset + length, dtype=np.int64))
-    ids = table.column("id").combine_chunks()
+    ids = _single_chunk(table.column("id"))
     if ids.null_count == length:
         filled = generated_ids(id_prefix, first_offset, length)
     else:
@@ -159,24 +182,36 @@ def build_message_batch(
             filled = ids
         else:
             filled = pc.if_else(supplied, ids, generated_ids(id_prefix, first_offset, length))
-    timestamps = pa.array(np.full(length, timestamp_ms, dtype=np.int64)).cast(_TIMESTAMP_TYPE)
+    timestamps = pa.Array.from_buffers(
+        _TIMESTAMP_TYPE, length, [None, pa.py_buffer(np.full(length, timestamp_ms, np.int64))]
+    )
     columns = [
         offsets,
         filled,
-        table.column("key").combine_chunks(),
-        table.column("value").combine_chunks(),
+        _single_chunk(table.column("key")),
+        _single_chunk(table.column("value")),
         timestamps,
-        table.column("headers").combine_chunks(),
+        _single_chunk(table.column("headers")),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=MESSAGE_SCHEMA)
 
 
-def rows_per_frame(batch: pa.RecordBatch, max_frame_bytes: int) -> int:
-    """How many rows of ``batch`` fit one frame of about ``max_frame_bytes`` (at least 1)."""
-    if batch.num_rows == 0:
-        return 1
-    per_row = max(1, batch.nbytes // batch.num_rows)
-    return max(1, max_frame_bytes // per_row)
+def serialize_frames(
+    batch: pa.RecordBatch, max_frame_bytes: int
+) -> list[tuple[int, int, pa.Buffer]]:
+    """(first row, row count, IPC payload) pieces of ``batch``, about ``max_frame_bytes`` each.
+
+    The whole batch is serialized first: it is one piece in the common case.
+    """
+    whole = batch.serialize()
+    if whole.size <= max_frame_bytes or batch.num_rows <= 1:
+        return [(0, batch.num_rows, whole)]
+    step = max(1, batch.num_rows * max_frame_bytes // whole.size)
+    pieces = []
+    for start in range(0, batch.num_rows, step):  # one iteration per frame
+        part = batch.slice(start, step)
+        pieces.append((start, part.num_rows, part.serialize()))
+    return pieces
 
 
 def decode_payload(payload: memoryview | bytes | pa.Buffer) -> pa.RecordBatch:

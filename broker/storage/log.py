@@ -52,7 +52,7 @@ from npstream.broker.storage.batch_builder import (
     complete_publish_table,
     decode_payload,
     reencode_rows,
-    rows_per_frame,
+    serialize_frames,
 )
 from npstream.broker.storage.dedup import DedupWindow
 from npstream.broker.storage.file_cache import FileCache
@@ -169,7 +169,8 @@ class StreamLog:
                                  find_repeats=config.dedup_window_ms > 0)
         if pending.table.num_rows == 0:
             return AppendResult(self.end_offset, 0, [], max(self._clock(), self._last_timestamp))
-        request = CommitRequest(pending, pending.table.nbytes, fsync=ack is AckMode.FSYNC)
+        request = CommitRequest(pending, pending.table.get_total_buffer_size(),
+                                fsync=ack is AckMode.FSYNC)
         return self._queue.submit(request)  # type: ignore[return-value]
 
     def append_atomic(
@@ -186,7 +187,8 @@ class StreamLog:
         combined = pa.concat_tables([complete_publish_table(t) for t in tables])
         pending = prepare_append(combined, self.name, self._config.max_message_bytes,
                                  find_repeats=False, atomic=True, before_write=before_write)
-        request = CommitRequest(pending, pending.table.nbytes, fsync=True, atomic=True)
+        request = CommitRequest(pending, pending.table.get_total_buffer_size(), fsync=True,
+                                atomic=True)
         return self._queue.submit(request)  # type: ignore[return-value]
 
     def _write_group(self, group: list[CommitRequest[PendingAppend]]) -> int:
@@ -239,16 +241,13 @@ class StreamLog:
         tail_size = self._segments[-1].size
         flagged: list[pa.RecordBatch] = []
         try:
-            step = rows_per_frame(batch, self._settings.max_batch_bytes)
-            for start in range(0, batch.num_rows, step):  # one iteration per frame
-                part = batch.slice(start, step)
+            for start, count, payload in serialize_frames(batch, self._settings.max_batch_bytes):
                 flags = 0
-                if supplied is not None and pc.any(supplied.slice(start, step)).as_py():
+                if supplied is not None and pc.any(supplied.slice(start, count)).as_py():
                     flags = FLAG_PRODUCER_IDS
-                    flagged.append(part)
-                payload = part.serialize()
+                    flagged.append(batch.slice(start, count))
                 header_bytes, header = encode_frame(
-                    payload, base_offset=first + start, count=part.num_rows,
+                    payload, base_offset=first + start, count=count,
                     min_timestamp=now, max_timestamp=now, flags=flags,
                 )
                 self._maybe_roll_locked(header.frame_size, header.count, now)
