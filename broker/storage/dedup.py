@@ -8,8 +8,8 @@ The window is kept in memory as one dict id -> offset plus, per stored batch,
 a *generation* (timestamp, ids -> offsets) so that expiry drops whole batches
 at once. Set operations on dict views and ``map`` do the per-id work in C:
 there is no Python loop over rows. After a restart the state is rebuilt from
-the log (StreamLog reads the batches inside the window whose frames carry
-the producer-ids flag), so it needs no file of its own; truncation and
+the log (``rebuild_window`` reads the batches inside the window whose frames
+carry the producer-ids flag), so it needs no file of its own; truncation and
 deletion drop the ids of the removed offsets, keeping the state equal to what
 a rebuild would produce.
 """
@@ -26,7 +26,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["DedupWindow", "IntraDuplicates", "find_intra_duplicates"]
+from npstream.broker.storage.batch_builder import decode_payload
+from npstream.broker.storage.file_cache import FileCache
+from npstream.broker.storage.reader import LogView, iter_frames, offset_for_timestamp
+from npstream.broker.storage.settings import SCAN_CHUNK_BYTES
+
+__all__ = ["DedupWindow", "IntraDuplicates", "find_intra_duplicates", "rebuild_window"]
 
 _first = itemgetter(0)
 
@@ -135,3 +140,24 @@ class DedupWindow:
         if kept:
             generation.first = min(kept.values())
             generation.last = max(kept.values())
+
+
+def rebuild_window(view: LogView, cache: FileCache, window_ms: int, now_ms: int) -> DedupWindow:
+    """The window as it was before a restart, read back from the log.
+
+    Only frames stored inside the window and flagged as carrying producer ids
+    are decoded (their id column); the time index finds the first of them.
+    """
+    window = DedupWindow(window_ms)
+    cutoff = now_ms - window_ms  # batches stored at or before this have expired
+    first = offset_for_timestamp(view, cache, cutoff + 1)
+    for _segment, _position, header, payload in iter_frames(
+        view, cache, first, read_size=SCAN_CHUNK_BYTES
+    ):
+        if not header.has_producer_ids or header.max_timestamp <= cutoff:
+            continue
+        skip = max(0, view.start - header.base_offset)
+        ids = decode_payload(payload).column("id").slice(skip).to_pylist()
+        window.remember(header.max_timestamp, ids,
+                        list(range(header.base_offset + skip, header.next_offset)))
+    return window

@@ -32,11 +32,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from npstream.broker.errors import (
     BrokerError,
-    CorruptRecordError,
     OffsetOutOfRangeError,
     ShuttingDownError,
     StreamNotFoundError,
@@ -51,37 +49,27 @@ from npstream.broker.storage.batch_builder import (
     build_message_batch,
     complete_publish_table,
     decode_payload,
-    reencode_rows,
-    serialize_frames,
 )
-from npstream.broker.storage.dedup import DedupWindow
+from npstream.broker.storage.dedup import DedupWindow, rebuild_window
 from npstream.broker.storage.file_cache import FileCache
-from npstream.broker.storage.files import fsync_dir
 from npstream.broker.storage.group_commit import CommitQueue, CommitRequest
 from npstream.broker.storage.loader import LoadedLog
 from npstream.broker.storage.reader import (
     LogView,
-    iter_frames,
     offset_for_timestamp,
     read_range,
     timestamp_at,
 )
-from npstream.broker.storage.record_batch import FLAG_PRODUCER_IDS, encode_frame
 from npstream.broker.storage.results import AppendResult, LogStats, ReadResult
 from npstream.broker.storage.retention import plan_retention
-from npstream.broker.storage.segment import FaultHook, Segment
-from npstream.broker.storage.settings import (
-    SCAN_CHUNK_BYTES,
-    AckMode,
-    StorageSettings,
-    StreamConfig,
-)
+from npstream.broker.storage.segment import FaultHook
+from npstream.broker.storage.segment_list import SegmentList, UndoFailedError
+from npstream.broker.storage.settings import AckMode, StorageSettings, StreamConfig
 from npstream.broker.storage.stream_files import (
     CleanShutdown,
     read_retention_config,
     write_clean_shutdown,
     write_retention_config,
-    write_schema,
     write_start_offset,
 )
 from npstream.schema import MESSAGE_SCHEMA
@@ -90,7 +78,6 @@ __all__ = ["StreamLog"]
 
 log = logging.getLogger(__name__)
 
-_MAX_RELATIVE_OFFSET = 2**32 - 1
 _READ_TABLE_BYTES = 64 << 20
 
 
@@ -113,19 +100,16 @@ class StreamLog:
         self.name = name
         self._config = config
         self._directory = directory
-        self._settings = settings
         self._cache = cache
         self._clock = clock
-        self._fault_hook = fault_hook
         self._on_dirty = on_dirty
-        self._segments: list[Segment] = loaded.segments
-        self._last_timestamp = max((s.max_timestamp for s in self._segments), default=-1)
+        self._segments = SegmentList(name, directory, loaded.segments, settings=settings,
+                                     cache=cache, fault_hook=fault_hook)
+        self._last_timestamp = max((s.max_timestamp for s in loaded.segments), default=-1)
         self._append_lock = threading.RLock()
         self._state = threading.Condition()
-        self._view = LogView(
-            loaded.start_offset, loaded.end_offset, tuple(self._segments),
-            self._segments[-1].size if self._segments else 0,
-        )
+        self._view = LogView(loaded.start_offset, loaded.end_offset, tuple(loaded.segments),
+                             loaded.segments[-1].size if loaded.segments else 0)
         self._sync_lock = threading.Lock()
         self._written_seq = 0
         self._synced_seq = 0
@@ -224,7 +208,6 @@ class StreamLog:
         return sequence
 
     def _write_rows_locked(self, planned: list[PlannedRows], first: int, now: int) -> None:
-        """Write the planned rows as frames of at most max_batch_bytes; all or nothing."""
         table = planned[0].table if len(planned) == 1 else pa.concat_tables(
             [rows.table for rows in planned]
         )
@@ -236,27 +219,11 @@ class StreamLog:
                 for rows in planned
             ])
         batch = build_message_batch(table, first, now, self._id_prefix)
-        self._ensure_active_segment_locked()
-        segment_count = len(self._segments)
-        tail_size = self._segments[-1].size
-        flagged: list[pa.RecordBatch] = []
+        self._segments.ensure_active(first, self._config)
         try:
-            for start, count, payload in serialize_frames(batch, self._settings.max_batch_bytes):
-                flags = 0
-                if supplied is not None and pc.any(supplied.slice(start, count)).as_py():
-                    flags = FLAG_PRODUCER_IDS
-                    flagged.append(batch.slice(start, count))
-                header_bytes, header = encode_frame(
-                    payload, base_offset=first + start, count=count,
-                    min_timestamp=now, max_timestamp=now, flags=flags,
-                )
-                self._maybe_roll_locked(header.frame_size, header.count, now)
-                self._segments[-1].write_frame(
-                    self._cache, header_bytes, payload, header,
-                    self._settings.index_interval_bytes, self._fault_hook,
-                )
-        except OSError:
-            self._roll_back_locked(segment_count, tail_size)
+            flagged = self._segments.write_batch(batch, supplied, now)
+        except UndoFailedError as exc:
+            self._fail(exc)
             raise
         self._last_timestamp = now
         if self._dedup is not None:
@@ -264,61 +231,6 @@ class StreamLog:
                 base = part.column(0)[0].as_py()
                 self._dedup.remember(now, part.column(1).to_pylist(),
                                      list(range(base, base + part.num_rows)))
-
-    def _roll_back_locked(self, segment_count: int, tail_size: int) -> None:
-        """Undo a group that failed half way: nothing of it may stay in the files."""
-        try:
-            for segment in self._segments[segment_count:]:
-                segment.delete(self._cache)
-            del self._segments[segment_count:]
-            tail = self._segments[-1]
-            if tail.size != tail_size or tail.sealed:
-                tail.delete_index_files()
-                tail.truncate_file(self._cache, tail_size)
-                self._segments[-1] = self._rescan(tail.base_offset)
-        except (OSError, BrokerError) as exc:
-            self._fail(exc if isinstance(exc, OSError) else OSError(errno.EIO, str(exc)))
-
-    def _maybe_roll_locked(self, frame_size: int, count: int, timestamp: int) -> None:
-        tail = self._segments[-1]
-        if tail.is_empty:
-            return
-        reason = None
-        if tail.size + frame_size > self._settings.segment_bytes:
-            reason = f"size: {tail.size} + {frame_size} bytes > segment_bytes"
-        elif timestamp - tail.first_timestamp >= self._settings.segment_ms:
-            reason = f"age: first message at {tail.first_timestamp} ms, now {timestamp} ms"
-        elif tail.next_offset + count - tail.base_offset > _MAX_RELATIVE_OFFSET:
-            reason = "relative offsets would overflow"
-        if reason is not None:
-            self._roll_locked(reason)
-
-    def _roll_locked(self, reason: str) -> None:
-        """Close the tail segment (fsync, seal) and start a new one at the end offset."""
-        old = self._segments[-1]
-        old.sync(self._cache, self._fault_hook)
-        old.seal()
-        new = Segment(self._directory, old.next_offset)
-        new.create_file(self._cache)
-        fsync_dir(self._directory)
-        self._segments.append(new)
-        log.info("stream %s: rolled segment %s (offsets [%d, %d), %d bytes; %s); "
-                 "new segment starts at offset %d", self.name, old.path.name, old.base_offset,
-                 old.next_offset, old.size, reason, new.base_offset)
-
-    def _ensure_active_segment_locked(self) -> None:
-        if self._segments:
-            return
-        created = not self._directory.exists()
-        self._directory.mkdir(parents=True, exist_ok=True)
-        write_schema(self._directory)
-        write_retention_config(self._directory, self._config)
-        segment = Segment(self._directory, self._view.end)
-        segment.create_file(self._cache)
-        fsync_dir(self._directory)
-        if created:
-            fsync_dir(self._directory.parent)
-        self._segments.append(segment)
 
     # ------------------------------------------------------------------ durability
 
@@ -328,12 +240,11 @@ class StreamLog:
             if self._synced_seq >= sequence:
                 return
             target = self._written_seq
-            if self._segments:
-                try:
-                    self._segments[-1].sync(self._cache, self._fault_hook)
-                except OSError as exc:
-                    self._fail(exc)
-                    raise
+            try:
+                self._segments.sync_tail()
+            except OSError as exc:
+                self._fail(exc)
+                raise
             self._synced_seq = target
 
     def needs_sync(self) -> bool:
@@ -422,8 +333,9 @@ class StreamLog:
             self._publish_view_locked(start=offset)
             if self._dedup is not None:
                 self._dedup.forget_below(offset)
+            segments = self._segments.segments
             doomed = 0
-            while self._segments[doomed].next_offset <= offset:
+            while segments[doomed].next_offset <= offset:
                 doomed += 1
             self._delete_head_locked(doomed, f"delete_before({offset})")
 
@@ -434,10 +346,11 @@ class StreamLog:
             self._delete_all_locked("delete_all")
 
     def _delete_all_locked(self, reason: str) -> None:
-        if not self._segments:
+        tail = self._segments.tail
+        if tail is None:
             return
-        if not self._segments[-1].is_empty:
-            self._roll_locked(reason)
+        if not tail.is_empty:
+            self._segments.roll(reason)
         end = self._view.end
         write_start_offset(self._directory, end)
         if self._dedup is not None:
@@ -449,15 +362,12 @@ class StreamLog:
         """Drop the first ``count`` (closed) segments: from the view first, then the files."""
         if count <= 0:
             return
-        doomed = self._segments[:count]
-        del self._segments[:count]
-        start = max(self._view.start, self._segments[0].base_offset)
+        doomed = self._segments.detach_head(count)
+        start = max(self._view.start, self._segments.segments[0].base_offset)
         self._publish_view_locked(start=start)
         if self._dedup is not None:
             self._dedup.forget_below(start)
-        for segment in doomed:
-            segment.delete(self._cache)
-        fsync_dir(self._directory)
+        self._segments.delete_files(doomed)
         log.info("stream %s: %s deleted %d segment(s) with offsets [%d, %d) (%d bytes); "
                  "start offset is %d", self.name, reason, count, doomed[0].base_offset,
                  doomed[-1].next_offset, sum(segment.size for segment in doomed), start)
@@ -472,58 +382,26 @@ class StreamLog:
             if offset == view.end:
                 return
             self.flush()
-            number = view.segment_number(offset)
-            segment = self._segments[number]
-            cut, kept = segment.size, b""
-            frame_header = None
-            for _segment, position, header, payload in iter_frames(view, self._cache, offset):
-                cut, frame_header = position, header
-                if header.base_offset < offset:
-                    kept = reencode_rows(decode_payload(payload), 0, offset - header.base_offset)
-                break
-            for later in self._segments[number + 1 :]:
-                later.delete(self._cache)
-            del self._segments[number + 1 :]
-            segment.delete_index_files()
-            segment.truncate_file(self._cache, cut)
-            rebuilt = self._rescan(segment.base_offset)
-            if kept and frame_header is not None:
-                header_bytes, header = encode_frame(
-                    kept, base_offset=frame_header.base_offset,
-                    count=offset - frame_header.base_offset,
-                    min_timestamp=frame_header.min_timestamp,
-                    max_timestamp=frame_header.max_timestamp, flags=frame_header.flags,
-                )
-                rebuilt.write_frame(self._cache, header_bytes, kept, header,
-                                    self._settings.index_interval_bytes, self._fault_hook)
-                rebuilt.sync(self._cache, self._fault_hook)
-            self._segments[number] = rebuilt
-            fsync_dir(self._directory)
+            self._segments.truncate(view, offset)
             if self._dedup is not None:
                 self._dedup.forget_from(offset)
-            removed = view.end - offset
             self._publish_view_locked()
             log.info("stream %s: truncated to offset %d (%d messages removed)",
-                     self.name, offset, removed)
-
-    def _rescan(self, base_offset: int) -> Segment:
-        segment, bad = Segment.scan(self._directory, base_offset, self._cache,
-                                    self._settings.index_interval_bytes)
-        if bad is not None:
-            raise CorruptRecordError(segment.path, bad.position, bad.detail)
-        return segment
+                     self.name, offset, view.end - offset)
 
     # ------------------------------------------------------------------ retention, config
 
     def apply_retention(self, now_ms: int) -> int:
         """Delete the segments retention no longer keeps; returns how many were deleted."""
         with self._append_lock:
-            if self._closed is not None or self._failure is not None or not self._segments:
+            if self._closed is not None or self._failure is not None or not len(self._segments):
                 return 0
-            plan = plan_retention(self._segments, self._config, now_ms, self._view.start)
+            plan = plan_retention(self._segments.segments, self._config, now_ms,
+                                  self._view.start)
+            before = len(self._segments)
             if plan.expire_tail:
                 self._delete_all_locked(f"retention ({plan.reason})")
-                return plan.delete_count
+                return before
             self._delete_head_locked(plan.delete_count, f"retention ({plan.reason})")
             return plan.delete_count
 
@@ -536,25 +414,9 @@ class StreamLog:
                 self._reset_dedup_locked()
 
     def _reset_dedup_locked(self) -> None:
-        """Rebuild the dedup window from the flagged batches stored inside it."""
         window_ms = self._config.dedup_window_ms
-        if window_ms <= 0:
-            self._dedup = None
-            return
-        window = DedupWindow(window_ms)
-        view = self._view
-        cutoff = self._clock() - window_ms  # batches stored at or before this have expired
-        first = offset_for_timestamp(view, self._cache, cutoff + 1)
-        for _segment, _position, header, payload in iter_frames(
-            view, self._cache, first, read_size=SCAN_CHUNK_BYTES
-        ):
-            if not header.has_producer_ids or header.max_timestamp <= cutoff:
-                continue
-            skip = max(0, view.start - header.base_offset)
-            ids = decode_payload(payload).column("id").slice(skip).to_pylist()
-            window.remember(header.max_timestamp, ids,
-                            list(range(header.base_offset + skip, header.next_offset)))
-        self._dedup = window
+        self._dedup = (rebuild_window(self._view, self._cache, window_ms, self._clock())
+                       if window_ms > 0 else None)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -563,11 +425,10 @@ class StreamLog:
         with self._append_lock:
             if self._closed is not None:
                 return
-            if not dropped:
-                if self._failure is None:
-                    self.flush()
-                if self._segments and self._failure is None:
-                    tail = self._segments[-1]
+            tail = self._segments.tail
+            if not dropped and self._failure is None:
+                self.flush()
+                if tail is not None:
                     write_clean_shutdown(self._directory, CleanShutdown(
                         tail.base_offset, tail.size, tail.next_offset, tail.max_timestamp))
             self._closed = (StreamNotFoundError(self.name) if dropped
@@ -577,11 +438,11 @@ class StreamLog:
         self._cache.forget_under(self._directory)
 
     def _publish_view_locked(self, start: int | None = None) -> None:
-        tail = self._segments[-1] if self._segments else None
+        tail = self._segments.tail
         view = LogView(
             self._view.start if start is None else start,
             tail.next_offset if tail is not None else self._view.end,
-            tuple(self._segments),
+            tuple(self._segments.segments),
             tail.size if tail is not None else 0,
         )
         with self._state:

@@ -1,0 +1,206 @@
+"""The ordered segments of one stream directory, and every change made to them on disk.
+
+StreamLog owns the API, the locks, the views and the dedup window; this class
+owns the files: writing a batch as frames (rolling segments by size, age and
+offset range on the way, undoing everything if a write fails), deleting
+segments from the head, and cutting the log back for truncate_to. Every
+method is called with the log's append lock held.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from npstream.broker.errors import BrokerError, CorruptRecordError
+from npstream.broker.storage.batch_builder import decode_payload, reencode_rows, serialize_frames
+from npstream.broker.storage.file_cache import FileCache
+from npstream.broker.storage.files import fsync_dir
+from npstream.broker.storage.reader import LogView, iter_frames
+from npstream.broker.storage.record_batch import FLAG_PRODUCER_IDS, encode_frame
+from npstream.broker.storage.segment import FaultHook, Segment
+from npstream.broker.storage.settings import StorageSettings, StreamConfig
+from npstream.broker.storage.stream_files import write_retention_config, write_schema
+
+__all__ = ["SegmentList", "UndoFailedError"]
+
+log = logging.getLogger(__name__)
+
+_MAX_RELATIVE_OFFSET = 2**32 - 1
+
+
+class UndoFailedError(OSError):
+    """A failed write could not be removed again: the files no longer match the log."""
+
+
+class SegmentList:
+    """The segments of one log, oldest first; the last one is active. Append lock held."""
+
+    def __init__(
+        self, name: str, directory: Path, segments: list[Segment], *,
+        settings: StorageSettings, cache: FileCache, fault_hook: FaultHook | None,
+    ) -> None:
+        self.name = name
+        self.directory = directory
+        self.segments = segments
+        self._settings = settings
+        self._cache = cache
+        self._fault_hook = fault_hook
+
+    def __len__(self) -> int:
+        return len(self.segments)
+
+    @property
+    def tail(self) -> Segment | None:
+        return self.segments[-1] if self.segments else None
+
+    # ------------------------------------------------------------------ writing
+
+    def ensure_active(self, end_offset: int, config: StreamConfig) -> Segment:
+        """The active segment, creating the stream directory and first segment if needed."""
+        if self.segments:
+            return self.segments[-1]
+        created = not self.directory.exists()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        write_schema(self.directory)
+        write_retention_config(self.directory, config)
+        segment = Segment(self.directory, end_offset)
+        segment.create_file(self._cache)
+        fsync_dir(self.directory)
+        if created:
+            fsync_dir(self.directory.parent)
+        self.segments.append(segment)
+        return segment
+
+    def write_batch(
+        self, batch: pa.RecordBatch, supplied: pa.BooleanArray | None, timestamp: int
+    ) -> list[pa.RecordBatch]:
+        """Write ``batch`` as frames of at most max_batch_bytes; all or nothing.
+
+        ``supplied`` marks the rows with producer ids. Returns the parts written
+        with the producer-ids flag (their ids enter the dedup window). On an
+        OSError every frame of the batch is removed again before it propagates
+        (UndoFailedError if that fails too).
+        """
+        first = batch.column(0)[0].as_py()
+        segment_count = len(self.segments)
+        tail_size = self.segments[-1].size
+        flagged: list[pa.RecordBatch] = []
+        try:
+            for start, count, payload in serialize_frames(batch, self._settings.max_batch_bytes):
+                flags = 0
+                if supplied is not None and pc.any(supplied.slice(start, count)).as_py():
+                    flags = FLAG_PRODUCER_IDS
+                    flagged.append(batch.slice(start, count))
+                header_bytes, header = encode_frame(
+                    payload, base_offset=first + start, count=count,
+                    min_timestamp=timestamp, max_timestamp=timestamp, flags=flags,
+                )
+                self._roll_if_due(header.frame_size, count, timestamp)
+                self.segments[-1].write_frame(
+                    self._cache, header_bytes, payload, header,
+                    self._settings.index_interval_bytes, self._fault_hook,
+                )
+        except OSError:
+            self._roll_back(segment_count, tail_size)
+            raise
+        return flagged
+
+    def _roll_back(self, segment_count: int, tail_size: int) -> None:
+        """Undo a batch that failed half way; raise OSError if even that fails."""
+        try:
+            for segment in self.segments[segment_count:]:
+                segment.delete(self._cache)
+            del self.segments[segment_count:]
+            tail = self.segments[-1]
+            if tail.size != tail_size or tail.sealed:
+                tail.delete_index_files()
+                tail.truncate_file(self._cache, tail_size)
+                self.segments[-1] = self.rescan(tail.base_offset)
+        except (OSError, BrokerError) as exc:
+            raise UndoFailedError(errno.EIO, f"stream '{self.name}': could not undo a failed "
+                                  f"write: {exc}") from exc
+
+    def _roll_if_due(self, frame_size: int, count: int, timestamp: int) -> None:
+        tail = self.segments[-1]
+        if tail.is_empty:
+            return
+        reason = None
+        if tail.size + frame_size > self._settings.segment_bytes:
+            reason = f"size: {tail.size} + {frame_size} bytes > segment_bytes"
+        elif timestamp - tail.first_timestamp >= self._settings.segment_ms:
+            reason = f"age: first message at {tail.first_timestamp} ms, now {timestamp} ms"
+        elif tail.next_offset + count - tail.base_offset > _MAX_RELATIVE_OFFSET:
+            reason = "relative offsets would overflow"
+        if reason is not None:
+            self.roll(reason)
+
+    def roll(self, reason: str) -> None:
+        """Close the active segment (fsync, seal) and start a new one at its end."""
+        old = self.segments[-1]
+        old.sync(self._cache, self._fault_hook)
+        old.seal()
+        new = Segment(self.directory, old.next_offset)
+        new.create_file(self._cache)
+        fsync_dir(self.directory)
+        self.segments.append(new)
+        log.info("stream %s: rolled segment %s (offsets [%d, %d), %d bytes; %s); "
+                 "new segment starts at offset %d", self.name, old.path.name, old.base_offset,
+                 old.next_offset, old.size, reason, new.base_offset)
+
+    def sync_tail(self) -> None:
+        if self.segments:
+            self.segments[-1].sync(self._cache, self._fault_hook)
+
+    # ------------------------------------------------------------------ removing
+
+    def detach_head(self, count: int) -> list[Segment]:
+        """Remove the first ``count`` segments from the list (files stay until delete_files)."""
+        doomed = self.segments[:count]
+        del self.segments[:count]
+        return doomed
+
+    def delete_files(self, doomed: list[Segment]) -> None:
+        for segment in doomed:
+            segment.delete(self._cache)
+        fsync_dir(self.directory)
+
+    def truncate(self, view: LogView, offset: int) -> None:
+        """Remove messages [offset, end); a frame cut in the middle is rewritten with its head."""
+        number = view.segment_number(offset)
+        segment = self.segments[number]
+        cut, kept, frame_header = segment.size, b"", None
+        for _segment, position, header, payload in iter_frames(view, self._cache, offset):
+            cut, frame_header = position, header
+            if header.base_offset < offset:
+                kept = reencode_rows(decode_payload(payload), 0, offset - header.base_offset)
+            break
+        for later in self.segments[number + 1 :]:
+            later.delete(self._cache)
+        del self.segments[number + 1 :]
+        segment.delete_index_files()
+        segment.truncate_file(self._cache, cut)
+        rebuilt = self.rescan(segment.base_offset)
+        if kept and frame_header is not None:
+            header_bytes, header = encode_frame(
+                kept, base_offset=frame_header.base_offset,
+                count=offset - frame_header.base_offset,
+                min_timestamp=frame_header.min_timestamp,
+                max_timestamp=frame_header.max_timestamp, flags=frame_header.flags,
+            )
+            rebuilt.write_frame(self._cache, header_bytes, kept, header,
+                                self._settings.index_interval_bytes, self._fault_hook)
+            rebuilt.sync(self._cache, self._fault_hook)
+        self.segments[number] = rebuilt
+        fsync_dir(self.directory)
+
+    def rescan(self, base_offset: int) -> Segment:
+        segment, bad = Segment.scan(self.directory, base_offset, self._cache,
+                                    self._settings.index_interval_bytes)
+        if bad is not None:
+            raise CorruptRecordError(segment.path, bad.position, bad.detail)
+        return segment
