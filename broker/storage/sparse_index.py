@@ -148,7 +148,3 @@ class SparseIndex:
         except FileNotFoundError:
             raise IndexFileError("missing") from None
         return cls.from_bytes(data)
-
-    @classmethod
-    def read_seal(cls, path: Path) -> SegmentSeal:
-        return cls.read(path)[1]
