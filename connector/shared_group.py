@@ -55,6 +55,11 @@ RECONNECT_MULTIPLIER = 2.0
 RECONNECT_MAX_S = 2.0
 # How long stop() waits for running handlers by default (seconds).
 STOP_TIMEOUT_S = 30.0
+# How long subscribe() keeps trying to reach an unreachable broker before it
+# raises BrokerUnavailable (the client's default retry_deadline).
+FIRST_CONNECT_DEADLINE_S = 15.0
+# Initial-metadata key the broker sends once a Subscribe call has joined the group.
+MEMBER_HEADER = "x-npstream-member-id"
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _member_numbers = itertools.count(1)
@@ -221,7 +226,12 @@ def subscribe(
     dead_letter_stream: str | None = None,
     member_id: str | None = None,
 ) -> Subscription:
-    """Start a push subscription; see the module docstring. Returns it running."""
+    """Start a push subscription; see the module docstring.
+
+    Returns once the broker has accepted it (the member is in the group), so
+    a missing stream or invalid settings raise here. An unreachable broker is
+    retried for FIRST_CONNECT_DEADLINE_S (15 s) before BrokerUnavailable.
+    """
     config = _config(stream, ack_wait, max_deliver, backoff, dead_letter_stream)
     _check_group(group)
     if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
@@ -231,6 +241,7 @@ def subscribe(
     member = member_id or f"{default_member_id()}-{next(_member_numbers)}"
     subscription = Subscription(client, stream, group, handler, config, member, max_in_flight)
     subscription._start()
+    subscription._wait_started()
     return subscription
 
 
@@ -283,6 +294,7 @@ class Subscription:
         self._running_handlers = 0
         self._idle = threading.Condition(self._lock)
         self._stopping = threading.Event()
+        self._started = threading.Event()  # accepted by the broker, or failed for good
         self._connection: _Connection | None = None
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight,
                                         thread_name_prefix=f"npstream-handler-{group}")
@@ -344,8 +356,26 @@ class Subscription:
 
     # ------------------------------------------------------------ the call
 
+    def _wait_started(self) -> None:
+        """Block until the broker accepted the subscription; raise what refused it."""
+        self._started.wait()
+        if self.error is not None:
+            self._pool.shutdown(wait=False)
+            raise self.error
+
+    def _fail(self, exc: BaseException) -> None:
+        self.error = exc
+        self._started.set()
+
     def _run(self) -> None:
         backoff = RECONNECT_INITIAL_S
+        first_deadline = time.monotonic() + FIRST_CONNECT_DEADLINE_S
+        try:
+            self._connect_loop(backoff, first_deadline)
+        finally:
+            self._started.set()  # never leave subscribe() waiting
+
+    def _connect_loop(self, backoff: float, first_deadline: float) -> None:
         while not self._stopping.is_set():
             try:
                 self._one_connection()
@@ -354,6 +384,9 @@ class Subscription:
                     log.info("subscription to '%s' (group '%s') ended by the broker; "
                              "reconnecting", self.stream, self.group)
             except BrokerUnavailable as exc:
+                if not self._started.is_set() and time.monotonic() >= first_deadline:
+                    self._fail(exc)  # never connected: subscribe() raises it
+                    break
                 log.warning("subscription to '%s' (group '%s') lost the broker, reconnecting "
                             "in %.1fs: %s", self.stream, self.group, backoff, exc)
                 if self._stopping.wait(backoff):
@@ -362,12 +395,12 @@ class Subscription:
             except NpstreamError as exc:
                 log.error("subscription to '%s' (group '%s') failed: %s", self.stream,
                           self.group, exc)
-                self.error = exc
+                self._fail(exc)
                 break
             except Exception as exc:
                 log.exception("subscription to '%s' (group '%s') failed", self.stream,
                               self.group)
-                self.error = exc
+                self._fail(exc)
                 break
 
     def _one_connection(self) -> None:
@@ -385,6 +418,10 @@ class Subscription:
         call = self.client.stream("GroupService.Subscribe", connection.request_iterator())
         connection.call = call
         try:
+            # The broker sends headers once it has opened the group: the handshake
+            # that lets subscribe() return only when the member is in the group.
+            if any(key == MEMBER_HEADER for key, _ in call.initial_metadata() or ()):
+                self._started.set()
             for delivery in call:
                 lease = Lease.from_pb(self.stream, self.group, delivery, self._settle)
                 if self._stopping.is_set():

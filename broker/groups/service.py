@@ -38,6 +38,9 @@ __all__ = ["GroupServicer", "add_to_server"]
 
 log = logging.getLogger(__name__)
 
+# Initial metadata sent once a Subscribe call has joined its group (value: member id).
+MEMBER_HEADER = "x-npstream-member-id"
+
 
 def _status_pb(status: GroupStatus) -> pb.GroupInfo:
     info = pb.GroupInfo(
@@ -219,13 +222,14 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
         session = _SubscribeSession(group, member)
         session.apply(first)
         context.add_callback(session.end)
-        group.connect(member)
-        log.info("member '%s' subscribed to group '%s' on stream '%s'", member, group.group,
-                 group.stream)
         reader = threading.Thread(target=session.read, args=(request_iterator,), daemon=True,
                                   name=f"npstream-subscribe-{member}")
-        reader.start()
+        group.connect(member)
         try:
+            context.send_initial_metadata(((MEMBER_HEADER, member),))  # the client's handshake
+            log.info("member '%s' subscribed to group '%s' on stream '%s'", member, group.group,
+                     group.stream)
+            reader.start()
             while True:
                 credits = session.wait_for_credits(SUBSCRIBE_POLL_S)
                 if credits is None:

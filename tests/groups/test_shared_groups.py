@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import threading
 import time
 
+import grpc
 import pytest
 
 from npstream.broker.groups.dead_letter import DLQ_HEADERS
@@ -187,7 +189,9 @@ def test_expired_last_attempt_is_dead_lettered_without_any_receive(client, strea
                and client.fetch(target, 0).num_rows == 1, what="dead-letter copy")
     headers = dict(client.fetch(target, 0).to_pylist()[0]["headers"])
     assert headers[DLQ_HEADERS["reason"]] == b"expired"
-    assert client.describe_group(stream_name, "g").dead_lettered == 1
+    # The count follows the fsynced copy by moments.
+    wait_until(lambda: client.describe_group(stream_name, "g").dead_lettered == 1,
+               what="dead-lettered count")
     lease.ack()  # too late: already dead-lettered, counts nothing
     assert client.describe_group(stream_name, "g").committed_offset == 1
 
@@ -232,12 +236,18 @@ def test_subscribe_credits_bound_unacked_deliveries(client, stream_name, broker)
         while (item := requests.get()) is not None:
             yield item
 
-    import grpc
-
     channel = grpc.insecure_channel(broker.address)
     call = pb_grpc.GroupServiceStub(channel).Subscribe(request_iter())
     received: queue.SimpleQueue = queue.SimpleQueue()
-    reader = threading.Thread(target=lambda: [received.put(d) for d in call], daemon=True)
+
+    def read() -> None:
+        try:
+            for delivery in call:
+                received.put(delivery)
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.CANCELLED  # by the finally below
+
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
         first = [received.get(timeout=10) for _ in range(3)]
@@ -280,7 +290,8 @@ def test_subscription_max_in_flight_limits_concurrent_handlers(client, stream_na
     with client.subscribe(stream_name, "fc2", handle, max_in_flight=2):
         deadline = time.monotonic() + 30
         while len(handled) < 30 and time.monotonic() < deadline:
-            broker_in_flight.append(client.describe_group(stream_name, "fc2").in_flight)
+            with contextlib.suppress(GroupNotFound):  # until the subscription creates it
+                broker_in_flight.append(client.describe_group(stream_name, "fc2").in_flight)
             time.sleep(0.05)
     assert sorted(handled) == list(range(30))
     assert peak == 2
@@ -312,10 +323,28 @@ def test_subscription_handler_error_nacks_and_message_comes_back(client, stream_
 def test_subscription_on_deleted_group_ends_with_not_found(client, stream_name):
     client.create_stream(stream_name)
     sub = client.subscribe(stream_name, "g", lambda lease: None)
-    wait_until(lambda: client.describe_group(stream_name, "g").members, what="member")
+
+    def subscribed() -> bool:
+        try:
+            return bool(client.describe_group(stream_name, "g").members)
+        except GroupNotFound:  # the subscription has not created it yet
+            return False
+
+    wait_until(subscribed, what="member")
     client.delete_group(stream_name, "g")
     with pytest.raises(GroupNotFound):
         sub.join(10)
+    assert not sub.running
+
+
+def test_subscribe_returns_joined_or_raises_at_once(client, stream_name):
+    with pytest.raises(StreamNotFound, match=stream_name):
+        client.subscribe(stream_name, "g", lambda lease: None)
+    client.create_stream(stream_name)
+    with client.subscribe(stream_name, "g", lambda lease: None, member_id="m-1") as sub:
+        info = client.describe_group(stream_name, "g")  # no race: the member has joined
+        assert [m.member_id for m in info.members] == ["m-1"]
+        assert sub.running
     assert not sub.running
 
 
