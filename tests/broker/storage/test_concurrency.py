@@ -56,13 +56,16 @@ def test_append_concurrent_small_appends_coalesce_into_fewer_frames(
         make_storage, config, table_of, frames_of, segments_in, data_dir):
     fsyncs: list[int] = []
     first_fsync_started = threading.Event()
+    log = None
 
     def slow_first_fsync(operation, path, position):
         if operation == "fsync":
             fsyncs.append(position)
-            if len(fsyncs) == 1:
+            if len(fsyncs) == 1:  # hold the first fsync until all 20 appends queued behind it
                 first_fsync_started.set()
-                time.sleep(0.3)  # appends arriving meanwhile queue up behind it
+                deadline = time.monotonic() + 30
+                while len(log._queue._queue) < 21 and time.monotonic() < deadline:
+                    time.sleep(0.005)
 
     log = make_storage(fault_hook=slow_first_fsync).open_log("coalesce", config)
     first = threading.Thread(target=log.append, args=(table_of([b"first"]),))
@@ -84,19 +87,25 @@ def test_wait_for_data_wakes_on_append(make_storage, config, table_of):
     log.append(table_of(2))
     assert log.wait_for_data(1, 0.0) is True
     assert log.wait_for_data(2, 0.05) is False
-    woke_after: list[float] = []
+    waiting = threading.Event()
+    outcome: list[tuple[bool, float]] = []
 
     def waiter(_index: int) -> None:
-        started = time.monotonic()
-        assert log.wait_for_data(2, 30.0) is True
-        woke_after.append(time.monotonic() - started)
+        waiting.set()
+        woke = log.wait_for_data(2, 30.0)
+        outcome.append((woke, time.monotonic()))
 
     thread = threading.Thread(target=waiter, args=(0,))
     thread.start()
-    time.sleep(0.2)
+    assert waiting.wait(10)
+    time.sleep(0.1)
+    appended_at = time.monotonic()
     log.append(table_of(1), ack=AckMode.WRITE)
     thread.join(10)
-    assert len(woke_after) == 1 and 0.15 < woke_after[0] < 5.0
+    assert len(outcome) == 1
+    woke, woke_at = outcome[0]
+    assert woke is True
+    assert 0 <= woke_at - appended_at < 2.0  # woken by the append, long before the 30 s timeout
 
 
 def test_append_atomic_contiguous_with_concurrent_appends_and_before_write_offset(
