@@ -28,8 +28,8 @@ written and fsynced. So when recovery finds a 'committing' marker:
   offsets, if any, are other writers' data appended after it); mark it done.
 * otherwise the crash tore the append: every offset from ``first_offset`` on
   belongs to it, so ``truncate_to(first_offset)`` and append it again from the
-  staging files. Rows staged without an id got deterministic ids at Stage
-  time, so the rewrite is byte-for-byte the rows a reader may have seen.
+  staging files: same rows at the same offsets (rows staged without an id get
+  a new broker-generated id).
 
 Markers and the pending row must be durable before the log bytes they
 describe. With ``metadata_sync = "normal"`` SQLite does not fsync its WAL on

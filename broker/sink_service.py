@@ -111,8 +111,7 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
             log.info("sink '%s' batch %d is already committed: staging '%s' (%d rows) "
                      "discarded", sink_id, batch_id, staging_id, data.num_rows)
             return pb.StageResponse(staged_rows=data.num_rows, staged_bytes=0)
-        table = prepare_stage(data, request.stream, self._max_message_bytes,
-                              f"{sink_id}.{staging_id}.")
+        table = prepare_stage(data, request.stream, self._max_message_bytes)
         size = self._staging.write(sink_id, batch_id, staging_id, table)
         self._metrics.staged_rows.inc(table.num_rows)
         self._metrics.staged_bytes.inc(size)

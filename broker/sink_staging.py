@@ -19,10 +19,10 @@ target streams (``npstream.streams``, JSON) and the row count
 (``npstream.rows``), so listing what a staging targets reads a few hundred
 bytes, not the data.
 
-Rows staged without an id get a deterministic one,
-``<sink_id>.<staging_id>.<row>``: if a crash interrupts a commit the broker
-writes the same rows again at the same offsets (sink_commit's roll-forward),
-and they must be identical to what a reader may already have seen.
+Rows staged without an id keep none: the storage engine gives them its own
+generated id when they are appended, as for any publish. (Deterministic ids
+filled here would make every sink row a "producer id" that the target's
+dedup window must remember: memory and time per row for nothing.)
 
 Everything a commit could fail on is checked here, at Stage time, so a commit
 only moves bytes: the value column, stream names, routing and each stream's
@@ -161,13 +161,11 @@ def prepare_stage(
     data: pa.Table,
     default_stream: str,
     max_message_bytes: Callable[[str], int],
-    id_prefix: str,
 ) -> pa.Table:
-    """The table to store for one Stage call: checked, routed, in publish types, ids filled.
+    """The table to store for one Stage call: checked, routed, in publish types.
 
     ``max_message_bytes(stream)`` gives a target's limit (and raises
     StreamNotFoundError when the stream may not be auto-created).
-    ``id_prefix`` + row number names rows that came without an id.
     """
     if default_stream:
         _checked_stream_name(default_stream, "the request's default stream")
@@ -191,7 +189,6 @@ def prepare_stage(
                 f"row {row} for stream '{target}' is {int(sizes[row])} bytes, over the "
                 f"stream's max_message_bytes={limit}; nothing was staged"
             )
-    table = _fill_ids(table, id_prefix)
     table = table.add_column(0, pa.field("stream", pa.string(), nullable=False), streams)
     metadata = {_META_STREAMS: json.dumps(sorted(targets)).encode(),
                 _META_ROWS: str(table.num_rows).encode()}
@@ -203,22 +200,6 @@ def _checked_stream_name(name: str, where: str) -> None:
         validate_stream_name(name)
     except ValueError as exc:
         raise InvalidArgumentError(f"{where}: {exc}") from None
-
-
-def _fill_ids(table: pa.Table, prefix: str) -> pa.Table:
-    """Give rows without an id the id ``<prefix><row>`` (deterministic across retries)."""
-    generated = pc.binary_join_element_wise(
-        prefix, pa.array(np.arange(table.num_rows, dtype=np.int64)).cast(pa.string()), ""
-    )
-    if "id" not in table.column_names:
-        return table.append_column(pa.field("id", pa.string(), nullable=False), generated)
-    column = table.column("id")
-    missing = pc.or_kleene(pc.is_null(column), pc.equal(column, ""))  # "" = assign one
-    if not pc.any(missing).as_py():
-        return table
-    index = table.column_names.index("id")
-    filled = pc.if_else(pc.fill_null(missing, True), generated, column)
-    return table.set_column(index, pa.field("id", pa.string(), nullable=False), filled)
 
 
 # ---------------------------------------------------------------- files

@@ -25,7 +25,7 @@ def limits(limit: int = 1 << 20):
 
 def test_prepare_stage_with_stream_column_routes_rows_and_falls_back_to_default():
     data = pa.table({"value": ["a", "b", "c"], "stream": ["x", None, "y"]})
-    staged = prepare_stage(data, "d", limits(), "s.st.")
+    staged = prepare_stage(data, "d", limits())
     assert staged.column("stream").to_pylist() == ["x", "d", "y"]
     assert staged.column("value").to_pylist() == [b"a", b"b", b"c"]
     assert staged.schema.metadata[b"npstream.streams"] == b'["d", "x", "y"]'
@@ -33,30 +33,30 @@ def test_prepare_stage_with_stream_column_routes_rows_and_falls_back_to_default(
 
 
 def test_prepare_stage_without_stream_column_sends_all_rows_to_default():
-    staged = prepare_stage(pa.table({"value": [b"1", b"2"]}), "orders", limits(), "p.")
+    staged = prepare_stage(pa.table({"value": [b"1", b"2"]}), "orders", limits())
     assert staged.column("stream").to_pylist() == ["orders", "orders"]
 
 
 def test_prepare_stage_null_stream_without_default_names_the_row():
     data = pa.table({"value": ["a", "b"], "stream": ["x", None]})
     with pytest.raises(InvalidArgumentError, match=r"row 1 has no target stream"):
-        prepare_stage(data, "", limits(), "p.")
+        prepare_stage(data, "", limits())
 
 
 def test_prepare_stage_no_stream_anywhere_is_rejected():
     with pytest.raises(InvalidArgumentError, match=r"no 'stream' column .* no default stream"):
-        prepare_stage(pa.table({"value": ["a"]}), "", limits(), "p.")
+        prepare_stage(pa.table({"value": ["a"]}), "", limits())
 
 
 def test_prepare_stage_invalid_stream_name_names_row_and_stream():
     data = pa.table({"value": ["a", "b", "c"], "stream": ["ok", "ok", "../etc"]})
     with pytest.raises(InvalidArgumentError, match=r"row 2: invalid stream name '\.\./etc'"):
-        prepare_stage(data, "", limits(), "p.")
+        prepare_stage(data, "", limits())
 
 
 def test_prepare_stage_invalid_default_stream_is_rejected():
     with pytest.raises(InvalidArgumentError, match=r"default stream: invalid stream name '\.x'"):
-        prepare_stage(pa.table({"value": ["a"]}), ".x", limits(), "p.")
+        prepare_stage(pa.table({"value": ["a"]}), ".x", limits())
 
 
 def test_prepare_stage_oversized_row_names_row_stream_and_limit():
@@ -69,41 +69,35 @@ def test_prepare_stage_oversized_row_names_row_stream_and_limit():
     with pytest.raises(InvalidArgumentError,
                        match=r"row 2 for stream 'small' is 4 bytes, over the stream's "
                              r"max_message_bytes=3; nothing was staged"):
-        prepare_stage(data, "", per_stream.__getitem__, "p.")
+        prepare_stage(data, "", per_stream.__getitem__)
 
 
 def test_prepare_stage_missing_value_column_is_rejected():
     with pytest.raises(InvalidArgumentError, match="no 'value' column"):
-        prepare_stage(pa.table({"key": ["a"]}), "s", limits(), "p.")
+        prepare_stage(pa.table({"key": ["a"]}), "s", limits())
 
 
 def test_prepare_stage_null_value_is_rejected():
     with pytest.raises(InvalidArgumentError, match="'value' has 1 null"):
-        prepare_stage(pa.table({"value": ["a", None]}), "s", limits(), "p.")
+        prepare_stage(pa.table({"value": ["a", None]}), "s", limits())
 
 
 def test_prepare_stage_unknown_column_is_rejected():
     with pytest.raises(InvalidArgumentError, match=r"unknown publish column\(s\) \['offset'\]"):
-        prepare_stage(pa.table({"value": ["a"], "offset": [1]}), "s", limits(), "p.")
+        prepare_stage(pa.table({"value": ["a"], "offset": [1]}), "s", limits())
 
 
-def test_prepare_stage_fills_missing_and_empty_ids_deterministically():
-    data = pa.table({"value": ["a", "b", "c"], "id": ["keep", None, ""]})
-    first = prepare_stage(data, "s", limits(), "sink.st-0.")
-    again = prepare_stage(data, "s", limits(), "sink.st-0.")
-    assert first.column("id").to_pylist() == ["keep", "sink.st-0.1", "sink.st-0.2"]
-    assert again.equals(first)
-
-
-def test_prepare_stage_without_id_column_adds_one():
-    staged = prepare_stage(pa.table({"value": ["a", "b"]}), "s", limits(), "x.")
-    assert staged.column("id").to_pylist() == ["x.0", "x.1"]
+def test_prepare_stage_keeps_ids_and_leaves_missing_ones_to_the_broker():
+    data = pa.table({"value": ["a", "b"], "id": ["keep", None]})
+    staged = prepare_stage(data, "s", limits())
+    assert staged.column("id").to_pylist() == ["keep", None]
+    assert "id" not in prepare_stage(pa.table({"value": ["a"]}), "s", limits()).column_names
 
 
 def test_prepare_stage_casts_string_key_and_string_headers():
     headers = pa.array([[("h", "vv")], None], pa.map_(pa.string(), pa.string()))
     data = pa.table({"value": ["a", "b"], "key": ["k", None], "headers": headers})
-    staged = prepare_stage(data, "s", limits(), "p.")
+    staged = prepare_stage(data, "s", limits())
     assert staged.schema.field("key").type == pa.binary()
     assert staged.schema.field("headers").type == HEADERS_TYPE
     assert staged.column("headers").to_pylist() == [[("h", b"vv")], None]
@@ -125,8 +119,8 @@ def test_check_ids_path_like_value_is_rejected(bad):
         check_staging_id(bad)
 
 
-def staged(values: list[str], stream: str = "s", prefix: str = "p.") -> pa.Table:
-    return prepare_stage(pa.table({"value": values}), stream, limits(), prefix)
+def staged(values: list[str], stream: str = "s") -> pa.Table:
+    return prepare_stage(pa.table({"value": values}), stream, limits())
 
 
 def test_staging_area_write_then_read_round_trips_rows_and_targets(tmp_path: Path):
@@ -151,7 +145,7 @@ def test_staging_area_rewrite_of_same_id_replaces_the_file(tmp_path: Path):
 def test_staged_table_rows_for_filters_one_stream_in_order(tmp_path: Path):
     area = StagingArea(tmp_path)
     data = pa.table({"value": ["1", "2", "3", "4"], "stream": ["a", "b", "a", "b"]})
-    area.write("k", 0, "st", prepare_stage(data, "", limits(), "p."))
+    area.write("k", 0, "st", prepare_stage(data, "", limits()))
     back = area.read("k", 0, "st")
     assert back.streams == ["a", "b"]
     assert back.rows_for("a").column("value").to_pylist() == [b"1", b"3"]
