@@ -260,8 +260,9 @@ class NpstreamBatchReader(DataSourceReader):
                  ", ".join(f"{r.stream}[{r.start},{r.end})" for r in ranges) or "nothing",
                  len(pieces))
         if not pieces:
-            # Spark needs at least one partition; an empty range yields no rows.
-            return [RangePartition(ranges[0].stream if ranges else "-", 0, 0)]
+            # Spark replaces an empty list with one partition of its own; give it
+            # an empty range instead, which reads nothing.
+            return [RangePartition(ranges[0].stream if ranges else "", 0, 0)]
         return [RangePartition(p.stream, p.start, p.end) for p in pieces]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -105,6 +105,14 @@ def test_batch_read_starting_and_ending_timestamp(npstream_spark, broker, stream
     assert offsets(before) == [0, 1, 2]
 
 
+def test_batch_read_empty_range_returns_no_rows(npstream_spark, broker, streams):
+    frame = read(npstream_spark, broker, stream=streams.plain,
+                 startingOffsets=json.dumps({streams.plain: 50}))
+    assert frame.count() == 0
+    nothing = read(npstream_spark, broker, streamPattern="no-such-stream-*")
+    assert nothing.collect() == []
+
+
 def test_batch_read_min_partitions_and_max_records_set_partition_count(
         npstream_spark, broker, streams):
     frame = read(npstream_spark, broker, stream=f"{streams.plain},{streams.other}",

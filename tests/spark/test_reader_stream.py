@@ -189,6 +189,9 @@ def test_stream_pattern_picks_up_stream_created_after_start(
              .trigger(processingTime="500 milliseconds").start())
     try:
         wait_until(lambda: query.lastProgress is not None, "first batch")
+        client.create_stream(f"{stream_name}-empty")  # joins with nothing to read
+        wait_until(lambda: f"{stream_name}-empty" in (
+            query.lastProgress["sources"][0]["endOffset"] or ""), "empty stream joined")
         publish(client, first, 2, start=3)
         publish(client, later, 4)
         wait_until(lambda: len(rows_in(npstream_spark, name)) >= 6, "rows of both streams")
