@@ -78,7 +78,7 @@ __all__ = ["StreamLog"]
 
 log = logging.getLogger(__name__)
 
-_READ_TABLE_BYTES = 64 << 20
+_READ_TABLE_BYTES = 8 << 20  # per read() of read_table: bounds the buffer, no slower
 
 
 class StreamLog:
