@@ -205,7 +205,7 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._target is not None:
             latest = {name: min(end, latest[name]) for name, end in self._target.items()
                       if name in latest}
-        deleted = self._report_gone_and_recreated(begin, bounds)
+        reported = self._report_gone_and_recreated(begin, bounds)
         self._fresh_starts = {name: min(bounds[name][0], end) for name, end in latest.items()
                               if _is_fresh(begin.get(name), end)}
         for name in sorted(set(latest) - begin.streams):
@@ -229,7 +229,9 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._options.max_offsets_per_trigger)
         min_rows = limit.min_rows if isinstance(limit, ReadMinRows) else (
             self._options.min_offsets_per_trigger)
-        if min_rows is not None and self._target is None and not deleted:
+        # A reported loss is not held back by minOffsetsPerTrigger: the next
+        # batch moves past it, so the warning is not repeated every trigger.
+        if min_rows is not None and self._target is None and not reported:
             backlog = sum(end - effective[name] for name, end in latest.items())
             if not self._admit(backlog, min_rows):
                 return start
@@ -249,15 +251,17 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return False
 
     def _report_gone_and_recreated(self, begin: SourceOffset, bounds: Bounds) -> bool:
-        """Data-loss checks the driver can make; True when a stream was deleted."""
+        """Data-loss checks the driver can make; True when something was reported."""
         fail = self._options.fail_on_data_loss
         deleted = sorted(begin.streams - set(bounds))
         for name in deleted:
             report_data_loss(name, begin.get(name) or 0, None,
                              "the stream was deleted; it is dropped from the query", fail=fail)
+        recreated: list[str] = []
         for name, (_, last) in sorted(bounds.items()):
             position = begin.get(name)
             if position is not None and position > last:
+                recreated.append(name)
                 report_data_loss(
                     name, position, None,
                     f"the stream's end_offset is now {last}, below the query's position "
@@ -265,7 +269,7 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     "earliest offset",
                     fail=fail,
                 )
-        return bool(deleted)
+        return bool(deleted or recreated)
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         return self._latest
