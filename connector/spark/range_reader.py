@@ -163,9 +163,10 @@ def _fetch_loop(client: Client, options: ReadOptions, part: RangePartition,
         if next_offset <= position:
             # Nothing at an offset below the planned end: the stream is shorter
             # than when the batch was planned (deleted and re-created).
-            first, last = _bounds(client, stream, None)
-            report_data_loss(stream, position, end,
-                             f"the stream now ends at offset {last}", fail=fail)
+            _, last = _bounds(client, stream, None)
+            reason = ("the stream was deleted" if last is None
+                      else f"the stream now ends at offset {last}")
+            report_data_loss(stream, position, end, reason, fail=fail)
             return
         for batch in batches:
             rows += batch.num_rows
