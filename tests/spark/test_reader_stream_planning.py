@@ -262,3 +262,19 @@ def test_commit_records_group_position_with_lag(reader_factory, client, stream_n
     assert resumed.initialOffset() == {stream_name: 7}
     fresh = reader_factory(stream=stream_name, group="never-used", startingOffsets="group")
     assert fresh.initialOffset() == {stream_name: 0}
+
+
+def test_read_of_range_beyond_a_shortened_stream_reports_loss(reader_factory, client,
+                                                              stream_name):
+    publish(client, stream_name, 10)
+    client.delete_stream(stream_name)
+    publish(client, stream_name, 3)
+    part = RangePartition(stream_name, 0, 10)
+    with pytest.raises(DataLossError, match=r"offsets \[3, 10\) can no longer be read "
+                                            r"\(the stream now ends at offset 3\)"):
+        list(reader_factory(stream=stream_name).read(part))
+    batches = list(reader_factory(stream=stream_name, failOnDataLoss="false").read(part))
+    assert [o for b in batches for o in b.column("offset").to_pylist()] == [0, 1, 2]
+    client.delete_stream(stream_name)
+    with pytest.raises(DataLossError, match=r"offsets \[0, 10\) .*\(the stream was deleted\)"):
+        list(reader_factory(stream=stream_name).read(part))
