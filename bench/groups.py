@@ -54,6 +54,7 @@ QUICK_LATENCY_MESSAGES = 200
 LATENCY_RATE = 1000.0
 LATENCY_REPEATS = 3
 DRAIN_TIMEOUT_S = 300.0        # cap for one throughput run
+MEMBER_CHECK_S = 0.05          # how often a member process checks its subscription is alive
 # "Busy": the broker process used at least this share of one core (its Python threads
 # share a GIL), or the broker and the consumer processes together at least this share of
 # all cores (other load on the machine does not count), during a run.
@@ -109,9 +110,13 @@ def _latency_member(address: str, stream: str, group: str, n: int, limit_s: floa
         sub = client.subscribe(stream, group, handle, max_in_flight=max_in_flight)
         ready.set()
         end = time.monotonic() + limit_s
-        while len(lat) < n and time.monotonic() < end:
-            time.sleep(0.05)
+        while len(lat) < n and time.monotonic() < end and sub.running:
+            time.sleep(MEMBER_CHECK_S)
+        error = None if sub.running else f"subscription ended: {sub.error!r}"
         sub.close()
+        if error:
+            q.put((lat, None, error))
+            return
         info = client.describe_group(stream, group)
     q.put((lat, info.in_flight, info.committed_offset))
 
@@ -144,6 +149,8 @@ def npstream_latency(client: Any, address: str, a: argparse.Namespace, filler: b
             lat, in_flight, committed = q.get(timeout=limit + 10)
         except Exception:  # queue.Empty: the member died or timed out
             lat, in_flight, committed = [], None, None
+        if isinstance(committed, str):
+            return {"error": committed, "received": len(lat), "sent": sent}
         res = latency_summary(lat, sent, send_s, "subscribe() member process, handler acks "
                               "each lease; producer single publish(ack=fsync)")
         res["in_flight_after"] = in_flight
@@ -159,7 +166,7 @@ def npstream_latency(client: Any, address: str, a: argparse.Namespace, filler: b
 # ---------------------------------------------------------------- npstream: shared throughput
 
 def _throughput_member(index: int, address: str, stream: str, group: str, max_in_flight: int,
-                       counts: Any, ready: Any, start: Any, stop: Any) -> None:
+                       counts: Any, ready: Any, start: Any, stop: Any, errors: Any) -> None:
     from npstream import Client
 
     lock = threading.Lock()  # handlers run on the subscription's worker threads
@@ -173,7 +180,10 @@ def _throughput_member(index: int, address: str, stream: str, group: str, max_in
         start.wait()
         sub = client.subscribe(stream, group, handle, max_in_flight=max_in_flight,
                                member_id=f"bench-{index}")
-        stop.wait()
+        while not stop.wait(MEMBER_CHECK_S):
+            if not sub.running:
+                errors.put(f"consumer {index}: subscription ended: {sub.error!r}")
+                break
         sub.close()
 
 
@@ -183,9 +193,10 @@ def shared_throughput(client: Any, broker: BrokerUnderTest, stream: str, n: int,
     ctx = mp.get_context("spawn")
     counts = ctx.RawArray("q", consumers)
     ready, start, stop = ctx.Semaphore(0), ctx.Event(), ctx.Event()
+    errors = ctx.Queue()
     procs = [ctx.Process(target=_throughput_member, daemon=True,
                          args=(i, broker.address, stream, group, max_in_flight, counts, ready,
-                               start, stop)) for i in range(consumers)]
+                               start, stop, errors)) for i in range(consumers)]
     for proc in procs:
         proc.start()
     for _ in procs:
@@ -197,7 +208,7 @@ def shared_throughput(client: Any, broker: BrokerUnderTest, stream: str, n: int,
     with CpuMeter(broker.pid) as cpu:
         t0 = time.perf_counter()
         start.set()
-        while sum(counts) < n and time.monotonic() < deadline:
+        while sum(counts) < n and time.monotonic() < deadline and errors.empty():
             time.sleep(0.005)
         seconds = time.perf_counter() - t0
     members_cpu = sum((proc_cpu_s(proc.pid) or 0.0) - c0
@@ -208,6 +219,11 @@ def shared_throughput(client: Any, broker: BrokerUnderTest, stream: str, n: int,
         proc.join(30)
         if proc.is_alive():
             proc.terminate()
+    failures = []
+    while not errors.empty():
+        failures.append(errors.get())
+    if failures:
+        return {"consumers": consumers, "error": "; ".join(failures)}
     info = client.describe_group(stream, group)
     res = rate(min(handled, n), size, seconds)
     res.update(cpu.as_dict())
@@ -282,6 +298,8 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
     if "redis" in peers:
         sets.append(("redis-streams", "XREADGROUP BLOCK 200 + XACK",
                      peers["redis"]["latency_runs"]))
+    errors = [f"{system} latency run failed: {r['error']}" for system, _c, runs in sets
+              for r in runs if r and r.get("error")]
     for system, config, runs in sets:
         ok = [r for r in runs if r and r.get("p99_ms") is not None]
         if not ok:
@@ -306,7 +324,10 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
     base = runs[0]["msgs_per_s"] if runs else None
     for r in ours["throughput"]:
         if "msgs_per_s" not in r:
-            tp_rows.append(["npstream", "-", r.get("error", "failed"), "", "", "", "", "", ""])
+            tp_rows.append(["npstream", str(r.get("consumers", "-")), "failed", "", "", "", "",
+                            "", ""])
+            errors.append(f"npstream shared group, {r.get('consumers')} consumer(s): "
+                          f"{r.get('error')}")
             continue
         tp_rows.append([
             "npstream", str(r["consumers"]), fmt(r["msgs_per_s"]), fmt(r["mb_per_s"]),
@@ -319,11 +340,11 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
     for prev, cur in itertools.pairwise(runs):
         grew = cur["msgs_per_s"] >= GROWTH_FACTOR * prev["msgs_per_s"]
         broker_busy = (prev["server_cores_busy"] or 0) >= BUSY_SHARE
-        ours = (prev["server_cores_busy"] or 0) + (prev["consumers_cores_busy"] or 0)
-        cores_full = ours >= BUSY_SHARE * cores
+        own_cores = (prev["server_cores_busy"] or 0) + (prev["consumers_cores_busy"] or 0)
+        cores_full = own_cores >= BUSY_SHARE * cores
         why = ("grew" if grew else "no growth, broker busy" if broker_busy
                else "no growth, broker + consumers filled the cores" if cores_full
-               else "no growth while cores were idle")
+               else "no growth before the broker or the cores were busy")
         goals.append(Goal(
             f"shared throughput {prev['consumers']} -> {cur['consumers']} consumers grows "
             "until the broker's cores are busy", grew or broker_busy or cores_full,
@@ -331,9 +352,12 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
             f"{prev['consumers']}: broker {prev['server_cores_busy']} cores, consumers "
             f"{prev['consumers_cores_busy']}, of {cores})"))
     lost = [r for r in runs if not r["all_acked"]]
-    goals.append(Goal("every message acked in every throughput run", not lost and bool(runs),
-                      "committed offset = messages, nothing in flight" if not lost
-                      else f"{len(lost)} run(s) left messages unacked"))
+    failed = len(ours["throughput"]) - len(runs)
+    goals.append(Goal("every message acked in every throughput run",
+                      not lost and not failed and bool(runs),
+                      f"{failed} run(s) failed" if failed
+                      else f"{len(lost)} run(s) left messages unacked" if lost
+                      else "committed offset = messages, nothing in flight"))
 
     text = [
         f"publish-to-delivery latency of one group member at {a.latency_rate:g} msg/s, "
@@ -347,6 +371,7 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
                       "consumer cores", "machine cores", "all acked"], tp_rows),
         "cores: CPU seconds per wall second during the run (machine: every process on it)",
         "",
+        *errors,
         "durability: " + "; ".join(["npstream: publish ack=fsync"] + [
             f"{PEER_LABEL[k]}: {v.get('durability')}" for k, v in peers.items()]),
     ]
