@@ -339,6 +339,7 @@ class SinkCommitter:
 
     def _run(self, pending: _Pending) -> dict[str, tuple[int, int]]:
         """Append every stream of a pending commit not done yet, then record the batch."""
+        started = time.perf_counter()
         staged = [self.staging.read(pending.sink_id, pending.batch_id, s)
                   for s in pending.staging_ids]
         written: dict[str, tuple[int, int]] = {}
@@ -351,8 +352,9 @@ class SinkCommitter:
                      f"batch {pending.batch_id}")
         self._finish(pending)
         rows = sum(end - start for start, end in written.values())
-        log.info("sink '%s' committed batch %d: %d rows from %d staging(s) %s",
+        log.info("sink '%s' committed batch %d: %d rows from %d staging(s) in %.0f ms: %s",
                  pending.sink_id, pending.batch_id, rows, len(pending.staging_ids),
+                 (time.perf_counter() - started) * 1000,
                  ", ".join(f"{s}[{a},{b})" for s, (a, b) in written.items()) or "(empty)")
         return written
 
@@ -396,7 +398,10 @@ class SinkCommitter:
             if self._fault.point == "torn" and self._streams_dir is not None:
                 before.update(_segment_sizes(self._streams_dir / stream))
 
-        result = stream_log.append_atomic(tables, before_write=before_write)
+        # One contiguous table: the storage engine frames it about twice as fast as
+        # the same rows in many chunks (measured), and copies into one chunk anyway.
+        combined = pa.concat_tables(tables, promote_options="default").combine_chunks()
+        result = stream_log.append_atomic([combined], before_write=before_write)
         if result.stored_count != row_count:
             log.error("sink '%s' batch %d: '%s' stored %d of %d rows (dedup window?)",
                       pending.sink_id, pending.batch_id, stream, result.stored_count, row_count)
