@@ -74,12 +74,15 @@ DISCOVERY_JOB = textwrap.dedent("""
 
 
 def build_wheel(work: Path) -> Path:
-    """Build from a copy of the sources so no build/ directory lands in the shared tree."""
+    """Build from a copy of the packaged sources so no build/ lands in the shared tree."""
     source = work / "src"
-    ignore = shutil.ignore_patterns(".venv", ".git", "__pycache__", "*.egg-info", "build",
-                                    "dist", "tests", "examples", "bench", ".pytest_cache",
-                                    ".ruff_cache", "spark-warehouse", "metastore_db")
-    shutil.copytree(REPO, source, ignore=ignore)
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (REPO / name).exists():
+            shutil.copy2(REPO / name, source / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for package_root in ("connector", "broker", "proto"):  # pyproject's package-dir
+        shutil.copytree(REPO / package_root, source / package_root, ignore=ignore)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "--quiet", "-w", str(work / "dist"), str(source)], check=True, timeout=300)
     (wheel,) = (work / "dist").glob("npstream-*.whl")
