@@ -24,7 +24,6 @@ import datetime as dt
 import itertools
 import logging
 import os
-import queue
 import socket
 import threading
 import time
@@ -246,30 +245,70 @@ def subscribe(
 
 
 class _Connection:
-    """One Subscribe call: its outgoing request queue and response iterator."""
+    """One Subscribe call: an outbox of acks, nacks and credits, and the response iterator.
 
-    def __init__(self) -> None:
-        self.requests: queue.SimpleQueue[pb.SubscribeRequest | None] = queue.SimpleQueue()
-        self.call: StreamingCall | None = None
+    The request iterator (run by gRPC's sender thread) sends whatever piled up
+    since its last message as one request (one per nack delay), so under load
+    many acks and credits share a message instead of costing one each.
+    """
+
+    def __init__(self, opening: pb.SubscribeRequest) -> None:
+        self._cond = threading.Condition()
+        self._opening: pb.SubscribeRequest | None = opening
+        self._acks: list[int] = []
+        self._nacks: dict[int, list[int]] = {}  # delay_ms -> offsets
+        self._credits = 0
         self.open = True
+        self.call: StreamingCall | None = None
+
+    def _pending_locked(self) -> bool:
+        return bool(self._opening or self._acks or self._nacks or self._credits)
+
+    def _drain_locked(self) -> list[pb.SubscribeRequest]:
+        out: list[pb.SubscribeRequest] = []
+        if self._opening is not None:
+            out.append(self._opening)
+            self._opening = None
+        if self._acks or self._credits:
+            out.append(pb.SubscribeRequest(ack_offsets=self._acks, credits=self._credits))
+            self._acks, self._credits = [], 0
+        for delay_ms, offsets in self._nacks.items():
+            out.append(pb.SubscribeRequest(nack_offsets=offsets, nack_delay_ms=delay_ms))
+        self._nacks = {}
+        return out
 
     def request_iterator(self) -> Iterator[pb.SubscribeRequest]:
         while True:
-            request = self.requests.get()
-            if request is None:
-                return
-            yield request
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending_locked() or not self.open)
+                batch = self._drain_locked()
+                if not batch and not self.open:
+                    return  # half-close once everything queued was sent
+            yield from batch
 
-    def send(self, request: pb.SubscribeRequest) -> bool:
-        if not self.open:
-            return False
-        self.requests.put(request)
-        return True
+    def _add(self, change: Callable[[], None]) -> bool:
+        with self._cond:
+            if not self.open:
+                return False
+            change()
+            self._cond.notify()
+            return True
+
+    def ack(self, offset: int) -> bool:
+        return self._add(lambda: self._acks.append(offset))
+
+    def nack(self, offset: int, delay_ms: int) -> bool:
+        return self._add(lambda: self._nacks.setdefault(delay_ms, []).append(offset))
+
+    def grant(self, credits: int) -> bool:
+        def add() -> None:
+            self._credits += credits
+        return self._add(add)
 
     def close(self) -> None:
-        if self.open:
+        with self._cond:
             self.open = False
-            self.requests.put(None)
+            self._cond.notify()
 
 
 class Subscription:
@@ -404,15 +443,14 @@ class Subscription:
                 break
 
     def _one_connection(self) -> None:
-        connection = _Connection()
         with self._lock:
             credits = max(0, self.max_in_flight - self._running_handlers)
+            opening = pb.SubscribeRequest(credits=credits)
+            opening.open.CopyFrom(pb.SubscribeRequest.Open(
+                stream=self.stream, group=self.group, member_id=self.member_id,
+                config=self._config))
+            connection = _Connection(opening)
             self._connection = connection
-        open_request = pb.SubscribeRequest(credits=credits)
-        open_request.open.CopyFrom(pb.SubscribeRequest.Open(
-            stream=self.stream, group=self.group, member_id=self.member_id,
-            config=self._config))
-        connection.send(open_request)
         if self._stopping.is_set():
             connection.close()
         call = self.client.stream("GroupService.Subscribe", connection.request_iterator())
@@ -451,7 +489,7 @@ class Subscription:
                 current = self._connection
                 self._idle.notify_all()
             if current is not None and not self._stopping.is_set():
-                current.send(pb.SubscribeRequest(credits=1))
+                current.grant(1)
 
     def _safe_settle(self, lease: Lease, how: str) -> None:
         try:
@@ -465,7 +503,8 @@ class Subscription:
         """Send the ack/nack on the live stream, or as a unary call when there is none."""
         with self._lock:
             connection = self._connection
-        request = (pb.SubscribeRequest(ack_offsets=[lease.offset]) if how == "ack" else
-                   pb.SubscribeRequest(nack_offsets=[lease.offset], nack_delay_ms=delay_ms))
-        if connection is None or not connection.send(request):
+        sent = connection is not None and (
+            connection.ack(lease.offset) if how == "ack" else
+            connection.nack(lease.offset, delay_ms))
+        if not sent:
             self._unary(lease, how, delay_ms)

@@ -269,10 +269,11 @@ class _SubscribeSession:
         if request.nack_offsets:
             self._group.nack(list(request.nack_offsets), self._member, request.nack_delay_ms)
         if request.credits:
+            # Only the sender waits for credits (and only outside group.receive, which
+            # it enters with credits in hand), so the group's waiters need no wake-up.
             with self._cond:
                 self._credits += request.credits
                 self._cond.notify_all()
-            self._group.wake()
 
     def read(self, requests: Iterator[pb.SubscribeRequest]) -> None:
         """Reader thread: apply every client message until the client half-closes."""

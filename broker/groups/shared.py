@@ -126,7 +126,9 @@ class SharedGroup:
         self._writer = writer
         self._dead_letters = dead_letters
         self._clock = clock
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # waiting receives
+        self._watch_cond = threading.Condition(lock)  # the watcher thread
         self._table = LeaseTable(committed, config)
         self._buffer: deque[DeliveryRow] = deque()  # offsets [next_fresh, _buffer_next)
         self._buffer_next = committed
@@ -145,6 +147,13 @@ class SharedGroup:
     @property
     def committed(self) -> int:
         return self._table.committed
+
+    def _changed_locked(self) -> None:
+        """Wake waiting receives and the watcher: something they wait for may have changed."""
+        if self._waiters:
+            self._cond.notify_all()
+        if self._watcher is not None:
+            self._watch_cond.notify_all()
 
     def _check_open_locked(self) -> None:
         if self._closed is not None:
@@ -169,7 +178,7 @@ class SharedGroup:
             log.info("group '%s' on stream '%s': offsets [%d, %d) were removed from the log; "
                      "dropped %d pending deliveries, committed offset now %d",
                      self.group, self.stream, before, start, dropped, self._table.committed)
-            self._cond.notify_all()
+            self._changed_locked()
         elif self._table.next_fresh > end:
             log.warning("group '%s' on stream '%s': position %d is past end_offset %d; "
                         "resetting to %d", self.group, self.stream, self._table.next_fresh,
@@ -180,7 +189,7 @@ class SharedGroup:
         dropped = self._table.reset(offset)
         self._buffer.clear()
         self._buffer_next = offset
-        self._cond.notify_all()
+        self._changed_locked()
         return dropped
 
     def _fresh_budget_locked(self) -> int:
@@ -198,7 +207,10 @@ class SharedGroup:
                 return []
             self._buffer.extend(rows_from_batches(result.batches))
             self._buffer_next = result.next_offset
-        return [self._buffer.popleft() for _ in range(min(limit, len(self._buffer)))]
+        taken = [self._buffer.popleft() for _ in range(min(limit, len(self._buffer)))]
+        if taken and self._watcher is not None:
+            self._watch_cond.notify_all()  # the watcher re-arms on the log
+        return taken
 
     # ------------------------------------------------------------ delivering
 
@@ -252,7 +264,11 @@ class SharedGroup:
             self._waiters -= 1
 
     def _watch(self, stream_log: StreamLog) -> None:
-        """Wake waiters when the log grows past what the group has read."""
+        """Wake waiters when the log grows past what the group has read.
+
+        Between wake-ups it sleeps on its own condition, which fresh takes,
+        acks and resets notify, so it re-arms on the log at once.
+        """
         while True:
             with self._cond:
                 if self._closed is not None or self._waiters == 0:
@@ -262,7 +278,7 @@ class SharedGroup:
                 waiting_for_log = (not self._buffer and self._fresh_budget_locked() > 0
                                    and position >= stream_log.end_offset)
                 if not waiting_for_log:
-                    self._cond.wait(WATCH_SLICE_S)
+                    self._watch_cond.wait(WATCH_SLICE_S)
                     continue
             try:
                 grew = stream_log.wait_for_data(position, WATCH_SLICE_S)
@@ -270,13 +286,14 @@ class SharedGroup:
                 grew = True  # the log changed under us (deleted, broken): let waiters see it
             if grew:
                 with self._cond:
-                    self._cond.notify_all()
-                    self._cond.wait(WATCH_SLICE_S)
+                    if self._buffer_next == position and not self._buffer:
+                        self._cond.notify_all()
+                        self._watch_cond.wait(WATCH_SLICE_S)  # until a waiter takes it
 
     def wake(self) -> None:
         """Wake waiting receives so they re-check should_stop."""
         with self._cond:
-            self._cond.notify_all()
+            self._changed_locked()
 
     # ------------------------------------------------------------ finishing
 
@@ -286,7 +303,7 @@ class SharedGroup:
             self._check_open_locked()
             count = self._table.ack(offsets, member, self._clock())
             if count:
-                self._cond.notify_all()  # the fresh budget may have grown
+                self._changed_locked()  # the fresh budget may have grown
             return count, self._table.committed, self._persist_locked()
 
     def nack(self, offsets: list[int], member: str | None, delay_ms: int) -> int:
@@ -295,7 +312,7 @@ class SharedGroup:
             self._check_open_locked()
             count, dead = self._table.nack(offsets, member, delay_ms, self._clock())
             if count:
-                self._cond.notify_all()
+                self._changed_locked()
         self._dead_letter(dead)
         return count
 
@@ -313,14 +330,14 @@ class SharedGroup:
                 retry_at = self._clock() + DEAD_LETTER_RETRY_MS
                 for entry in entries:
                     self._table.dead_letter_failed(entry.offset, retry_at)
-                self._cond.notify_all()
+                self._changed_locked()
             return
         with self._cond:
             for entry in entries:
                 self._table.dead_lettered(entry.offset)
             self._dead_lettered += len(entries)
             ticket = self._persist_locked()
-            self._cond.notify_all()
+            self._changed_locked()
         self._writer.wait(ticket)
 
     # ------------------------------------------------------------ upkeep and admin
@@ -339,7 +356,7 @@ class SharedGroup:
             dead = self._table.expire(now)
             self._table.forget_idle_members(now, max(MEMBER_IDLE_MS, 2 * self.config.ack_wait_ms))
             if self._table.next_due_ms() is not None:
-                self._cond.notify_all()  # redeliveries may be due for waiting members
+                self._changed_locked()  # redeliveries may be due for waiting members
             self._persist_locked()
         self._dead_letter(dead)
 
@@ -386,4 +403,4 @@ class SharedGroup:
         """Fail current and future calls with reason (group or stream deleted)."""
         with self._cond:
             self._closed = reason
-            self._cond.notify_all()
+            self._changed_locked()

@@ -7,10 +7,13 @@ messages are delivered again: at-least-once).
 
 Positions change on every ack, so they are not written one by one:
 ``PositionWriter`` keeps the latest value per group and one background thread
-writes all changed rows in one transaction every few milliseconds. Callers
-that must report a durable position wait for the write that covers their
-change (``wait``). Updates only touch existing rows, and ``discard`` drops
-queued updates of a deleted group, so a late write never resurrects a group.
+writes all changed rows in one transaction. Callers that must report a
+durable position wait for the write that covers their change (``wait``);
+then the write starts at once and whatever changed while the previous write
+ran joins it (group commit). Changes nobody waits for (acks sent on
+Subscribe streams) are coalesced for a few milliseconds first. Updates only
+touch existing rows, and ``discard`` drops queued updates of a deleted group,
+so a late write never resurrects a group.
 """
 
 from __future__ import annotations
@@ -164,6 +167,7 @@ class PositionWriter:
         self._queued_seq = 0  # sequence number of the latest put
         self._written_seq = 0  # every put up to this one is in SQLite
         self._writing = False  # a batch is taken off _pending and not yet written
+        self._waiting = 0  # callers blocked in wait(): write at once, do not coalesce
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="npstream-group-positions",
                                         daemon=True)
@@ -172,19 +176,25 @@ class PositionWriter:
     def put(self, stream: str, group: str, committed_offset: int, dead_lettered: int) -> int:
         """Queue the group's new position; returns a ticket for ``wait``."""
         with self._cond:
+            if not self._pending:
+                self._cond.notify_all()  # the writer sleeps until something is pending
             self._pending[(stream, group)] = (committed_offset, dead_lettered)
             self._queued_seq += 1
-            self._cond.notify_all()
             return self._queued_seq
 
     def wait(self, ticket: int, timeout: float = POSITION_WAIT_TIMEOUT_S) -> bool:
         """Block until the put with this ticket is written; False on timeout."""
         with self._cond:
-            return self._cond.wait_for(
-                lambda: self._written_seq >= ticket or self._closed
-                or not (self._pending or self._writing),
-                timeout,
-            )
+            self._waiting += 1
+            self._cond.notify_all()
+            try:
+                return self._cond.wait_for(
+                    lambda: self._written_seq >= ticket or self._closed
+                    or not (self._pending or self._writing),
+                    timeout,
+                )
+            finally:
+                self._waiting -= 1
 
     def discard(self, stream: str, group: str | None = None) -> None:
         """Drop queued updates of a group (or of every group of the stream)."""
@@ -212,7 +222,11 @@ class PositionWriter:
                 self._cond.wait_for(lambda: self._pending or self._closed)
                 if self._closed and not self._pending:
                     return
-            time.sleep(self._interval_s)  # let concurrent changes join this write
+                if not self._waiting:
+                    # Nobody waits for this write yet (acks on Subscribe streams): let
+                    # the changes of the next few ms join it. A waiter cuts this short.
+                    self._cond.wait_for(lambda: self._waiting or self._closed,
+                                        self._interval_s)
             with self._cond:
                 batch, self._pending = self._pending, {}
                 seq = self._queued_seq

@@ -157,7 +157,7 @@ def test_max_deliver_sends_message_to_dead_letter_stream_with_headers(client, st
         leases = client.receive(stream_name, "g", max=1, wait=5.0, max_deliver=2)
         assert [lease.offset for lease in leases] == [0]
         leases[0].nack()
-    (fine,) = client.receive(stream_name, "g", max=5, max_deliver=2)
+    (fine,) = client.receive(stream_name, "g", max=5, wait=5.0, max_deliver=2)
     assert fine.offset == 1
     fine.ack()
 
@@ -176,7 +176,7 @@ def test_max_deliver_sends_message_to_dead_letter_stream_with_headers(client, st
     info = client.describe_group(stream_name, "g")
     assert (info.dead_lettered, info.committed_offset, info.lag, info.in_flight) == (1, 2, 0, 0)
     assert info.settings.dead_letter_stream == f"{stream_name}.dlq"
-    assert client.receive(stream_name, "g", max=5) == []
+    assert client.receive(stream_name, "g", max=5, max_deliver=2) == []
 
 
 def test_expired_last_attempt_is_dead_lettered_without_any_receive(client, stream_name):
