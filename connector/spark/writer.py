@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +51,10 @@ log = logging.getLogger(__name__)
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 # A batch write is one commit: batch id 0 of a sink id unique to the job.
 BATCH_WRITE_BATCH_ID = 0
+# Stage requests a task may have queued or in flight (each about stageBytes):
+# two keep the broker busy while Spark produces the next chunk, and bound the
+# task's extra memory to two requests.
+STAGE_REQUESTS_IN_FLIGHT = 2
 
 
 @dataclass
@@ -89,7 +95,12 @@ def _chunks(batches: Iterable[pa.RecordBatch], columns: tuple[str, ...],
 
 def _stage_all(options: WriteOptions, batch_id: int, iterator: Iterable[pa.RecordBatch],
                ) -> NpstreamCommitMessage:
-    """Stage one task's rows; the commit message lists its staging ids."""
+    """Stage one task's rows; the commit message lists its staging ids.
+
+    Stage requests go out from one background thread, at most
+    STAGE_REQUESTS_IN_FLIGHT queued, so the broker's fsync of one request
+    overlaps Spark handing over the next batches.
+    """
     from pyspark import TaskContext
 
     from npstream.sink_client import SinkClient
@@ -100,20 +111,31 @@ def _stage_all(options: WriteOptions, batch_id: int, iterator: Iterable[pa.Recor
     prefix = f"{batch_id}-{partition}-{attempt}-{uuid.uuid4().hex[:8]}"
     message = NpstreamCommitMessage(partition_id=partition)
     default_stream = None if options.use_stream_column else options.stream
-    with options.connection.connect() as client:
+
+    with options.connection.connect() as client, ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="npstream-stage") as sender:
         sink = SinkClient(client)
-        for table in _chunks(iterator, options.columns, options.stage_bytes):
-            staging_id = f"{prefix}-{len(message.staging_ids)}"
+
+        def stage(staging_id: str, table: pa.Table, first_row: int) -> None:
             try:
                 sink.stage(options.sink_id, batch_id, staging_id, default_stream, table)
             except NpstreamError as exc:
                 raise type(exc)(
                     f"npstream sink '{options.sink_id}' batch {batch_id} partition {partition}: "
-                    f"cannot stage rows {message.rows}..{message.rows + table.num_rows - 1} of "
-                    f"this partition (row numbers in the message below count from "
-                    f"{message.rows}): {exc}") from None
+                    f"cannot stage rows {first_row}..{first_row + table.num_rows - 1} of this "
+                    f"partition (row numbers in the message below count from {first_row}): "
+                    f"{exc}") from None
+
+        in_flight: deque[Future[None]] = deque()
+        for table in _chunks(iterator, options.columns, options.stage_bytes):
+            if len(in_flight) >= STAGE_REQUESTS_IN_FLIGHT:
+                in_flight.popleft().result()
+            staging_id = f"{prefix}-{len(message.staging_ids)}"
+            in_flight.append(sender.submit(stage, staging_id, table, message.rows))
             message.staging_ids.append(staging_id)
             message.rows += table.num_rows
+        for future in in_flight:
+            future.result()
     log.debug("sink '%s' batch %d partition %d staged %d rows in %d request(s)",
               options.sink_id, batch_id, partition, message.rows, len(message.staging_ids))
     return message
