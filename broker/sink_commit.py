@@ -62,7 +62,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import grpc
 import pyarrow as pa
@@ -76,7 +76,8 @@ from npstream.broker.sink_staging import (
 )
 
 if TYPE_CHECKING:
-    from npstream.broker.storage import StreamLog
+    from npstream.broker.metadata import Metadata
+    from npstream.broker.registry import StreamRegistry
 
 __all__ = [
     "FAULT_ENV",
@@ -151,18 +152,6 @@ class _Marker:
     state: str
 
 
-class StreamSource(Protocol):
-    """What the committer needs from the registry: a target's log, created if allowed."""
-
-    def get(self, name: str, *, create_if_missing: bool = False) -> StreamLog: ...
-
-
-class MetadataStore(Protocol):
-    def execute(self, sql: str, params: tuple[object, ...] = ()) -> list: ...  # type: ignore[type-arg]
-    def executescript(self, script: str) -> None: ...
-    def transaction(self) -> object: ...
-
-
 # ---------------------------------------------------------------- fault hook (tests only)
 
 
@@ -223,8 +212,8 @@ class SinkCommitter:
 
     def __init__(
         self,
-        metadata: MetadataStore,
-        streams: StreamSource,
+        metadata: Metadata,
+        streams: StreamRegistry,
         staging: StagingArea,
         *,
         streams_dir: Path | None = None,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
@@ -214,3 +216,42 @@ def test_delete_stream_drops_staging_that_targets_only_it(broker, client, sink, 
     assert client.delete_stream(stream_name) is True
 
     assert staging_files(broker, "s-delete") == ["0/0-mixed.arrow"]
+
+
+def test_stage_malformed_arrow_stream_is_invalid_argument(client):
+    request = pb.StageRequest(sink_id="s-garbage", batch_id=0, staging_id="0-0", stream="x",
+                              arrow_stream=b"not arrow at all")
+    with pytest.raises(InvalidArgument, match=r"arrow_stream of sink 's-garbage' batch 0 staging "
+                                              r"'0-0' is not a valid Arrow IPC stream"):
+        client.call("SinkService.Stage", request)
+    empty = pb.StageRequest(sink_id="s-garbage", batch_id=0, staging_id="0-0", stream="x")
+    with pytest.raises(InvalidArgument, match=r"has an empty arrow_stream"):
+        client.call("SinkService.Stage", empty)
+
+
+def test_commit_listing_a_staging_id_twice_is_invalid_argument(client, sink, stream_name):
+    sink.stage("s-twice", 0, "0-0", stream_name, pa.table({"value": ["x"]}))
+    with pytest.raises(InvalidArgument, match=r"lists a staging id twice"):
+        sink.commit("s-twice", 0, ["0-0", "0-0"])
+
+
+def test_sink_metrics_count_staged_and_committed_rows(broker, client, sink, stream_name):
+    sink.stage("s-metrics", 0, "0-0", stream_name, pa.table({"value": ["a", "b", "c"]}))
+    sink.commit("s-metrics", 0, ["0-0"])
+    sink.commit("s-metrics", 0, ["0-0"])
+    address = re.search(r"metrics=(http://\S+/metrics)", broker.log_text()).group(1)
+    text = urllib.request.urlopen(address, timeout=10).read().decode()
+    metrics = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+               if line.startswith("npstream_sink_")}
+    assert metrics["npstream_sink_staged_rows_total"] >= 3
+    assert metrics["npstream_sink_committed_rows_total"] >= 3
+    assert metrics["npstream_sink_commits_total"] >= 1
+    assert metrics["npstream_sink_replayed_commits_total"] >= 1
+
+
+def test_stage_to_missing_stream_without_auto_create_is_not_found(broker_factory):
+    proc = broker_factory("no-auto", env={"NPSTREAM_AUTO_CREATE_STREAMS": "false"})
+    with Client(proc.address) as client:
+        with pytest.raises(StreamNotFound, match=r"stream 'missing' does not exist"):
+            client.sink().stage("s-noauto", 0, "0-0", "missing", pa.table({"value": ["x"]}))
+        assert not (Path(proc.data_dir) / "sink" / "s-noauto").exists()
