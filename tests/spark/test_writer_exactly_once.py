@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 TOTAL = 3000
 PER_BATCH = 150
-KILLS = 4
+KILLS = 3
 SEED = 20261122
 
 COPY_JOB = '''
