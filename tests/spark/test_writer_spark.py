@@ -136,3 +136,25 @@ def test_write_without_value_column_fails_at_start(npstream_spark, broker, strea
     with pytest.raises(Exception, match=r"Column 'payload' \(string\) cannot be written"):
         frame.write.format("npstream").option("broker", broker.address) \
             .option("stream", stream_name).mode("append").save()
+
+
+def test_streaming_complete_mode_appends_the_whole_result_every_batch(
+        npstream_spark, broker, client, stream_name, tmp_path):
+    source, target = f"{stream_name}-src", f"{stream_name}-counts"
+    client.publish_batch(source, [{"value": b"x", "key": k} for k in "aabbcc"])
+    counts = (npstream_spark.readStream.format("npstream").option("broker", broker.address)
+              .option("stream", source).option("startingOffsets", "earliest")
+              .option("maxOffsetsPerTrigger", "2").load()
+              .groupBy("key").count()
+              .selectExpr("CAST(key AS STRING) AS key", "CAST(count AS STRING) AS value"))
+    query = (counts.writeStream.outputMode("complete").format("npstream")
+             .option("broker", broker.address).option("stream", target)
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True)
+             .start())
+    query.awaitTermination(120)
+    assert query.exception() is None
+
+    table = read(client, target)
+    pairs = sorted(zip(table.column("key").to_pylist(), table.column("value").to_pylist(),
+                       strict=True))
+    assert pairs == [(b"a", b"2")] * 3 + [(b"b", b"2")] * 2 + [(b"c", b"2")]
