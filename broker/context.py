@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,3 +29,6 @@ class BrokerContext:
     registry: StreamRegistry
     metrics: BrokerMetrics
     on_stream_deleted: list[Callable[[str], None]] = field(default_factory=list)
+    # Set when a graceful stop begins, so long-lived calls (Subscribe, long polls)
+    # end at once instead of holding the drain for the whole shutdown grace.
+    stopping: threading.Event = field(default_factory=threading.Event)

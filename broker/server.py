@@ -124,7 +124,8 @@ class BrokerServer:
         metrics.watch_streams(registry, config.metrics_stream_gauges_max)
         grpc_errors.observe_errors(metrics.error_counter())
         return BrokerContext(config=config, metadata=metadata, storage=storage,
-                             registry=registry, metrics=metrics, on_stream_deleted=listeners)
+                             registry=registry, metrics=metrics, on_stream_deleted=listeners,
+                             stopping=self.stopping)
 
     def _build_server(self, ctx: BrokerContext) -> grpc.Server:
         config = self.config

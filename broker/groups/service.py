@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 
 from npstream.broker.context import BrokerContext
-from npstream.broker.errors import BrokerError, InvalidArgumentError
+from npstream.broker.errors import BrokerError, InvalidArgumentError, ShuttingDownError
 from npstream.broker.groups.manager import GroupManager, GroupStatus
 from npstream.broker.groups.shared import Grant, SharedGroup
 from npstream.broker.groups.tuning import (
@@ -88,6 +88,11 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
     def __init__(self, manager: GroupManager, ctx: BrokerContext) -> None:
         self._manager = manager
         self._max_wait_ms = ctx.config.max_fetch_wait_ms
+        self._stopping = ctx.stopping
+
+    def _gone(self, context: grpc.ServicerContext) -> Callable[[], bool]:
+        """should_stop for long polls: the client left or the broker is stopping."""
+        return lambda: self._stopping.is_set() or not context.is_active()
 
     def _wait_s(self, wait_ms: int, context: grpc.ServicerContext) -> float:
         """Long-poll length: capped by max_fetch_wait and the call's own deadline."""
@@ -121,7 +126,7 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
         _check_non_negative("pull", request.stream, wait_ms=request.wait_ms)
         cursor, stream_log = self._manager.cursor(request.stream, request.group)
         result = cursor.pull(stream_log, limit, self._wait_s(request.wait_ms, context),
-                             request.auto_commit, should_stop=lambda: not context.is_active())
+                             request.auto_commit, should_stop=self._gone(context))
         self._manager.wait_durable(result.ticket)
         return pb.PullResponse(
             batches=[b if isinstance(b, bytes) else bytes(b) for b in result.batches],
@@ -188,7 +193,7 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
         group, config = self._manager.shared(request.stream, request.group, request.config)
         grants = group.receive(request.member_id or context.peer(), limit,
                                self._wait_s(request.wait_ms, context), config.ack_wait_ms,
-                               should_stop=lambda: not context.is_active())
+                               should_stop=self._gone(context))
         return pb.ReceiveResponse(deliveries=[_delivery(g) for g in grants])
 
     @rpc_method
@@ -219,7 +224,7 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
         group, config = self._manager.shared(first.open.stream, first.open.group,
                                              first.open.config)
         member = first.open.member_id or context.peer()
-        session = _SubscribeSession(group, member)
+        session = _SubscribeSession(group, member, self._stopping)
         session.apply(first)
         context.add_callback(session.end)
         reader = threading.Thread(target=session.read, args=(request_iterator,), daemon=True,
@@ -231,6 +236,9 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
                      group.stream)
             reader.start()
             while True:
+                if self._stopping.is_set():
+                    raise ShuttingDownError(
+                        "the broker is shutting down; subscriptions reconnect when it is back")
                 credits = session.wait_for_credits(SUBSCRIBE_POLL_S)
                 if credits is None:
                     break
@@ -251,9 +259,11 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
 class _SubscribeSession:
     """Credits and the client's acks/nacks of one Subscribe call."""
 
-    def __init__(self, group: SharedGroup, member: str) -> None:
+    def __init__(self, group: SharedGroup, member: str, broker_stopping: threading.Event
+                 ) -> None:
         self._group = group
         self._member = member
+        self._broker_stopping = broker_stopping
         self._cond = threading.Condition()
         self._credits = 0
         self._ended = False
@@ -294,7 +304,7 @@ class _SubscribeSession:
         self._group.wake()
 
     def stopping(self) -> bool:
-        return self._ended
+        return self._ended or self._broker_stopping.is_set()
 
     def wait_for_credits(self, timeout: float) -> int | None:
         """Credits available (0 after timeout), None when the call is over."""

@@ -55,3 +55,29 @@ def test_graceful_restart_keeps_positions_written_by_subscribe_acks(broker_facto
     with Client(broker.address) as client:
         assert client.describe_group("s", "g").committed_offset == 20
         assert client.receive("s", "g") == []
+
+
+def test_stop_with_open_subscription_is_quick_and_subscription_resumes(broker_factory):
+    import time
+
+    broker = broker_factory()
+    with Client(broker.address) as client:
+        client.create_stream("s")
+        seen: list[bytes] = []
+        sub = client.subscribe("s", "g", lambda lease: seen.append(lease.value))
+        client.publish("s", "before")
+        deadline = time.monotonic() + 15
+        while seen != [b"before"]:
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.02)
+        started = time.monotonic()
+        assert broker.stop() == 0
+        assert time.monotonic() - started < 5.0  # not the 10 s shutdown grace
+        broker.start()
+        client.publish("s", "after")
+        deadline = time.monotonic() + 20
+        while seen != [b"before", b"after"]:
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.05)
+        assert sub.running
+        sub.stop()
