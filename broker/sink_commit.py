@@ -390,10 +390,18 @@ class SinkCommitter:
         # One contiguous table: the storage engine frames it about twice as fast as
         # the same rows in many chunks (measured), and copies into one chunk anyway.
         combined = pa.concat_tables(tables, promote_options="default").combine_chunks()
-        result = stream_log.append_atomic([combined], before_write=before_write)
+        try:
+            result = stream_log.append_atomic([combined], before_write=before_write)
+        except Exception:
+            # append_atomic is all-or-nothing: none of these rows is in the log, and other
+            # writers may append at first_offset from now on, so the marker must go (a
+            # retried commit starts this stream afresh instead of truncating their data).
+            self._delete_marker(pending, stream)
+            raise
         if result.stored_count != row_count:
-            log.error("sink '%s' batch %d: '%s' stored %d of %d rows (dedup window?)",
-                      pending.sink_id, pending.batch_id, stream, result.stored_count, row_count)
+            log.error("sink '%s' batch %d: '%s' stored %d of %d rows; append_atomic must store "
+                      "all", pending.sink_id, pending.batch_id, stream, result.stored_count,
+                      row_count)
         if self._fault is not None and self._fault.point in ("append", "torn"):
             if self._fault.point == "torn" and self._streams_dir is not None:
                 _tear(self._streams_dir / stream, before, self._fault.amount)
@@ -409,6 +417,11 @@ class SinkCommitter:
             (pending.sink_id, pending.batch_id, stream, first_offset, row_count, state))
         if state == "committing":
             self._sync_metadata()
+
+    def _delete_marker(self, pending: _Pending, stream: str) -> None:
+        self._metadata.execute(
+            "DELETE FROM sink_markers WHERE sink_id = ? AND batch_id = ? AND stream = ?",
+            (pending.sink_id, pending.batch_id, stream))
 
     def _mark_done(self, pending: _Pending, stream: str) -> None:
         self._metadata.execute(

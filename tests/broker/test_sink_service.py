@@ -255,3 +255,25 @@ def test_stage_to_missing_stream_without_auto_create_is_not_found(broker_factory
         with pytest.raises(StreamNotFound, match=r"stream 'missing' does not exist"):
             client.sink().stage("s-noauto", 0, "0-0", "missing", pa.table({"value": ["x"]}))
         assert not (Path(proc.data_dir) / "sink" / "s-noauto").exists()
+
+
+def test_commit_failing_midway_blocks_later_batches_until_retried(client, sink, stream_name):
+    client.create_stream(stream_name, max_message_bytes=100)
+    sink.stage("s-stuck", 0, "0-0", stream_name, pa.table({"value": ["x" * 50]}))
+    sink.stage("s-stuck", 1, "1-0", stream_name, pa.table({"value": ["y"]}))
+    client.update_stream(stream_name, max_message_bytes=10)  # after staging was checked
+
+    with pytest.raises(InvalidArgument, match=r"over the stream's max_message_bytes=10"):
+        sink.commit("s-stuck", 0, ["0-0"])
+    with pytest.raises(SinkConflict, match=r"unfinished commit of batch 0; retry that commit "
+                                           r"before committing batch 1"):
+        sink.commit("s-stuck", 1, ["1-0"])
+    with pytest.raises(SinkConflict, match=r"cannot abort sink 's-stuck' batch 0: its commit "
+                                           r"has started"):
+        sink.abort("s-stuck", 0)
+    assert client.stream_info(stream_name).end_offset == 0
+
+    client.update_stream(stream_name, max_message_bytes=100)
+    assert sink.commit("s-stuck", 0, ["0-0"]).written == {stream_name: (0, 1)}
+    assert sink.commit("s-stuck", 1, ["1-0"]).written == {stream_name: (1, 2)}
+    assert values(client, stream_name) == [b"x" * 50, b"y"]
