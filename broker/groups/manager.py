@@ -32,6 +32,7 @@ from npstream.broker.errors import (
 )
 from npstream.broker.groups.cursor import CursorGroup
 from npstream.broker.groups.dead_letter import DeadLetterWriter
+from npstream.broker.groups.metrics import GroupMetrics
 from npstream.broker.groups.positions import Resolved, resolve_start
 from npstream.broker.groups.shared import MemberInfo, SharedGroup
 from npstream.broker.groups.shared_config import SharedConfig
@@ -98,6 +99,7 @@ class GroupManager:
         self._store = GroupStore(ctx.metadata, clock)
         self._writer = PositionWriter(self._store)
         self._dead_letters = DeadLetterWriter(ctx.registry)
+        self.metrics = GroupMetrics(ctx.metrics.registry)
         self._lock = threading.RLock()
         self._groups: dict[tuple[str, str], Group] = {}
         self._stop = threading.Event()
@@ -132,7 +134,7 @@ class GroupManager:
                 row.stream, row.group, committed=row.committed_offset,
                 dead_lettered=row.dead_lettered, config=row.config,
                 log_source=lambda: self._log(row.stream), writer=self._writer,
-                dead_letters=self._dead_letters, clock=self._clock)
+                dead_letters=self._dead_letters, metrics=self.metrics, clock=self._clock)
         else:
             group = CursorGroup(row.stream, row.group, committed=row.committed_offset,
                                 dead_lettered=row.dead_lettered, writer=self._writer)

@@ -128,6 +128,8 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
         result = cursor.pull(stream_log, limit, self._wait_s(request.wait_ms, context),
                              request.auto_commit, should_stop=self._gone(context))
         self._manager.wait_durable(result.ticket)
+        if result.count:
+            self._manager.metrics.pulled.inc(result.count)
         return pb.PullResponse(
             batches=[b if isinstance(b, bytes) else bytes(b) for b in result.batches],
             count=result.count,

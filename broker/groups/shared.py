@@ -34,6 +34,7 @@ import pyarrow as pa
 from npstream.broker.errors import BrokerError, OffsetOutOfRangeError
 from npstream.broker.groups.dead_letter import DeadLetterWriter
 from npstream.broker.groups.leases import DeliveryRow, LeaseTable, Pending
+from npstream.broker.groups.metrics import GroupMetrics
 from npstream.broker.groups.shared_config import SharedConfig
 from npstream.broker.groups.store import PositionWriter
 from npstream.broker.groups.tuning import (
@@ -118,6 +119,7 @@ class SharedGroup:
         log_source: Callable[[], StreamLog],
         writer: PositionWriter,
         dead_letters: DeadLetterWriter,
+        metrics: GroupMetrics | None = None,
         clock: Callable[[], int] = _now_ms,
     ) -> None:
         self.stream = stream
@@ -125,6 +127,7 @@ class SharedGroup:
         self._log_source = log_source
         self._writer = writer
         self._dead_letters = dead_letters
+        self._metrics = metrics or GroupMetrics()
         self._clock = clock
         lock = threading.Lock()
         self._cond = threading.Condition(lock)  # waiting receives
@@ -240,6 +243,10 @@ class SharedGroup:
                         rows = self._take_fresh_locked(stream_log, max_messages - len(out))
                         out += self._table.lease_fresh(member, rows, now, ack_wait_ms)
                     if out:
+                        self._metrics.deliveries.inc(len(out))
+                        again = sum(1 for e in out if e.attempt > 1)
+                        if again:
+                            self._metrics.redeliveries.inc(again)
                         return [Grant(e.row, e.attempt, e.expires_ms) for e in out]
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or (should_stop is not None and should_stop()):
@@ -303,6 +310,7 @@ class SharedGroup:
             self._check_open_locked()
             count = self._table.ack(offsets, member, self._clock())
             if count:
+                self._metrics.acks.inc(count)
                 self._changed_locked()  # the fresh budget may have grown
             return count, self._table.committed, self._persist_locked()
 
@@ -312,6 +320,7 @@ class SharedGroup:
             self._check_open_locked()
             count, dead = self._table.nack(offsets, member, delay_ms, self._clock())
             if count:
+                self._metrics.nacks.inc(count)
                 self._changed_locked()
         self._dead_letter(dead)
         return count
@@ -332,6 +341,7 @@ class SharedGroup:
                     self._table.dead_letter_failed(entry.offset, retry_at)
                 self._changed_locked()
             return
+        self._metrics.dead_letters.inc(len(entries))
         with self._cond:
             for entry in entries:
                 self._table.dead_lettered(entry.offset)

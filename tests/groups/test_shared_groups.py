@@ -383,3 +383,32 @@ def test_two_shared_groups_each_get_everything(client, stream_name):
         ack_leases(client, leases)
     assert {g.group: g.committed_offset for g in client.list_groups(stream_name)} == {
         "audit": 5, "email": 5}
+
+
+def test_metrics_count_deliveries_redeliveries_acks_nacks_and_pulls(broker_factory):
+    import re
+    import urllib.request
+
+    from npstream import Client
+
+    broker = broker_factory()
+    url = re.search(r"metrics=(http://\S+/metrics)", broker.log_text()).group(1)
+    with Client(broker.address) as client:
+        client.create_stream("m")
+        publish(client, "m", 2)
+        first, second = client.receive("m", "shared", max=2)
+        first.nack()
+        (again,) = client.receive("m", "shared", max=2)
+        ack_leases(client, [again, second])
+        client.consumer("m", "cursor").pull(limit=10)
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+
+    def value(name: str) -> float:
+        return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+
+    assert value("npstream_group_deliveries_total") == 3
+    assert value("npstream_group_redeliveries_total") == 1
+    assert value("npstream_group_acks_total") == 2
+    assert value("npstream_group_nacks_total") == 1
+    assert value("npstream_group_dead_letters_total") == 0
+    assert value("npstream_group_pulled_messages_total") == 2
