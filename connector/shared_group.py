@@ -145,7 +145,10 @@ class Lease:
     def nack(self, delay: float = 0) -> None:
         """Not done: redeliver (to any member) now, or after ``delay`` seconds."""
         if not self.settled:
-            delay_ms = parse_duration_ms(delay)
+            try:
+                delay_ms = parse_duration_ms(delay)
+            except ValueError as exc:
+                raise InvalidArgument(f"nack delay: {exc}") from None
             self.settled = "nack"
             self._settle(self, "nack", delay_ms)
 

@@ -73,3 +73,6 @@ def test_cli_consume_group_from_latest_only_applies_to_new_group(client, stream_
     client.publish(stream_name, "z")
     code, out, _ = run(capsys, "consume", stream_name, "--group", "g", "--from", "earliest", *b)
     assert offsets(out) == [2]
+    code, _, err = run(capsys, "consume", stream_name, "--group", "h", "--from", "someday", *b)
+    assert code == 2 and "invalid --from 'someday'" in err
+    assert [g.group for g in client.list_groups(stream_name)] == ["g"]  # nothing created

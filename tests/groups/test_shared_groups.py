@@ -369,7 +369,12 @@ def test_shared_group_errors_have_clear_codes(client, stream_name):
         client.receive(stream_name, "g", dead_letter_stream=stream_name)
     with pytest.raises(InvalidArgument, match="max_deliver"):
         client.receive(stream_name, "g", max_deliver=-1)
-    client.receive(stream_name, "g")
+    publish(client, stream_name, 1)
+    (lease,) = client.receive(stream_name, "g")
+    with pytest.raises(InvalidArgument, match="nack delay: invalid duration -1"):
+        lease.nack(delay=-1)
+    assert lease.settled == ""  # still ours to settle
+    lease.ack()
     with pytest.raises(InvalidArgument, match="is a shared group"):
         client.consumer(stream_name, "g")
 
