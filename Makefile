@@ -32,6 +32,11 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	@# Spark finds data sources by listing top-level pyspark_* modules on sys.path
+	@# (pkgutil.iter_modules), which cannot see modules served by the editable
+	@# install's import hook; this .pth puts connector/discovery on sys.path so
+	@# format("npstream") works in spark-submit and notebooks run from the tree.
+	$(PY) -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'npstream-discovery.pth').write_text('$(abspath connector/discovery)\\n')"
 	@touch $(STAMP)
 
 lint: setup

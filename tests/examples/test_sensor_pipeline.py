@@ -1,9 +1,11 @@
 """The sensor pipeline's windows, checked exactly on a fixed event set with invalid and late events.
 
-Two micro-batches are forced with maxOffsetsPerTrigger=6: after the first,
-the watermark is 21 s - 10 s = 11 s, so in the second a reading at 4 s is too
-late (dropped) while one at 14 s is late but inside the watermark (counted).
-A reading at 60 s moves the watermark to 50 s so every earlier window closes.
+Three micro-batches are forced with maxOffsetsPerTrigger=6. Spark drops a
+late row when its event time is behind the watermark of the *previous*
+batch, so the too-late readings (4 s and 9 s) come in the third batch, when
+that watermark is 23 s - 10 s = 13 s; readings at 14 s are late but inside it
+and are counted. Readings at 60+ s move the watermark to 53 s so every earlier
+window closes in the final no-data batch.
 """
 
 from __future__ import annotations
@@ -34,14 +36,17 @@ def reading(sensor: str, at_s: float, value: object, unit: str = "celsius") -> d
     return r
 
 
-BATCH_1 = [
+BATCH_1 = [  # offsets 0-5: max event time 21 s, so the watermark becomes 11 s
     reading("s1", 1, 10.0), reading("s1", 2, 90.0), reading("s2", 3, 50.0),
     reading("s1", 6, 20.0), reading("s2", 4, "n/a"), reading("s2", 21, 85.0),
 ]
-BATCH_2 = [
-    reading("s1", 12, 30.0), reading("s1", 4, 99.0), reading("s2", 14, 40.0),
-    reading("s1", 13, 70.0, unit="fahrenheit?"), reading("s2", 13.5, None),
-    reading("s3", 60, 1.0),
+BATCH_2 = [  # offsets 6-11: 14 s is late but inside the watermark; max 23 s -> watermark 13 s
+    reading("s1", 12, 30.0), reading("s2", 14, 40.0), reading("s1", 13, 70.0, "fahrenheit?"),
+    reading("s2", 13.5, None), reading("s1", 22, 60.0), reading("s2", 23, 70.0),
+]
+BATCH_3 = [  # offsets 12-17: 4 s and 9 s are behind the watermark (dropped), 14 s is not
+    reading("s1", 4, 99.0), reading("s2", 9, 55.0), reading("s1", 14, 44.0),
+    reading("s3", 60, 1.0), reading("s3", 62, 3.0), reading("s3", 63, 4.0),
 ]
 
 
@@ -58,9 +63,10 @@ EXPECTED = [
     window(0, "s1", [10.0, 90.0]),
     window(0, "s2", [50.0]),
     window(5, "s1", [20.0]),
-    window(10, "s1", [30.0]),
+    window(10, "s1", [30.0, 44.0]),
     window(10, "s2", [40.0]),
-    window(20, "s2", [85.0]),
+    window(20, "s1", [60.0]),
+    window(20, "s2", [85.0, 70.0]),
 ]
 
 
@@ -74,7 +80,7 @@ def test_tumbling_windows_exact_with_invalid_and_late_events(
     spark, client, broker: BrokerProcess, stream_name: str, tmp_path: Path
 ) -> None:
     client.create_stream(stream_name)
-    client.publish_batch(stream_name, [{"value": r} for r in BATCH_1 + BATCH_2])
+    client.publish_batch(stream_name, [{"value": r} for r in BATCH_1 + BATCH_2 + BATCH_3])
     receiver = WebhookReceiver().start()
     results_stream = f"{stream_name}-results"
     args = pipeline.parse_args([
