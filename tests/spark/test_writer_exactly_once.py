@@ -27,8 +27,8 @@ from npstream.spark.writer_options import checkpoint_sink_id
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-TOTAL = 3000
-PER_BATCH = 150
+TOTAL = 2400
+PER_BATCH = 300
 KILLS = 3
 SEED = 20261122
 
