@@ -271,10 +271,11 @@ class SharedGroup:
             self._waiters -= 1
 
     def _watch(self, stream_log: StreamLog) -> None:
-        """Wake waiters when the log grows past what the group has read.
+        """Wake waiters when the log has data past what the group has read.
 
-        Between wake-ups it sleeps on its own condition, which fresh takes,
-        acks and resets notify, so it re-arms on the log at once.
+        When there is data to take it wakes the waiters and then sleeps on its
+        own condition until one of them took it (fresh takes, acks and resets
+        notify it); otherwise it waits on the log itself.
         """
         while True:
             with self._cond:
@@ -282,20 +283,19 @@ class SharedGroup:
                     self._watcher = None
                     return
                 position = self._buffer_next
-                waiting_for_log = (not self._buffer and self._fresh_budget_locked() > 0
-                                   and position >= stream_log.end_offset)
-                if not waiting_for_log:
+                if self._fresh_budget_locked() <= 0:  # blocked on acks, not on the log
+                    self._watch_cond.wait(WATCH_SLICE_S)
+                    continue
+                if self._buffer or position < stream_log.end_offset:
+                    self._cond.notify_all()  # data is there: a waiter takes it
                     self._watch_cond.wait(WATCH_SLICE_S)
                     continue
             try:
-                grew = stream_log.wait_for_data(position, WATCH_SLICE_S)
-            except BrokerError:
-                grew = True  # the log changed under us (deleted, broken): let waiters see it
-            if grew:
+                stream_log.wait_for_data(position, WATCH_SLICE_S)
+            except BrokerError:  # the log changed under us (deleted, broken): let waiters see
                 with self._cond:
-                    if self._buffer_next == position and not self._buffer:
-                        self._cond.notify_all()
-                        self._watch_cond.wait(WATCH_SLICE_S)  # until a waiter takes it
+                    self._cond.notify_all()
+                    self._watch_cond.wait(WATCH_SLICE_S)
 
     def wake(self) -> None:
         """Wake waiting receives so they re-check should_stop."""
