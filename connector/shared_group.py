@@ -470,14 +470,14 @@ class Subscription:
                     continue
                 with self._lock:
                     self._running_handlers += 1
-                self._pool.submit(self._handle, lease, connection)
+                self._pool.submit(self._handle, lease)
         finally:
             connection.close()
             with self._lock:
                 if self._connection is connection:
                     self._connection = None
 
-    def _handle(self, lease: Lease, connection: _Connection) -> None:
+    def _handle(self, lease: Lease) -> None:
         try:
             self._handler(lease)
         except Exception:
