@@ -233,7 +233,7 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
         redis_replay = _best(redis, i, ["consume"])
         nats_replay = _best(nats, i, ["consume", "consume_ordered"])
         rows = [
-            ("npstream", f"publish {shape}, {batch}/publish_batch, ack={a.ack}",
+            ("npstream", f"publish {shape}, {batch} rows/publish_batch, ack={a.ack}",
              _phase(ours, i, "produce"), redis_pub, nats_pub),
             ("redis-streams", f"publish {shape}, XADD pipelined {batch}, AOF everysec",
              _phase(redis, i, "produce"), redis_pub, nats_pub),

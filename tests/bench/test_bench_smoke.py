@@ -33,7 +33,7 @@ def test_broker_bench_quick_without_peers_prints_our_rows(tmp_path: Path) -> Non
     out = proc.stdout
     assert re.search(r"^system\s+config\s+msg/s\s+MB/s\s+vs Redis\s+vs JetStream$", out, re.M)
 
-    publish = re.findall(r"^npstream\s+publish (\S+) x (\d+) B, (\d+)/publish_batch, "
+    publish = re.findall(r"^npstream\s+publish (\S+) x (\d+) B, (\d+) rows/publish_batch, "
                          r"ack=fsync\s+([\d,]+)\s+([\d.,]+)\s+-\s+-$", out, re.M)
     assert [(n, s, b) for n, s, b, _rate, _mb in publish] == [
         ("20,000", "100", "1000"), ("5,000", "1000", "500")]
