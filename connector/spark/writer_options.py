@@ -27,7 +27,9 @@ from urllib.parse import urlparse
 
 from npstream.names import validate_stream_name
 from npstream.spark.options import (
+    BOTH,
     CONNECTION_SPECS,
+    STREAM,
     ConnectionOptions,
     InvalidOptionError,
     OptionSpec,
@@ -47,8 +49,6 @@ __all__ = [
 ]
 
 WriteMode = Literal["stream", "batch"]
-_STREAM: frozenset[str] = frozenset({"stream"})
-_BOTH: frozenset[str] = frozenset({"stream", "batch"})
 
 # ---- tuning -------------------------------------------------------------
 # stageBytes: a task sends its rows in Stage requests of about this many Arrow
@@ -90,19 +90,19 @@ def _parse_any(text: str) -> str:
 
 WRITE_SPECS: tuple[OptionSpec, ...] = (
     *CONNECTION_SPECS,
-    OptionSpec("stream", None, _parse_stream, "one stream name", _BOTH,
+    OptionSpec("stream", None, _parse_stream, "one stream name", BOTH,
                "Target stream. Overrides a 'stream' column; without it every row needs "
                "a non-null 'stream' column value."),
     OptionSpec("sinkId", None, _parse_sink_id,
-               "1-255 characters from [A-Za-z0-9._-], starting with a letter or digit", _STREAM,
+               "1-255 characters from [A-Za-z0-9._-], starting with a letter or digit", STREAM,
                "Name of the sink's commit record on the broker; default derived from "
                "checkpointLocation (else queryName)."),
     OptionSpec("stageBytes", DEFAULT_STAGE_BYTES, _parse_stage_bytes,
-               "a size between 64KiB and 32MiB such as 4MiB", _BOTH,
+               "a size between 64KiB and 32MiB such as 4MiB", BOTH,
                "Arrow bytes per Stage request sent by a task."),
-    OptionSpec("checkpointLocation", None, _parse_any, "a path (set by Spark)", _STREAM,
+    OptionSpec("checkpointLocation", None, _parse_any, "a path (set by Spark)", STREAM,
                "The query's checkpoint; gives the default sink id."),
-    OptionSpec("queryName", None, _parse_any, "a name (set by Spark)", _STREAM,
+    OptionSpec("queryName", None, _parse_any, "a name (set by Spark)", STREAM,
                "The query's name; default sink id when there is no checkpointLocation."),
 )
 
