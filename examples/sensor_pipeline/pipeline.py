@@ -258,6 +258,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # one line per py4j callback otherwise
     args = parse_args(argv)
     spark = (
         SparkSession.builder.appName("npstream-sensor-pipeline")

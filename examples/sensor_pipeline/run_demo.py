@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=100.0, help="readings per second")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # one line per py4j callback otherwise
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     broker_proc = None if broker_answers(args.broker) else start_broker(args.broker,
