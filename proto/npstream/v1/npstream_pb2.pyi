@@ -551,6 +551,12 @@ class SubscribeRequest(_message.Message):
     nack_delay_ms: int
     def __init__(self, open: _Optional[_Union[SubscribeRequest.Open, _Mapping]] = ..., credits: _Optional[int] = ..., ack_offsets: _Optional[_Iterable[int]] = ..., nack_offsets: _Optional[_Iterable[int]] = ..., nack_delay_ms: _Optional[int] = ...) -> None: ...
 
+class DeliveryBatch(_message.Message):
+    __slots__ = ("deliveries",)
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    deliveries: _containers.RepeatedCompositeFieldContainer[Delivery]
+    def __init__(self, deliveries: _Optional[_Iterable[_Union[Delivery, _Mapping]]] = ...) -> None: ...
+
 class StageRequest(_message.Message):
     __slots__ = ("sink_id", "batch_id", "staging_id", "stream", "arrow_stream")
     SINK_ID_FIELD_NUMBER: _ClassVar[int]

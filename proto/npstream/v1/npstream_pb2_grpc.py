@@ -591,6 +591,11 @@ class GroupServiceStub:
                 request_serializer=npstream_dot_v1_dot_npstream__pb2.SubscribeRequest.SerializeToString,
                 response_deserializer=npstream_dot_v1_dot_npstream__pb2.Delivery.FromString,
                 _registered_method=True)
+        self.SubscribeBatches = channel.stream_stream(
+                '/npstream.v1.GroupService/SubscribeBatches',
+                request_serializer=npstream_dot_v1_dot_npstream__pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=npstream_dot_v1_dot_npstream__pb2.DeliveryBatch.FromString,
+                _registered_method=True)
 
 
 class GroupServiceServicer:
@@ -662,6 +667,14 @@ class GroupServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubscribeBatches(self, request_iterator, context):
+        """Subscribe with the same requests and rules, but deliveries travel in
+        batches: one stream message carries many deliveries.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GroupServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -719,6 +732,11 @@ def add_GroupServiceServicer_to_server(servicer, server):
                     servicer.Subscribe,
                     request_deserializer=npstream_dot_v1_dot_npstream__pb2.SubscribeRequest.FromString,
                     response_serializer=npstream_dot_v1_dot_npstream__pb2.Delivery.SerializeToString,
+            ),
+            'SubscribeBatches': grpc.stream_stream_rpc_method_handler(
+                    servicer.SubscribeBatches,
+                    request_deserializer=npstream_dot_v1_dot_npstream__pb2.SubscribeRequest.FromString,
+                    response_serializer=npstream_dot_v1_dot_npstream__pb2.DeliveryBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1018,6 +1036,33 @@ class GroupService:
             '/npstream.v1.GroupService/Subscribe',
             npstream_dot_v1_dot_npstream__pb2.SubscribeRequest.SerializeToString,
             npstream_dot_v1_dot_npstream__pb2.Delivery.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubscribeBatches(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/npstream.v1.GroupService/SubscribeBatches',
+            npstream_dot_v1_dot_npstream__pb2.SubscribeRequest.SerializeToString,
+            npstream_dot_v1_dot_npstream__pb2.DeliveryBatch.FromString,
             options,
             channel_credentials,
             insecure,
