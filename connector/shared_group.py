@@ -6,12 +6,18 @@ Two ways to consume, mixable within one group:
   objects; call ``lease.ack()`` when done or ``lease.nack(delay)`` to have it
   redelivered.
 * ``client.subscribe(stream, group, handler, max_in_flight=...)`` (push) opens
-  a GroupService.Subscribe stream and calls ``handler(lease)`` in worker
-  threads. Credits are the flow control: the broker never has more than
-  ``max_in_flight`` unfinished deliveries out to this subscription. A handler
-  that returns without settling its lease acks it; one that raises nacks it
-  (the broker's backoff applies). The subscription reconnects by itself when
-  the broker restarts.
+  a GroupService.SubscribeBatches stream and calls ``handler(lease)`` in
+  worker threads. Credits are the flow control: the broker never has more
+  than ``max_in_flight`` unfinished deliveries out to this subscription. A
+  handler that returns without settling its lease acks it; one that raises
+  nacks it (the broker's backoff applies). The subscription reconnects by
+  itself when the broker restarts.
+
+Push delivery is batched both ways, because one gRPC stream message per
+delivery and per ack is what limits a Python consumer: the broker sends
+everything ready that fits the credits in one DeliveryBatch, and the client
+sends acks, nacks and freed credits together, when enough have piled up or
+ACK_FLUSH_INTERVAL_S after the first one, whichever comes first.
 
 A lease that is neither acked nor nacked within ``ack_wait`` seconds expires
 and the message goes to another member (at-least-once). After
@@ -20,15 +26,16 @@ and the message goes to another member (at-least-once). After
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import itertools
 import logging
 import os
+import queue
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -41,7 +48,7 @@ if TYPE_CHECKING:
     from npstream.client import Client
     from npstream.connection import StreamingCall
 
-__all__ = ["Lease", "Subscription", "ack_leases", "receive", "subscribe"]
+__all__ = ["Lease", "Subscription", "SubscriptionStats", "ack_leases", "receive", "subscribe"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +66,20 @@ STOP_TIMEOUT_S = 30.0
 FIRST_CONNECT_DEADLINE_S = 15.0
 # Initial-metadata key the broker sends once a Subscribe call has joined the group.
 MEMBER_HEADER = "x-npstream-member-id"
+# Coalescing of what a subscription sends back on its stream (acks, nacks and
+# the credits their handlers freed): one SubscribeRequest carries everything
+# settled since the previous one. It is sent ACK_FLUSH_INTERVAL_S after the
+# first unsent item at the latest, so a lone message is acked within a few
+# ms; sooner when max_in_flight // CREDIT_BATCH_DIVISOR credits are free (the
+# broker gets credits back well before it runs out, so a busy subscription
+# never waits for the timer) or ACK_FLUSH_MAX acks/nacks are pending (bounds
+# the request size).
+ACK_FLUSH_INTERVAL_S = 0.002
+CREDIT_BATCH_DIVISOR = 4
+ACK_FLUSH_MAX = 1000
+# The rpc subscriptions use; GroupService.Subscribe (one message per delivery)
+# is kept on the broker for older clients.
+SUBSCRIBE_RPC = "GroupService.SubscribeBatches"
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _member_numbers = itertools.count(1)
@@ -122,8 +143,8 @@ class Lease:
     def from_pb(cls, stream: str, group: str, d: pb.Delivery,
                 settle: Callable[[Lease, str, int], None]) -> Lease:
         return cls(stream, group, d.offset, d.id, d.key if d.HasField("key") else None,
-                   d.value, dict(d.headers), d.timestamp_ms, d.attempt, d.lease_expires_ms,
-                   settle)
+                   d.value, dict(d.headers) if d.headers else {}, d.timestamp_ms, d.attempt,
+                   d.lease_expires_ms, settle)
 
     @property
     def timestamp(self) -> dt.datetime:
@@ -247,71 +268,189 @@ def subscribe(
     return subscription
 
 
+@dataclass
+class SubscriptionStats:
+    """What a subscription moved on its streams (all connections together).
+
+    ``deliveries / batches`` is the mean number of deliveries per stream
+    message from the broker; ``acks / requests`` the mean acks per request.
+    """
+
+    deliveries: int = 0  # deliveries received
+    batches: int = 0     # DeliveryBatch stream messages received
+    requests: int = 0    # SubscribeRequests sent (openings included)
+    acks: int = 0        # acks sent on a stream
+    nacks: int = 0       # nacks sent on a stream
+    credits: int = 0     # credits granted (openings included)
+
+
+class _Counters:
+    """SubscriptionStats behind a lock: the receiving thread and gRPC's sender threads add."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stats = SubscriptionStats()
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, count in counts.items():
+                setattr(self._stats, name, getattr(self._stats, name) + count)
+
+    def snapshot(self) -> SubscriptionStats:
+        with self._lock:
+            return dataclasses.replace(self._stats)
+
+
 class _Connection:
     """One Subscribe call: an outbox of acks, nacks and credits, and the response iterator.
 
     The request iterator (run by gRPC's sender thread) sends whatever piled up
-    since its last message as one request (one per nack delay), so under load
-    many acks and credits share a message instead of costing one each.
+    as one request (plus one per further nack delay) once the outbox is due:
+    ``credit_batch`` credits or ACK_FLUSH_MAX acks/nacks are waiting, or the
+    oldest item has waited ACK_FLUSH_INTERVAL_S, or the call is closing.
     """
 
-    def __init__(self, opening: pb.SubscribeRequest) -> None:
+    def __init__(self, opening: pb.SubscribeRequest, credit_batch: int,
+                 counters: _Counters) -> None:
         self._cond = threading.Condition()
         self._opening: pb.SubscribeRequest | None = opening
+        self._credit_batch = credit_batch
+        self._counters = counters
         self._acks: list[int] = []
         self._nacks: dict[int, list[int]] = {}  # delay_ms -> offsets
+        self._nacked = 0
         self._credits = 0
+        self._since: float | None = None  # when the oldest unsent item was added
         self.open = True
         self.call: StreamingCall | None = None
 
-    def _pending_locked(self) -> bool:
-        return bool(self._opening or self._acks or self._nacks or self._credits)
+    def _due_locked(self) -> bool:
+        return (self._opening is not None or self._credits >= self._credit_batch
+                or len(self._acks) + self._nacked >= ACK_FLUSH_MAX)
 
     def _drain_locked(self) -> list[pb.SubscribeRequest]:
         out: list[pb.SubscribeRequest] = []
+        credits = self._credits
         if self._opening is not None:
+            credits += self._opening.credits
             out.append(self._opening)
             self._opening = None
-        if self._acks or self._credits:
-            out.append(pb.SubscribeRequest(ack_offsets=self._acks, credits=self._credits))
-            self._acks, self._credits = [], 0
-        for delay_ms, offsets in self._nacks.items():
-            out.append(pb.SubscribeRequest(nack_offsets=offsets, nack_delay_ms=delay_ms))
-        self._nacks = {}
+        nacks = list(self._nacks.items())
+        if self._acks or self._credits or nacks:
+            request = pb.SubscribeRequest(ack_offsets=self._acks, credits=self._credits)
+            if nacks:  # the first nack delay rides along, further ones need a request each
+                delay_ms, offsets = nacks.pop(0)
+                request.nack_offsets.extend(offsets)
+                request.nack_delay_ms = delay_ms
+            out.append(request)
+        out.extend(pb.SubscribeRequest(nack_offsets=offsets, nack_delay_ms=delay_ms)
+                   for delay_ms, offsets in nacks)
+        if out:
+            self._counters.add(requests=len(out), acks=len(self._acks), nacks=self._nacked,
+                               credits=credits)
+        self._acks, self._nacks, self._nacked, self._credits = [], {}, 0, 0
+        self._since = None
         return out
 
     def request_iterator(self) -> Iterator[pb.SubscribeRequest]:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._pending_locked() or not self.open)
+                while self.open and not self._due_locked():
+                    if self._since is None:
+                        self._cond.wait()
+                        continue
+                    left = self._since + ACK_FLUSH_INTERVAL_S - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
                 batch = self._drain_locked()
                 if not batch and not self.open:
                     return  # half-close once everything queued was sent
             yield from batch
 
-    def _add(self, change: Callable[[], None]) -> bool:
+    def _add_locked(self) -> bool:
+        """After adding an item: wake the sender if it must arm its timer or send now."""
+        if self._since is None:
+            self._since = time.monotonic()
+            self._cond.notify()
+        elif self._due_locked():
+            self._cond.notify()
+        return True
+
+    def ack(self, offset: int) -> bool:
         with self._cond:
             if not self.open:
                 return False
-            change()
-            self._cond.notify()
-            return True
-
-    def ack(self, offset: int) -> bool:
-        return self._add(lambda: self._acks.append(offset))
+            self._acks.append(offset)
+            return self._add_locked()
 
     def nack(self, offset: int, delay_ms: int) -> bool:
-        return self._add(lambda: self._nacks.setdefault(delay_ms, []).append(offset))
+        with self._cond:
+            if not self.open:
+                return False
+            self._nacks.setdefault(delay_ms, []).append(offset)
+            self._nacked += 1
+            return self._add_locked()
 
     def grant(self, credits: int) -> bool:
-        def add() -> None:
+        with self._cond:
+            if not self.open:
+                return False
             self._credits += credits
-        return self._add(add)
+            return self._add_locked()
 
     def close(self) -> None:
+        """Send what is queued at once, then half-close."""
         with self._cond:
             self.open = False
             self._cond.notify()
+
+
+class _HandlerThreads:
+    """Worker threads that run handler(lease), one lease at a time each.
+
+    One thread per unsettled lease at most (never more than max_in_flight),
+    started when the leases in flight outnumber the threads, so a slow
+    handler never holds up the leases behind it. Lighter than a
+    ThreadPoolExecutor (no Future per call), which matters at tens of
+    thousands of leases a second. Daemon threads, like the subscription's
+    own: a handler still running at interpreter exit is abandoned and its
+    lease expires (at-least-once).
+    """
+
+    def __init__(self, run: Callable[[Lease], None], size: int, name: str) -> None:
+        self._run = run
+        self._size = size
+        self._name = name
+        self._queue: queue.SimpleQueue[Lease | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # thread starts vs close
+        self._started = 0
+        self._closed = False
+
+    def submit(self, leases: list[Lease], in_flight: int) -> None:
+        """Queue leases; in_flight: leases queued or running now, these included."""
+        for lease in leases:
+            self._queue.put(lease)
+        wanted = min(in_flight, self._size)
+        if self._started < wanted:
+            with self._lock:
+                while self._started < wanted and not self._closed:
+                    self._started += 1
+                    threading.Thread(target=self._work, daemon=True,
+                                     name=f"{self._name}-{self._started}").start()
+
+    def _work(self) -> None:
+        while (lease := self._queue.get()) is not None:
+            self._run(lease)
+
+    def close(self) -> None:
+        """Threads end once the leases queued so far are handled; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for _ in range(self._started):
+                self._queue.put(None)
 
 
 class Subscription:
@@ -338,9 +477,11 @@ class Subscription:
         self._stopping = threading.Event()
         self._started = threading.Event()  # accepted by the broker, or failed for good
         self._connection: _Connection | None = None
-        self._pool = ThreadPoolExecutor(max_workers=max_in_flight,
-                                        thread_name_prefix=f"npstream-handler-{group}")
+        self._workers = _HandlerThreads(self._handle, max_in_flight,
+                                        f"npstream-handler-{stream}/{group}")
         self._unary = _unary_settler(client, member_id)
+        self._counters = _Counters()
+        self._credit_batch = max(1, max_in_flight // CREDIT_BATCH_DIVISOR)
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"npstream-subscription-{stream}/{group}")
 
@@ -373,7 +514,7 @@ class Subscription:
         if self._thread.is_alive() and connection is not None and connection.call is not None:
             connection.call.cancel()
             self._thread.join(timeout)
-        self._pool.shutdown(wait=False)
+        self._workers.close()
 
     def close(self) -> None:
         """Same as ``stop()`` with the default timeout."""
@@ -391,6 +532,10 @@ class Subscription:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
+    def stats(self) -> SubscriptionStats:
+        """Counts of deliveries, batches, requests, acks, nacks and credits so far."""
+        return self._counters.snapshot()
+
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return (f"Subscription(stream={self.stream!r}, group={self.group!r}, "
@@ -402,7 +547,7 @@ class Subscription:
         """Block until the broker accepted the subscription; raise what refused it."""
         self._started.wait()
         if self.error is not None:
-            self._pool.shutdown(wait=False)
+            self._workers.close()
             raise self.error
 
     def _fail(self, exc: BaseException) -> None:
@@ -415,6 +560,7 @@ class Subscription:
         try:
             self._connect_loop(backoff, first_deadline)
         finally:
+            self._workers.close()  # after the leases already queued
             self._started.set()  # never leave subscribe() waiting
 
     def _connect_loop(self, backoff: float, first_deadline: float) -> None:
@@ -452,25 +598,29 @@ class Subscription:
             opening.open.CopyFrom(pb.SubscribeRequest.Open(
                 stream=self.stream, group=self.group, member_id=self.member_id,
                 config=self._config))
-            connection = _Connection(opening)
+            connection = _Connection(opening, self._credit_batch, self._counters)
             self._connection = connection
         if self._stopping.is_set():
             connection.close()
-        call = self.client.stream("GroupService.Subscribe", connection.request_iterator())
+        call = self.client.stream(SUBSCRIBE_RPC, connection.request_iterator())
         connection.call = call
         try:
             # The broker sends headers once it has opened the group: the handshake
             # that lets subscribe() return only when the member is in the group.
             if any(key == MEMBER_HEADER for key, _ in call.initial_metadata() or ()):
                 self._started.set()
-            for delivery in call:
-                lease = Lease.from_pb(self.stream, self.group, delivery, self._settle)
+            for batch in call:
+                leases = [Lease.from_pb(self.stream, self.group, delivery, self._settle)
+                          for delivery in batch.deliveries]
+                self._counters.add(batches=1, deliveries=len(leases))
                 if self._stopping.is_set():
-                    lease.nack()  # arrived while stopping: give it to another member now
+                    for lease in leases:
+                        lease.nack()  # arrived while stopping: give it to another member now
                     continue
                 with self._lock:
-                    self._running_handlers += 1
-                self._pool.submit(self._handle, lease)
+                    self._running_handlers += len(leases)
+                    running = self._running_handlers
+                self._workers.submit(leases, running)
         finally:
             connection.close()
             with self._lock:

@@ -26,5 +26,13 @@ class GroupMetrics:
         self.nacks = Counter("npstream_group_nacks", "Shared-group leases nacked", registry=r)
         self.dead_letters = Counter("npstream_group_dead_letters",
                                     "Messages copied to a dead-letter stream", registry=r)
+        self.subscribe_messages = Counter(
+            "npstream_group_subscribe_messages",
+            "Stream messages sent on Subscribe calls (a DeliveryBatch counts once; "
+            "deliveries_total / this = mean batch size)", registry=r)
+        self.subscribe_requests = Counter(
+            "npstream_group_subscribe_requests",
+            "SubscribeRequests received (each carries coalesced acks, nacks and credits)",
+            registry=r)
         self.pulled = Counter("npstream_group_pulled_messages",
                               "Messages returned by cursor-group Pull", registry=r)

@@ -202,12 +202,16 @@ class SharedGroup:
         limit = min(limit, self._fresh_budget_locked())
         if limit <= 0:
             return []
-        if not self._buffer and self._buffer_next < stream_log.end_offset:
+        # Refill until the request is covered, so one Subscribe batch (or Receive) takes
+        # everything ready that fits, not just what was left of the last chunk.
+        while len(self._buffer) < limit and self._buffer_next < stream_log.end_offset:
             try:
                 result = stream_log.read(self._buffer_next, max_messages=FRESH_READ_CHUNK)
             except OffsetOutOfRangeError:  # retention moved the start meanwhile
                 self._follow_log_locked(stream_log)
                 return []
+            if result.next_offset <= self._buffer_next:
+                break
             self._buffer.extend(rows_from_batches(result.batches))
             self._buffer_next = result.next_offset
         taken = [self._buffer.popleft() for _ in range(min(limit, len(self._buffer)))]
