@@ -99,3 +99,17 @@ def test_receive_waiting_member_gets_each_append_promptly(parts):
     slow = [round(x) for x in latencies[1:] if x > 250]
     assert len(slow) < 60, slow  # the bug: one missed wake-up left ~all later ones waiting
     assert statistics.median(latencies[1:]) < 100.0
+
+
+def test_receive_larger_than_a_log_read_takes_everything_ready_in_one_call(parts):
+    """A Subscribe batch holds all ready messages that fit its credits, not one read's worth."""
+    from npstream.broker.groups.tuning import FRESH_READ_CHUNK
+
+    group, stream_log, *_ = parts
+    total = FRESH_READ_CHUNK * 2 + 100
+    append(stream_log, *[b"v%d" % i for i in range(total)])
+    first = group.receive("m", total - 50, 0, ack_wait_ms=1000)
+    assert [g.row.offset for g in first] == list(range(total - 50))
+    rest = group.receive("m", total, 0, ack_wait_ms=1000)
+    assert [g.row.offset for g in rest] == list(range(total - 50, total))
+    assert [g.row.value for g in rest[-2:]] == [b"v%d" % (total - 2), b"v%d" % (total - 1)]
