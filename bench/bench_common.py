@@ -28,6 +28,7 @@ __all__ = [
     "REPO_ROOT",
     "BrokerUnderTest",
     "CpuMeter",
+    "create_bench_stream",
     "latency_summary",
     "machine_info",
     "median_of",
@@ -45,7 +46,16 @@ BROKER_START_TIMEOUT_S = 60.0
 # SIGTERM grace before SIGKILL when the bench stops our broker.
 BROKER_STOP_TIMEOUT_S = 30.0
 
+# Bench streams turn off size-based retention: the broker's default (1 GiB per stream)
+# would delete the head of a 10 M-message stream while it is being read.
+BENCH_STREAM_MAX_BYTES = 0
+
 _STAMP = struct.Struct("<Q")
+
+
+def create_bench_stream(client: Any, name: str) -> None:
+    """Create ``name`` with broker defaults except no size limit (see BENCH_STREAM_MAX_BYTES)."""
+    client.create_stream(name, max_bytes=BENCH_STREAM_MAX_BYTES)
 
 
 def stamped(size: int, filler: bytes) -> bytes:

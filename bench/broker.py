@@ -31,7 +31,14 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from bench_common import BrokerUnderTest, CpuMeter, machine_info, median_of, rate
+from bench_common import (
+    BrokerUnderTest,
+    CpuMeter,
+    create_bench_stream,
+    machine_info,
+    median_of,
+    rate,
+)
 from latency_probe import measure_fetch_latency
 from peer_runner import PeersMissing, PeersNotInstalled, check_peers, peer_running, run_peer_script
 from report import Goal, fmt, ratio, render_goals, render_table, write_json
@@ -156,7 +163,7 @@ def run_npstream(a: argparse.Namespace) -> dict[str, Any]:
             data = os.urandom(size)
             cfg: dict[str, Any] = {"messages": n, "size": size, "batch": batch}
             stream = f"bench-tp-{uuid.uuid4().hex[:8]}"
-            client.create_stream(stream)
+            create_bench_stream(client, stream)
             print(f"# npstream publish {n:,} x {size} B, batch {batch}", file=sys.stderr)
             cfg["produce"] = publish_phase(client, stream, n, size, batch, a.ack, data,
                                            broker.pid, a.phase_timeout)
@@ -167,7 +174,7 @@ def run_npstream(a: argparse.Namespace) -> dict[str, Any]:
             runs = []
             for _ in range(a.latency_repeats):
                 lat_stream = f"bench-lat-{uuid.uuid4().hex[:8]}"
-                client.create_stream(lat_stream)
+                create_bench_stream(client, lat_stream)
                 time.sleep(1.0)  # settle after the bulk phases, as the peers do
                 runs.append(measure_fetch_latency(
                     client, broker.address, lat_stream, size=size, filler=data,
@@ -274,6 +281,14 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
                                   f"{mine / peer_value:.1f}x ({fmt(mine)} vs {fmt(peer_value)} "
                                   "msg/s)"))
 
+        produce, consume = _phase(ours, i, "produce"), _phase(ours, i, "consume")
+        if produce and consume:
+            intact = (produce["stored"] == n and consume["offsets_ok"]
+                      and consume["payload_bytes_ok"])
+            goals.append(Goal(f"npstream stored and replayed all {shape} intact", intact,
+                              f"stored {produce['stored']:,}, replayed {consume['messages']:,}, "
+                              f"offsets 0..n-1 {'ok' if consume['offsets_ok'] else 'WRONG'}, "
+                              f"payload bytes {'ok' if consume['payload_bytes_ok'] else 'WRONG'}"))
         lat_sets = [
             ("npstream", f"size {size}, fetch long-poll, ack={a.ack}",
              _runs(ours, i, "latency_runs")),

@@ -31,6 +31,7 @@ import pyarrow as pa
 from bench_common import (
     BrokerUnderTest,
     CpuMeter,
+    create_bench_stream,
     latency_summary,
     machine_info,
     median_of,
@@ -124,7 +125,7 @@ def _latency_member(address: str, stream: str, group: str, n: int, limit_s: floa
 def npstream_latency(client: Any, address: str, a: argparse.Namespace, filler: bytes,
                      ) -> dict[str, Any]:
     stream = f"bench-grp-lat-{uuid.uuid4().hex[:8]}"
-    client.create_stream(stream)
+    create_bench_stream(client, stream)
     n = a.latency_messages
     limit = n / a.latency_rate + 15
     ctx = mp.get_context("spawn")
@@ -251,7 +252,7 @@ def run_npstream(a: argparse.Namespace) -> dict[str, Any]:
             print("# npstream group latency", file=sys.stderr)
             out["latency_runs"].append(npstream_latency(client, broker.address, a, filler))
         stream = f"bench-shared-{uuid.uuid4().hex[:8]}"
-        client.create_stream(stream)
+        create_bench_stream(client, stream)
         table = pa.table({"value": pa.array([filler] * min(PUBLISH_BATCH, a.messages),
                                             type=pa.binary())})
         sent = 0

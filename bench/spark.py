@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-from bench_common import BrokerUnderTest, machine_info
+from bench_common import BrokerUnderTest, create_bench_stream, machine_info
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             src = f"bench-spark-{uuid.uuid4().hex[:8]}"
             warm = f"bench-warm-{uuid.uuid4().hex[:8]}"
             for name, n in ((src, a.rows), (warm, min(WARMUP_ROWS, a.rows))):
-                client.create_stream(name)
+                create_bench_stream(client, name)
                 print(f"# publishing {n:,} x {a.size} B to {name}", file=sys.stderr)
                 fill_stream(client, name, n, a.size)
 
@@ -270,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
             value_schema = StructType.fromDDL("value BINARY")
             out = f"bench-sink-{uuid.uuid4().hex[:8]}"
             warm_out = f"bench-sink-warm-{uuid.uuid4().hex[:8]}"
-            client.create_stream(out)
-            client.create_stream(warm_out)
+            create_bench_stream(client, out)
+            create_bench_stream(client, warm_out)
 
             def sink_opts(stream: str) -> dict[str, str]:
                 return {"broker": broker.address, "stream": stream}
@@ -337,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
              bool(ours_write and noop and ours_write >= GOAL_WRITE_SHARE * noop),
              f"{ours_write / noop:.0%} ({fmt(ours_write)} vs {fmt(noop)} rows/s)"
              if ours_write and noop else "not measured"),
+        Goal(f"every query processed all {a.rows:,} rows",
+             all(r["rows"] == a.rows for r in results.values() if isinstance(r, dict)),
+             ", ".join(f"{k}: {r['rows']:,}" for k, r in results.items())),
         Goal("npstream sink wrote every row exactly once", results["write_npstream"]["exact"],
              f"{results['write_npstream']['stream_messages_added']:,} messages added for "
              f"{a.rows * a.repeats:,} rows"),
