@@ -640,8 +640,10 @@ class Subscription:
             with self._lock:
                 self._running_handlers -= 1
                 current = self._connection
-                self._idle.notify_all()
-            if current is not None and not self._stopping.is_set():
+                stopping = self._stopping.is_set()
+                if stopping:  # stop() sets the flag before it waits under this lock
+                    self._idle.notify_all()
+            if current is not None and not stopping:
                 current.grant(1)
 
     def _safe_settle(self, lease: Lease, how: str) -> None:
@@ -654,8 +656,7 @@ class Subscription:
 
     def _settle(self, lease: Lease, how: str, delay_ms: int) -> None:
         """Send the ack/nack on the live stream, or as a unary call when there is none."""
-        with self._lock:
-            connection = self._connection
+        connection = self._connection  # one read; a connection closed since refuses (False)
         sent = connection is not None and (
             connection.ack(lease.offset) if how == "ack" else
             connection.nack(lease.offset, delay_ms))
