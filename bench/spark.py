@@ -10,9 +10,11 @@ the noop sink, versus (a) the same rows, in the same schema and batch size, emit
 tiny in-process Python data source that yields ready-made Arrow batches (the ceiling for
 any Python source) and (b) Spark's rate-micro-batch source (JVM, for scale).
 
-Write: the same ``--rows`` rows (a ``value`` column of ``--size`` bytes, yielded by the
-ceiling source) go to the noop sink and to ``writeStream.format("npstream")`` (the
-exactly-once writer); afterwards the target stream must hold exactly ``--rows`` messages.
+Write: ``--rows`` rows with one ``value`` column of ``--size`` bytes go to the noop sink
+and to ``writeStream.format("npstream")`` (the exactly-once writer), from two inputs: the
+ceiling source (near-free, so the ratio isolates the sink) and the npstream read of the
+source stream (a stream-to-stream copy). Each target stream must then hold exactly
+``--rows`` messages.
 
 rows/s = rows / the summed ``triggerExecution`` time of the query's micro-batches (Spark's
 own progress figures, so query start-up, equal for every source, is left out); wall-clock
@@ -233,123 +235,145 @@ def fill_stream(client: Any, stream: str, rows: int, size: int) -> float:
     return time.perf_counter() - t0
 
 
+# Inputs of the write benchmark: (key, label). Each feeds the noop sink and the npstream
+# sink; "ceiling" isolates the sink (near-free Python input), "npstream" is a
+# stream-to-stream copy (input = the npstream read of the source stream).
+WRITE_INPUTS = [("ceiling", "value rows from the ceiling source"),
+                ("npstream", "value column of the npstream read")]
+
+
+def run_benchmarks(a: argparse.Namespace, spark: Any, broker: BrokerUnderTest, client: Any,
+                   work: str) -> dict[str, Any]:
+    src = f"bench-spark-{uuid.uuid4().hex[:8]}"
+    warm = f"bench-warm-{uuid.uuid4().hex[:8]}"
+    for name, n in ((src, a.rows), (warm, min(WARMUP_ROWS, a.rows))):
+        create_bench_stream(client, name)
+        print(f"# publishing {n:,} x {a.size} B to {name}", file=sys.stderr)
+        fill_stream(client, name, n, a.size)
+
+    def npstream_df(stream: str) -> Any:
+        return (spark.readStream.format("npstream").option("broker", broker.address)
+                .option("stream", stream).option("startingOffsets", "earliest")
+                .option("maxRecordsPerPartition", str(PARTITION_ROWS)).load())
+
+    def ceiling_df(schema: StructType, rows: int) -> Any:
+        return (spark.readStream.format(CEILING_FORMAT)
+                .option("schema", schema.json()).option("rows", str(rows))
+                .option("batchRows", str(BATCH_ROWS))
+                .option("partitionRows", str(PARTITION_ROWS))
+                .option("size", str(a.size)).load())
+
+    def rate_df(rows: int) -> Any:
+        return (spark.readStream.format("rate-micro-batch")
+                .option("rowsPerBatch", str(rows)).option("numPartitions", "2").load())
+
+    read_schema = npstream_df(src).schema
+    value_schema = StructType.fromDDL("value BINARY")
+
+    def write_input(kind: str, stream: str, rows: int) -> Any:
+        if kind == "ceiling":
+            return ceiling_df(value_schema, rows)
+        return npstream_df(stream).select("value")
+
+    def to_npstream(df: Any, stream: str) -> dict[str, Any]:
+        return run_query(df, "npstream", {"broker": broker.address, "stream": stream}, work)
+
+    print("# warm-up queries", file=sys.stderr)
+    run_query(npstream_df(warm), "noop", {}, work)
+    run_query(ceiling_df(read_schema, WARMUP_ROWS), "noop", {}, work)
+    run_query(rate_df(WARMUP_ROWS), "noop", {}, work)
+    for kind, _label in WRITE_INPUTS:
+        warm_out = f"bench-sink-warm-{uuid.uuid4().hex[:8]}"
+        create_bench_stream(client, warm_out)
+        to_npstream(write_input(kind, warm, WARMUP_ROWS), warm_out)
+
+    results: dict[str, Any] = {}
+    results["read_npstream"] = repeated(
+        a, "npstream -> noop", lambda: run_query(npstream_df(src), "noop", {}, work))
+    results["read_ceiling"] = repeated(
+        a, "ceiling Python source -> noop",
+        lambda: run_query(ceiling_df(read_schema, a.rows), "noop", {}, work))
+    results["read_rate"] = repeated(
+        a, "rate-micro-batch -> noop", lambda: run_query(rate_df(a.rows), "noop", {}, work))
+    for kind, label in WRITE_INPUTS:
+        out = f"bench-sink-{kind}-{uuid.uuid4().hex[:8]}"
+        create_bench_stream(client, out)
+        results[f"write_noop_{kind}"] = repeated(
+            a, f"{label} -> noop",
+            lambda kind=kind: run_query(write_input(kind, src, a.rows), "noop", {}, work))
+        written = repeated(a, f"{label} -> npstream sink",
+                           lambda kind=kind, out=out: to_npstream(
+                               write_input(kind, src, a.rows), out))
+        written["stream_messages_added"] = client.stream_info(out).end_offset
+        written["exact"] = written["stream_messages_added"] == a.rows * a.repeats
+        results[f"write_npstream_{kind}"] = written
+    return results
+
+
+def build_report(a: argparse.Namespace, results: dict[str, Any]) -> tuple[str, list[Goal]]:
+    ceiling = results["read_ceiling"].get("rows_per_s")
+    lines: list[tuple[str, str, float | None]] = [
+        ("read_npstream", "read: npstream source (AvailableNow) -> noop", ceiling),
+        ("read_ceiling", "read: (a) ceiling Python source, ready Arrow batches -> noop", ceiling),
+        ("read_rate", "read: (b) rate-micro-batch (JVM) -> noop", ceiling),
+    ]
+    for kind, label in WRITE_INPUTS:
+        noop = results[f"write_noop_{kind}"].get("rows_per_s")
+        lines += [(f"write_noop_{kind}", f"write: {label} -> noop sink", noop),
+                  (f"write_npstream_{kind}", f"write: {label} -> npstream sink", noop)]
+    rows = []
+    for key, what, vs in lines:
+        r = results[key]
+        share = f"{r['rows_per_s'] / vs:.0%}" if r.get("rows_per_s") and vs else "-"
+        rows.append([what, fmt(r["rows"]), fmt(r.get("rows_per_s")),
+                     fmt(r.get("wall_rows_per_s")), share])
+
+    def share_goal(name: str, ours: float | None, base: float | None, need: float) -> Goal:
+        if not ours or not base:
+            return Goal(name, None, "not measured")
+        return Goal(name, ours >= need * base,
+                    f"{ours / base:.0%} ({fmt(ours)} vs {fmt(base)} rows/s)")
+
+    goals = [share_goal(f"read >= {GOAL_READ_SHARE:.0%} of the ceiling Python source",
+                        results["read_npstream"].get("rows_per_s"), ceiling, GOAL_READ_SHARE)]
+    for kind, label in WRITE_INPUTS:
+        goals.append(share_goal(
+            f"write >= {GOAL_WRITE_SHARE:.0%} of the noop sink (input: {label})",
+            results[f"write_npstream_{kind}"].get("rows_per_s"),
+            results[f"write_noop_{kind}"].get("rows_per_s"), GOAL_WRITE_SHARE))
+    goals.append(Goal(f"every query processed all {a.rows:,} rows",
+                      all(r["rows"] == a.rows for r in results.values()),
+                      ", ".join(f"{k}: {r['rows']:,}" for k, r in results.items())))
+    for kind, _label in WRITE_INPUTS:
+        w = results[f"write_npstream_{kind}"]
+        goals.append(Goal(f"npstream sink wrote every row exactly once (input: {kind})",
+                          w["exact"], f"{w['stream_messages_added']:,} messages in the target "
+                          f"stream for {a.rows * a.repeats:,} rows"))
+    text = "\n".join([
+        render_table(["query", "rows", "rows/s", "wall rows/s", "share"], rows),
+        "rows/s: rows / summed micro-batch time (Spark progress); share: of (a) for reads, "
+        "of the noop sink with the same input for writes",
+    ])
+    return text, goals
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     from npstream import Client
 
     work = tempfile.mkdtemp(prefix="npstream-bench-spark-")
     spark = make_spark()
-    results: dict[str, Any] = {}
     try:
         with BrokerUnderTest() as broker, Client(broker.address) as client:
-            src = f"bench-spark-{uuid.uuid4().hex[:8]}"
-            warm = f"bench-warm-{uuid.uuid4().hex[:8]}"
-            for name, n in ((src, a.rows), (warm, min(WARMUP_ROWS, a.rows))):
-                create_bench_stream(client, name)
-                print(f"# publishing {n:,} x {a.size} B to {name}", file=sys.stderr)
-                fill_stream(client, name, n, a.size)
-
-            def npstream_df(stream: str) -> Any:
-                return (spark.readStream.format("npstream").option("broker", broker.address)
-                        .option("stream", stream).option("startingOffsets", "earliest")
-                        .option("maxRecordsPerPartition", str(PARTITION_ROWS)).load())
-
-            read_schema = npstream_df(src).schema
-
-            def ceiling_df(schema: StructType, rows: int) -> Any:
-                return (spark.readStream.format(CEILING_FORMAT)
-                        .option("schema", schema.json()).option("rows", str(rows))
-                        .option("batchRows", str(BATCH_ROWS))
-                        .option("partitionRows", str(PARTITION_ROWS))
-                        .option("size", str(a.size)).load())
-
-            def rate_df(rows: int) -> Any:
-                return (spark.readStream.format("rate-micro-batch")
-                        .option("rowsPerBatch", str(rows)).option("numPartitions", "2").load())
-
-            value_schema = StructType.fromDDL("value BINARY")
-            out = f"bench-sink-{uuid.uuid4().hex[:8]}"
-            warm_out = f"bench-sink-warm-{uuid.uuid4().hex[:8]}"
-            create_bench_stream(client, out)
-            create_bench_stream(client, warm_out)
-
-            def sink_opts(stream: str) -> dict[str, str]:
-                return {"broker": broker.address, "stream": stream}
-
-            warmups = [
-                lambda: run_query(npstream_df(warm), "noop", {}, work),
-                lambda: run_query(ceiling_df(read_schema, WARMUP_ROWS), "noop", {}, work),
-                lambda: run_query(rate_df(WARMUP_ROWS), "noop", {}, work),
-                lambda: run_query(ceiling_df(value_schema, WARMUP_ROWS), "npstream",
-                                  sink_opts(warm_out), work),
-            ]
-            print("# warm-up queries", file=sys.stderr)
-            for warmup in warmups:
-                warmup()
-
-            results["read_npstream"] = repeated(
-                a, "npstream -> noop", lambda: run_query(npstream_df(src), "noop", {}, work))
-            results["read_ceiling"] = repeated(
-                a, "ceiling Python source -> noop",
-                lambda: run_query(ceiling_df(read_schema, a.rows), "noop", {}, work))
-            results["read_rate"] = repeated(
-                a, "rate-micro-batch -> noop",
-                lambda: run_query(rate_df(a.rows), "noop", {}, work))
-            results["write_noop"] = repeated(
-                a, "value rows -> noop",
-                lambda: run_query(ceiling_df(value_schema, a.rows), "noop", {}, work))
-            written_before = client.stream_info(out).end_offset
-
-            def write_once() -> dict[str, Any]:
-                return run_query(ceiling_df(value_schema, a.rows), "npstream",
-                                 sink_opts(out), work)
-
-            results["write_npstream"] = repeated(a, "value rows -> npstream sink", write_once)
-            written = client.stream_info(out).end_offset - written_before
-            results["write_npstream"]["stream_messages_added"] = written
-            results["write_npstream"]["exact"] = written == a.rows * a.repeats
+            results = run_benchmarks(a, spark, broker, client, work)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-
-    rows = []
-    ceiling = results["read_ceiling"].get("rows_per_s")
-    noop = results["write_noop"].get("rows_per_s")
-    for key, what, vs in [
-        ("read_npstream", "read: npstream source (AvailableNow) -> noop", ceiling),
-        ("read_ceiling", "read: (a) ceiling Python source, ready Arrow batches -> noop", ceiling),
-        ("read_rate", "read: (b) rate-micro-batch (JVM) -> noop", ceiling),
-        ("write_noop", "write: value rows -> noop sink", noop),
-        ("write_npstream", "write: value rows -> npstream sink (exactly-once)", noop),
-    ]:
-        r = results[key]
-        share = f"{r['rows_per_s'] / vs:.0%}" if r.get("rows_per_s") and vs else "-"
-        rows.append([what, fmt(r["rows"]), fmt(r.get("rows_per_s")),
-                     fmt(r.get("wall_rows_per_s")), share])
-    ours_read = results["read_npstream"].get("rows_per_s")
-    ours_write = results["write_npstream"].get("rows_per_s")
-    goals = [
-        Goal(f"read >= {GOAL_READ_SHARE:.0%} of the ceiling Python source",
-             bool(ours_read and ceiling and ours_read >= GOAL_READ_SHARE * ceiling),
-             f"{ours_read / ceiling:.0%} ({fmt(ours_read)} vs {fmt(ceiling)} rows/s)"
-             if ours_read and ceiling else "not measured"),
-        Goal(f"write >= {GOAL_WRITE_SHARE:.0%} of the noop sink",
-             bool(ours_write and noop and ours_write >= GOAL_WRITE_SHARE * noop),
-             f"{ours_write / noop:.0%} ({fmt(ours_write)} vs {fmt(noop)} rows/s)"
-             if ours_write and noop else "not measured"),
-        Goal(f"every query processed all {a.rows:,} rows",
-             all(r["rows"] == a.rows for r in results.values() if isinstance(r, dict)),
-             ", ".join(f"{k}: {r['rows']:,}" for k, r in results.items())),
-        Goal("npstream sink wrote every row exactly once", results["write_npstream"]["exact"],
-             f"{results['write_npstream']['stream_messages_added']:,} messages added for "
-             f"{a.rows * a.repeats:,} rows"),
-    ]
+    text, goals = build_report(a, results)
     meta = machine_info()
     print(f"npstream Spark connector benchmark, {meta['date_utc']}, {meta['cores']} cores, "
           f"local[2], {a.rows:,} rows x {a.size} B, median of {a.repeats} run(s)")
-    print(render_table(["query", "rows", "rows/s", "wall rows/s", "share"], rows))
-    print("rows/s: rows / summed micro-batch time (Spark progress); share: of (a) for reads, "
-          "of the noop sink for writes")
+    print(text)
     print()
     print(render_goals(goals))
     if a.json:
