@@ -18,6 +18,7 @@ delivery CPU-bound), Subscribe as one message per delivery for old clients.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -230,23 +231,25 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
                   context: grpc.ServicerContext) -> Iterator[pb.Delivery]:
         """The unbatched form: one stream message per delivery (clients before batching)."""
         sent = self._manager.metrics.subscribe_messages
-        for grants in self._subscribe(request_iterator, context):
-            batch = pb.DeliveryBatch()
-            _add_deliveries(batch.deliveries, grants)
-            for delivery in batch.deliveries:
-                sent.inc()
-                yield delivery
+        with contextlib.closing(self._subscribe(request_iterator, context)) as ready:
+            for grants in ready:
+                batch = pb.DeliveryBatch()
+                _add_deliveries(batch.deliveries, grants)
+                for delivery in batch.deliveries:
+                    sent.inc()
+                    yield delivery
 
     @rpc_method
     def SubscribeBatches(self, request_iterator: Iterator[pb.SubscribeRequest],
                          context: grpc.ServicerContext) -> Iterator[pb.DeliveryBatch]:
         """Everything ready that fits the credits in one stream message."""
         sent = self._manager.metrics.subscribe_messages
-        for grants in self._subscribe(request_iterator, context):
-            batch = pb.DeliveryBatch()
-            _add_deliveries(batch.deliveries, grants)
-            sent.inc()
-            yield batch
+        with contextlib.closing(self._subscribe(request_iterator, context)) as ready:
+            for grants in ready:
+                batch = pb.DeliveryBatch()
+                _add_deliveries(batch.deliveries, grants)
+                sent.inc()
+                yield batch
 
     def _subscribe(self, request_iterator: Iterator[pb.SubscribeRequest],
                    context: grpc.ServicerContext) -> Iterator[list[Grant]]:

@@ -314,6 +314,9 @@ class SharedGroup:
             self._check_open_locked()
             count = self._table.ack(offsets, member, self._clock())
             if count:
+                # Pop the acked leases' expiry entries now, while the heap is small,
+                # instead of a second's worth in one upkeep pass (a stall under the lock).
+                self._table.next_due_ms()
                 self._metrics.acks.inc(count)
                 self._changed_locked()  # the fresh budget may have grown
             return count, self._table.committed, self._persist_locked()
