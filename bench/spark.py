@@ -50,6 +50,7 @@ SIZE = 100                     # payload bytes per message
 BATCH_ROWS = 10_000            # rows per published table = per ready-made Arrow batch
 PARTITION_ROWS = 1_000_000     # maxRecordsPerPartition for npstream and the ceiling source
 WARMUP_ROWS = 50_000           # per warm-up query (not reported)
+REPEATS = 3                    # timed runs per query (median): the 2 cores are shared
 GOAL_READ_SHARE = 0.70         # npstream read >= 70% of the ceiling source
 GOAL_WRITE_SHARE = 0.50        # npstream write >= 50% of the noop sink
 CEILING_FORMAT = "bench_arrow_ceiling"
@@ -157,12 +158,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rows", type=int, help=f"messages/rows (default {ROWS:,}; --quick "
                    f"{QUICK_ROWS:,})")
     p.add_argument("--size", type=int, default=SIZE, help=f"payload bytes (default {SIZE})")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="timed runs of each query; the median is reported (default 1)")
+    p.add_argument("--repeats", type=int, help=f"timed runs of each query, round-robin; the "
+                   f"median is reported (default {REPEATS}; --quick 1)")
     p.add_argument("--quick", action="store_true", help="small counts for a smoke run")
     p.add_argument("--json", metavar="PATH", help="also write the raw results here")
     a = p.parse_args(argv)
     a.rows = a.rows or (QUICK_ROWS if a.quick else ROWS)
+    a.repeats = a.repeats or (1 if a.quick else REPEATS)
     if a.rows < 1 or a.size < 1 or a.repeats < 1:
         p.error("--rows, --size and --repeats must be >= 1")
     return a
@@ -213,14 +215,26 @@ def run_query(df: Any, sink: str, options: dict[str, str], work: str) -> dict[st
             "wall_rows_per_s": round(rows / wall, 1) if wall else None}
 
 
-def repeated(a: argparse.Namespace, label: str, fn: Any) -> dict[str, Any]:
-    runs = []
+def interleaved(a: argparse.Namespace,
+                queries: list[tuple[str, str, Any]]) -> dict[str, dict[str, Any]]:
+    """Run every query ``--repeats`` times, round-robin, and keep the medians.
+
+    Round-robin rather than one query's repeats in a row, so that a burst of other load
+    on the shared machine hits the queries being compared alike.
+    """
+    runs: dict[str, list[dict[str, Any]]] = {key: [] for key, _label, _fn in queries}
     for i in range(a.repeats):
-        print(f"# {label} (run {i + 1}/{a.repeats})", file=sys.stderr)
-        runs.append(fn())
-    best = {k: statistics.median(r[k] for r in runs) for k in
-            ("rows_per_s", "wall_rows_per_s") if all(r[k] for r in runs)}
-    return {"label": label, "runs": runs, **best, "rows": runs[-1]["rows"]}
+        for key, label, fn in queries:
+            print(f"# {label} (run {i + 1}/{a.repeats})", file=sys.stderr)
+            runs[key].append(fn())
+    out = {}
+    for key, label, _fn in queries:
+        done = runs[key]
+        medians = {k: statistics.median(r[k] for r in done) for k in
+                   ("rows_per_s", "wall_rows_per_s") if all(r[k] for r in done)}
+        out[key] = {"label": label, "runs": done, **medians,
+                    "rows": min(r["rows"] for r in done)}
+    return out
 
 
 def fill_stream(client: Any, stream: str, rows: int, size: int) -> float:
@@ -287,26 +301,26 @@ def run_benchmarks(a: argparse.Namespace, spark: Any, broker: BrokerUnderTest, c
         create_bench_stream(client, warm_out)
         to_npstream(write_input(kind, warm, WARMUP_ROWS), warm_out)
 
-    results: dict[str, Any] = {}
-    results["read_npstream"] = repeated(
-        a, "npstream -> noop", lambda: run_query(npstream_df(src), "noop", {}, work))
-    results["read_ceiling"] = repeated(
-        a, "ceiling Python source -> noop",
-        lambda: run_query(ceiling_df(read_schema, a.rows), "noop", {}, work))
-    results["read_rate"] = repeated(
-        a, "rate-micro-batch -> noop", lambda: run_query(rate_df(a.rows), "noop", {}, work))
+    results: dict[str, Any] = interleaved(a, [
+        ("read_npstream", "npstream -> noop",
+         lambda: run_query(npstream_df(src), "noop", {}, work)),
+        ("read_ceiling", "ceiling Python source -> noop",
+         lambda: run_query(ceiling_df(read_schema, a.rows), "noop", {}, work)),
+        ("read_rate", "rate-micro-batch -> noop",
+         lambda: run_query(rate_df(a.rows), "noop", {}, work)),
+    ])
     for kind, label in WRITE_INPUTS:
         out = f"bench-sink-{kind}-{uuid.uuid4().hex[:8]}"
         create_bench_stream(client, out)
-        results[f"write_noop_{kind}"] = repeated(
-            a, f"{label} -> noop",
-            lambda kind=kind: run_query(write_input(kind, src, a.rows), "noop", {}, work))
-        written = repeated(a, f"{label} -> npstream sink",
-                           lambda kind=kind, out=out: to_npstream(
-                               write_input(kind, src, a.rows), out))
+        results.update(interleaved(a, [
+            (f"write_noop_{kind}", f"{label} -> noop",
+             lambda kind=kind: run_query(write_input(kind, src, a.rows), "noop", {}, work)),
+            (f"write_npstream_{kind}", f"{label} -> npstream sink",
+             lambda kind=kind, out=out: to_npstream(write_input(kind, src, a.rows), out)),
+        ]))
+        written = results[f"write_npstream_{kind}"]
         written["stream_messages_added"] = client.stream_info(out).end_offset
         written["exact"] = written["stream_messages_added"] == a.rows * a.repeats
-        results[f"write_npstream_{kind}"] = written
     return results
 
 
@@ -342,7 +356,7 @@ def build_report(a: argparse.Namespace, results: dict[str, Any]) -> tuple[str, l
             results[f"write_npstream_{kind}"].get("rows_per_s"),
             results[f"write_noop_{kind}"].get("rows_per_s"), GOAL_WRITE_SHARE))
     goals.append(Goal(f"every query processed all {a.rows:,} rows",
-                      all(r["rows"] == a.rows for r in results.values()),
+                      all(run["rows"] == a.rows for r in results.values() for run in r["runs"]),
                       ", ".join(f"{k}: {r['rows']:,}" for k, r in results.items())))
     for kind, _label in WRITE_INPUTS:
         w = results[f"write_npstream_{kind}"]
