@@ -70,10 +70,10 @@ MEMBER_HEADER = "x-npstream-member-id"
 # the credits their handlers freed): one SubscribeRequest carries everything
 # settled since the previous one. It is sent ACK_FLUSH_INTERVAL_S after the
 # first unsent item at the latest, so a lone message is acked within a few
-# ms; sooner when max_in_flight // CREDIT_BATCH_DIVISOR credits are free (the
-# broker gets credits back well before it runs out, so a busy subscription
-# never waits for the timer) or ACK_FLUSH_MAX acks/nacks are pending (bounds
-# the request size).
+# ms; sooner when max_in_flight // CREDIT_BATCH_DIVISOR credits are free (so
+# a busy subscription does not wait for the timer, and the broker is not left
+# without credits while the rest of a batch is handled) or ACK_FLUSH_MAX
+# acks/nacks are pending (bounds the request size).
 ACK_FLUSH_INTERVAL_S = 0.002
 CREDIT_BATCH_DIVISOR = 4
 ACK_FLUSH_MAX = 1000
