@@ -35,13 +35,12 @@ from bench_common import (
     BrokerUnderTest,
     CpuMeter,
     create_bench_stream,
-    machine_info,
     median_of,
     rate,
 )
 from latency_probe import measure_fetch_latency
-from peer_runner import PeersMissing, PeersNotInstalled, check_peers, peer_running, run_peer_script
-from report import Goal, fmt, ratio, render_goals, render_table, write_json
+from peer_runner import peer_running, run_peer_script
+from report import Goal, fmt, ratio, render_table, run_comparison
 
 # ---------------------------------------------------------------- tuning / run sizes
 # (messages, payload bytes, batch): the peers' anchor configurations (run_all.sh). The
@@ -341,35 +340,8 @@ def _runs(system: dict[str, Any] | None, i: int, key: str) -> list[dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parse_args(argv)
-    peers: dict[str, dict[str, Any]] = {}
-    notes: list[str] = []
-    if not a.skip_peers:
-        try:
-            check_peers(a.peers)
-        except PeersMissing as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        except PeersNotInstalled as exc:
-            notes.append(f"peers skipped: {exc}")
-            print(f"# {notes[-1]}", file=sys.stderr)
-        else:
-            for name in a.peers:
-                peers[name] = run_peer(name, a)
-    ours = run_npstream(a)
-    text, goals = build_report(a, ours, peers)
-    meta = machine_info()
-    print(f"npstream broker benchmark, {meta['date_utc']}, {meta['cores']} cores, "
-          f"Python {meta['python']}")
-    print(text)
-    for note in notes:
-        print(note)
-    print()
-    print(render_goals(goals))
-    if a.json:
-        write_json(a.json, {"meta": meta, "args": {k: v for k, v in vars(a).items()},
-                            "npstream": ours, "peers": peers}, goals)
-    return 0
+    return run_comparison(parse_args(argv), "npstream broker benchmark", run_peer, run_npstream,
+                          build_report)
 
 
 if __name__ == "__main__":

@@ -33,15 +33,14 @@ from bench_common import (
     CpuMeter,
     create_bench_stream,
     latency_summary,
-    machine_info,
     median_of,
     proc_cpu_s,
     rate,
     stamp_of,
     stamped,
 )
-from peer_runner import PeersMissing, PeersNotInstalled, check_peers, peer_running, run_peer_script
-from report import Goal, fmt, render_goals, render_table, write_json
+from peer_runner import peer_running, run_peer_script
+from report import Goal, fmt, render_table, run_comparison
 
 # ---------------------------------------------------------------- tuning / run sizes
 MESSAGES = 200_000             # shared-group throughput: messages drained per consumer count
@@ -385,35 +384,8 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parse_args(argv)
-    peers: dict[str, dict[str, Any]] = {}
-    notes: list[str] = []
-    if not a.skip_peers:
-        try:
-            check_peers(a.peers)
-        except PeersMissing as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        except PeersNotInstalled as exc:
-            notes.append(f"peers skipped: {exc}")
-            print(f"# {notes[-1]}", file=sys.stderr)
-        else:
-            for name in a.peers:
-                peers[name] = run_peer(name, a)
-    ours = run_npstream(a)
-    text, goals = build_report(a, ours, peers)
-    meta = machine_info()
-    print(f"npstream consumer-group benchmark, {meta['date_utc']}, {meta['cores']} cores, "
-          f"Python {meta['python']}")
-    print(text)
-    for note in notes:
-        print(note)
-    print()
-    print(render_goals(goals))
-    if a.json:
-        write_json(a.json, {"meta": meta, "args": vars(a), "npstream": ours, "peers": peers},
-                   goals)
-    return 0
+    return run_comparison(parse_args(argv), "npstream consumer-group benchmark", run_peer,
+                          run_npstream, build_report)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -69,3 +70,42 @@ def render_goals(goals: list[Goal]) -> str:
 def write_json(path: str | Path, result: dict[str, Any], goals: list[Goal]) -> None:
     payload = {**result, "goals": [asdict(g) for g in goals]}
     Path(path).write_text(json.dumps(payload, indent=2, default=str) + "\n")
+
+
+def run_comparison(a: Any, title: str, run_peer: Any, run_npstream: Any,
+                   build_report: Any) -> int:
+    """The shared main of broker.py and groups.py: peers alone first, then ours, one report.
+
+    Peers missing from ../shared stop the run (exit 2); peers not installed are
+    noted and our rows are still printed.
+    """
+    from bench_common import machine_info
+    from peer_runner import PeersMissing, PeersNotInstalled, check_peers
+
+    peers: dict[str, dict[str, Any]] = {}
+    notes: list[str] = []
+    if not a.skip_peers:
+        try:
+            check_peers(a.peers)
+        except PeersMissing as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except PeersNotInstalled as exc:
+            notes.append(f"peers skipped: {exc}")
+            print(f"# {notes[-1]}", file=sys.stderr)
+        else:
+            for name in a.peers:
+                peers[name] = run_peer(name, a)
+    ours = run_npstream(a)
+    text, goals = build_report(a, ours, peers)
+    meta = machine_info()
+    print(f"{title}, {meta['date_utc']}, {meta['cores']} cores, Python {meta['python']}")
+    print(text)
+    for note in notes:
+        print(note)
+    print()
+    print(render_goals(goals))
+    if a.json:
+        write_json(a.json, {"meta": meta, "args": dict(vars(a)), "npstream": ours,
+                            "peers": peers}, goals)
+    return 0
