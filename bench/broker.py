@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Broker core benchmark: npstream vs Redis Streams and NATS JetStream, in one run.
 
-    .venv/bin/python bench/broker.py                 # full run (about 10-15 min on 2 cores)
+    .venv/bin/python bench/broker.py                 # full run (3-6 min on 2 cores)
     .venv/bin/python bench/broker.py --quick --skip-peers
     .venv/bin/python bench/broker.py --messages 500000 --size 200 --json out.json
 

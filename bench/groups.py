@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Consumer-group benchmark: delivery latency vs JetStream and Redis, shared-group scaling.
 
-    .venv/bin/python bench/groups.py                  # full run (a few minutes on 2 cores)
+    .venv/bin/python bench/groups.py                  # full run (1-7 min on 2 cores)
     .venv/bin/python bench/groups.py --quick --skip-peers
 
 1. Publish-to-delivery latency p50/p99 of one subscribed group member, at --latency-rate

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Spark connector benchmark: streaming read and exactly-once write rows/s, local[2].
 
-    .venv/bin/python bench/spark.py                   # 10,000,000 messages (several minutes)
+    .venv/bin/python bench/spark.py                   # 10,000,000 messages (4-10 min on 2 cores)
     .venv/bin/python bench/spark.py --quick           # 200,000 rows, a smoke run
 
 Read: ``--rows`` messages of ``--size`` bytes are published to a fresh stream on our broker
