@@ -36,7 +36,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -48,7 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from npstream.broker.errors import InvalidArgumentError
-from npstream.names import validate_stream_name
+from npstream.names import NAME_RULE, STREAM_NAME_RE, validate_stream_name
 from npstream.schema import normalize_publish_table
 
 __all__ = [
@@ -70,15 +69,11 @@ _META_STREAMS = b"npstream.streams"
 _META_ROWS = b"npstream.rows"
 # Sink and staging ids become path components: the stream-name alphabet, which
 # admits no separators and no leading dot.
-_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
 
 def _check_id(kind: str, value: str) -> str:
-    if not _ID_RE.fullmatch(value):
-        raise InvalidArgumentError(
-            f"invalid {kind} {value!r}: use 1-255 characters from [A-Za-z0-9._-], "
-            "starting with a letter or digit"
-        )
+    if not STREAM_NAME_RE.fullmatch(value):
+        raise InvalidArgumentError(f"invalid {kind} {value!r}: use {NAME_RULE}")
     return value
 
 

@@ -207,6 +207,7 @@ class Position:
 
 
 _OFFSETS_EXAMPLE = '{"orders": 42, "clicks": -2} (-2 = earliest, -1 = latest)'
+_TIMESTAMP_ACCEPTED = "ISO-8601 (2025-01-01T00:00:00Z) or epoch milliseconds"
 
 
 def _parse_offsets_json(text: str) -> dict[str, int]:
@@ -274,13 +275,13 @@ READ_SPECS: tuple[OptionSpec, ...] = (
                f"earliest, latest, group or JSON like {_OFFSETS_EXAMPLE}", BOTH,
                "Where a new query starts; default latest (streaming), earliest (batch)."),
     OptionSpec("startingTimestamp", None, _parse_timestamp,
-               "ISO-8601 (2025-01-01T00:00:00Z) or epoch milliseconds", BOTH,
+               _TIMESTAMP_ACCEPTED, BOTH,
                "Start at the first message with timestamp >= this."),
     OptionSpec("endingOffsets", "latest", _parse_ending_offsets,
                f"latest or JSON like {_OFFSETS_EXAMPLE}", BATCH,
                "Exclusive end of a batch read."),
     OptionSpec("endingTimestamp", None, _parse_timestamp,
-               "ISO-8601 (2025-01-01T00:00:00Z) or epoch milliseconds", BATCH,
+               _TIMESTAMP_ACCEPTED, BATCH,
                "Batch reads stop before the first message with timestamp >= this."),
     OptionSpec("maxOffsetsPerTrigger", None, _parse_positive_int, "a positive integer", STREAM,
                "At most this many messages per micro-batch, shared fairly by streams."),

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-from npstream.names import validate_stream_name
+from npstream.names import NAME_RULE, STREAM_NAME_RE, validate_stream_name
 from npstream.spark.options import (
     BOTH,
     CONNECTION_SPECS,
@@ -58,7 +57,6 @@ DEFAULT_STAGE_BYTES = "4MiB"
 MIN_STAGE_BYTES = 64 << 10
 MAX_STAGE_BYTES = 32 << 20
 
-_SINK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
 
 def _parse_stream(text: str) -> str:
@@ -70,9 +68,8 @@ def _parse_stream(text: str) -> str:
 
 def _parse_sink_id(text: str) -> str:
     sink_id = text.strip()
-    if not _SINK_ID.fullmatch(sink_id):
-        raise ValueError(
-            "use 1-255 characters from [A-Za-z0-9._-], starting with a letter or digit")
+    if not STREAM_NAME_RE.fullmatch(sink_id):
+        raise ValueError(f"use {NAME_RULE}")
     return sink_id
 
 
@@ -94,7 +91,7 @@ WRITE_SPECS: tuple[OptionSpec, ...] = (
                "Target stream. Overrides a 'stream' column; without it every row needs "
                "a non-null 'stream' column value."),
     OptionSpec("sinkId", None, _parse_sink_id,
-               "1-255 characters from [A-Za-z0-9._-], starting with a letter or digit", STREAM,
+               NAME_RULE, STREAM,
                "Name of the sink's commit record on the broker; default derived from "
                "checkpointLocation (else queryName)."),
     OptionSpec("stageBytes", DEFAULT_STAGE_BYTES, _parse_stage_bytes,
