@@ -37,9 +37,12 @@ def test_broker_bench_quick_without_peers_prints_our_rows(tmp_path: Path) -> Non
                          r"ack=fsync\s+([\d,]+)\s+([\d.,]+)\s+-\s+-$", out, re.M)
     assert [(n, s, b) for n, s, b, _rate, _mb in publish] == [
         ("20,000", "100", "1000"), ("5,000", "1000", "500")]
-    replay = re.findall(r"^npstream\s+replay (\S+) x (\d+) B from 0 into an Arrow table"
+    replay = re.findall(r"^npstream\s+replay (\S+) x (\d+) B into an Arrow table, "
+                        r"(local reads \(same host\)|over gRPC \(ReadRange\))"
                         r"\s+([\d,]+)\s+([\d.,]+)", out, re.M)
-    assert [(n, s) for n, s, _r, _mb in replay] == [("20,000", "100"), ("5,000", "1000")]
+    assert [(n, s, how[:5]) for n, s, how, _r, _mb in replay] == [
+        ("20,000", "100", "local"), ("20,000", "100", "over "),
+        ("5,000", "1000", "local"), ("5,000", "1000", "over ")]
     for _n, size, _b, msgs, mb in publish:
         assert _number(msgs) > 0
         assert _number(mb) == pytest.approx(_number(msgs) * int(size) / 1e6, rel=0.05, abs=0.1)
@@ -52,12 +55,18 @@ def test_broker_bench_quick_without_peers_prints_our_rows(tmp_path: Path) -> Non
     # Goals that need peers are reported as not measured, never as passed; our own
     # integrity check passes for both configurations.
     assert "FAIL" not in out
-    assert out.count("N/A ") == 8
-    assert re.findall(r"^PASS  npstream stored and replayed all (\S+) x (\d+) B intact: "
-                      r"stored \1, replayed \1, offsets 0..n-1 ok, payload bytes ok$",
-                      out, re.M) == [("20,000", "100"), ("5,000", "1000")]
+    assert out.count("N/A ") == 10
+    intact = re.findall(r"^PASS  npstream stored and replayed all (\S+) x (\d+) B intact "
+                        r"\((local reads|over gRPC)\): "
+                        r"stored \1, replayed \1, offsets 0..n-1 ok, payload bytes ok$",
+                        out, re.M)
+    assert intact == [("20,000", "100", "local reads"), ("20,000", "100", "over gRPC"),
+                      ("5,000", "1000", "local reads"), ("5,000", "1000", "over gRPC")]
 
     result = json.loads(raw.read_text())
     configs = result["npstream"]["configs"]
     assert [c["produce"]["stored"] for c in configs] == [20_000, 5_000]
-    assert all(c["consume"]["offsets_ok"] and c["consume"]["payload_bytes_ok"] for c in configs)
+    assert all(c[key]["offsets_ok"] and c[key]["payload_bytes_ok"]
+               for c in configs for key in ("consume", "consume_grpc"))
+    assert [(c["consume"]["local_reads"], c["consume_grpc"]["local_reads"])
+            for c in configs] == [(True, False), (True, False)]
