@@ -34,7 +34,7 @@ from npstream.broker.service_streams import (
     on_log,
 )
 from npstream.host_identity import boot_id
-from npstream.proto import pb, pb_grpc
+from npstream.proto import pb
 
 __all__ = ["StreamReadServicer", "add_to_server"]
 
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 READ_RANGE_MAX_MESSAGES = 100_000
 
 
-class StreamReadServicer(pb_grpc.StreamReadServiceServicer):
+class StreamReadServicer:
     def __init__(self, ctx: BrokerContext, stopping: threading.Event) -> None:
         self._ctx = ctx
         self._registry = ctx.registry
@@ -83,7 +83,7 @@ class StreamReadServicer(pb_grpc.StreamReadServiceServicer):
 
     @rpc_method
     def ReadRange(self, request: pb.FetchRequest,
-                  context: grpc.ServicerContext) -> Iterator[pb.FetchResponse]:
+                  context: grpc.ServicerContext) -> Iterator[bytes]:
         stream, end = check_fetch_request(request)
         stream_log = self._registry.get(stream)
         stop = stream_log.end_offset if end is None else end
@@ -95,20 +95,58 @@ class StreamReadServicer(pb_grpc.StreamReadServiceServicer):
                 stream_log.read, offset, end_offset=stop, max_bytes=max_bytes,
                 max_messages=min(max(stop - offset, 0), READ_RANGE_MAX_MESSAGES),
             ))
-            batches = [b if isinstance(b, bytes) else bytes(b) for b in result.batches]
             self._metrics.fetched_messages.inc(result.count)
-            self._metrics.fetched_bytes.inc(sum(len(b) for b in batches))
-            yield pb.FetchResponse(
-                batches=batches,
+            self._metrics.fetched_bytes.inc(sum(len(b) for b in result.batches))
+            yield encode_fetch_response(result.batches, pb.FetchResponse(
                 next_offset=result.next_offset,
                 start_offset=stream_log.start_offset,
                 end_offset=stream_log.end_offset,
                 count=result.count,
-            )
+            ))
             offset = result.next_offset
             if result.count == 0 or offset >= stop or self._stopping.is_set():
                 return
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode_fetch_response(batches: list[bytes | memoryview], rest: pb.FetchResponse) -> bytes:
+    """``rest`` with ``batches`` added, in protobuf wire format, the batch bytes copied once.
+
+    Building a FetchResponse copies every stored payload into the message and
+    serializing copies it again; here the ``batches`` fields (tag, length,
+    bytes) are joined straight from the read buffers. Protobuf parses
+    concatenated encodings of one message as their merge, so the scalar fields
+    come from ``rest.SerializeToString()``.
+    """
+    parts: list[bytes | memoryview] = []
+    for batch in batches:
+        parts += (_BATCHES_TAG, _varint(len(batch)), batch)
+    parts.append(rest.SerializeToString())
+    return b"".join(parts)
+
+
+# FetchResponse field 1 (batches), wire type 2 (length-delimited).
+_BATCHES_TAG = bytes([(pb.FetchResponse.DESCRIPTOR.fields_by_name["batches"].number << 3) | 2])
+
+
 def add_to_server(server: grpc.Server, ctx: BrokerContext, stopping: threading.Event) -> None:
-    pb_grpc.add_StreamReadServiceServicer_to_server(StreamReadServicer(ctx, stopping), server)
+    """Register the service; ReadRange replies are pre-encoded bytes (encode_fetch_response)."""
+    servicer = StreamReadServicer(ctx, stopping)
+    handlers = {
+        "Locate": grpc.unary_unary_rpc_method_handler(
+            servicer.Locate, request_deserializer=pb.FetchRequest.FromString,
+            response_serializer=pb.LocateResponse.SerializeToString),
+        "ReadRange": grpc.unary_stream_rpc_method_handler(
+            servicer.ReadRange, request_deserializer=pb.FetchRequest.FromString,
+            response_serializer=bytes),
+    }
+    service = pb.DESCRIPTOR.services_by_name["StreamReadService"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
