@@ -46,7 +46,6 @@ from npstream.broker.storage.append_plan import (
     prepare_append,
 )
 from npstream.broker.storage.batch_builder import (
-    build_message_batch,
     complete_publish_table,
     decode_payload,
 )
@@ -65,6 +64,7 @@ from npstream.broker.storage.retention import plan_retention
 from npstream.broker.storage.segment import FaultHook
 from npstream.broker.storage.segment_list import SegmentList, UndoFailedError
 from npstream.broker.storage.settings import AckMode, StorageSettings, StreamConfig
+from npstream.broker.storage.small_append import MessageRows, build_stored_batch, prepare_rows
 from npstream.broker.storage.stream_files import (
     CleanShutdown,
     read_retention_config,
@@ -157,6 +157,16 @@ class StreamLog:
                                 fsync=ack is AckMode.FSYNC)
         return self._queue.submit(request)  # type: ignore[return-value]
 
+    def append_messages(self, rows: MessageRows, ack: AckMode = AckMode.FSYNC) -> AppendResult:
+        """``append`` for rows given as Python values (small_append.py: the lean path)."""
+        self._check_usable()
+        config = self._config
+        pending = prepare_rows(rows, self.name, config.max_message_bytes,
+                               find_repeats=config.dedup_window_ms > 0)
+        request = CommitRequest(pending, pending.table.get_total_buffer_size(),
+                                fsync=ack is AckMode.FSYNC)
+        return self._queue.submit(request)  # type: ignore[return-value]
+
     def append_atomic(
         self, tables: list[pa.Table], before_write: Callable[[int], None] | None = None
     ) -> AppendResult:
@@ -218,7 +228,7 @@ class StreamLog:
                 else pa.array(np.zeros(rows.table.num_rows, dtype=bool))
                 for rows in planned
             ])
-        batch = build_message_batch(table, first, now, self._id_prefix)
+        batch = build_stored_batch(table, first, now, self._id_prefix)
         self._segments.ensure_active(first, self._config)
         try:
             flagged = self._segments.write_batch(batch, supplied, now)
