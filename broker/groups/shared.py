@@ -15,9 +15,11 @@ stream's log, waiting, persistence and dead letters:
   retention and delete_before leave no lease, pending entry or blocked
   committed offset behind.
 
-Waiting members block on the group's condition. A watcher thread per group
-(alive only while someone waits) turns appends to the log into wake-ups,
-since StreamLog.wait_for_data cannot also be woken by acks or nacks.
+Waiting members block on the group's condition, which acks, nacks and resets
+notify. Appends to the log notify it too: the group registers an append
+listener on the log the first time a member waits, so the thread that wrote a
+message wakes the waiting member itself (no watcher thread in between: one
+thread hand-off less on every delivery's path).
 """
 
 from __future__ import annotations
@@ -44,7 +46,6 @@ from npstream.broker.groups.tuning import (
     MAX_ACK_WINDOW,
     MAX_PENDING_PER_GROUP,
     MEMBER_IDLE_MS,
-    WATCH_SLICE_S,
 )
 from npstream.schema import MESSAGE_SCHEMA
 
@@ -131,7 +132,6 @@ class SharedGroup:
         self._clock = clock
         lock = threading.Lock()
         self._cond = threading.Condition(lock)  # waiting receives
-        self._watch_cond = threading.Condition(lock)  # the watcher thread
         self._table = LeaseTable(committed, config)
         self._buffer: deque[DeliveryRow] = deque()  # offsets [next_fresh, _buffer_next)
         self._buffer_next = committed
@@ -139,7 +139,7 @@ class SharedGroup:
         self._persisted = (committed, dead_lettered)
         self._closed: BrokerError | None = None
         self._waiters = 0
-        self._watcher: threading.Thread | None = None
+        self._listening: StreamLog | None = None  # the log whose appends wake waiters
 
     # ------------------------------------------------------------ state helpers
 
@@ -152,11 +152,9 @@ class SharedGroup:
         return self._table.committed
 
     def _changed_locked(self) -> None:
-        """Wake waiting receives and the watcher: something they wait for may have changed."""
+        """Wake waiting receives: something they wait for may have changed."""
         if self._waiters:
             self._cond.notify_all()
-        if self._watcher is not None:
-            self._watch_cond.notify_all()
 
     def _check_open_locked(self) -> None:
         if self._closed is not None:
@@ -214,10 +212,7 @@ class SharedGroup:
                 break
             self._buffer.extend(rows_from_batches(result.batches))
             self._buffer_next = result.next_offset
-        taken = [self._buffer.popleft() for _ in range(min(limit, len(self._buffer)))]
-        if taken and self._watcher is not None:
-            self._watch_cond.notify_all()  # the watcher re-arms on the log
-        return taken
+        return [self._buffer.popleft() for _ in range(min(limit, len(self._buffer)))]
 
     # ------------------------------------------------------------ delivering
 
@@ -263,43 +258,25 @@ class SharedGroup:
             self._dead_letter(dead)
 
     def _wait_locked(self, stream_log: StreamLog, timeout: float) -> None:
+        if self._listening is not stream_log:
+            # Appends from now on notify us; one made since the caller looked is
+            # found by its next look, so return to it instead of waiting.
+            if self._listening is not None:
+                self._listening.remove_append_listener(self._on_append)
+            stream_log.add_append_listener(self._on_append)
+            self._listening = stream_log
+            return
         self._waiters += 1
         try:
-            if self._watcher is None:
-                self._watcher = threading.Thread(
-                    target=self._watch, args=(stream_log,), daemon=True,
-                    name=f"npstream-group-watch-{self.stream}/{self.group}")
-                self._watcher.start()
             self._cond.wait(timeout)
         finally:
             self._waiters -= 1
 
-    def _watch(self, stream_log: StreamLog) -> None:
-        """Wake waiters when the log has data past what the group has read.
-
-        When there is data to take it wakes the waiters and then sleeps on its
-        own condition until one of them took it (fresh takes, acks and resets
-        notify it); otherwise it waits on the log itself.
-        """
-        while True:
-            with self._cond:
-                if self._closed is not None or self._waiters == 0:
-                    self._watcher = None
-                    return
-                position = self._buffer_next
-                if self._fresh_budget_locked() <= 0:  # blocked on acks, not on the log
-                    self._watch_cond.wait(WATCH_SLICE_S)
-                    continue
-                if self._buffer or position < stream_log.end_offset:
-                    self._cond.notify_all()  # data is there: a waiter takes it
-                    self._watch_cond.wait(WATCH_SLICE_S)
-                    continue
-            try:
-                stream_log.wait_for_data(position, WATCH_SLICE_S)
-            except BrokerError:  # the log changed under us (deleted, broken): let waiters see
-                with self._cond:
-                    self._cond.notify_all()
-                    self._watch_cond.wait(WATCH_SLICE_S)
+    def _on_append(self) -> None:
+        """Append listener (runs in the writing thread): wake waiters if they can take it."""
+        with self._cond:
+            if self._waiters and self._fresh_budget_locked() > 0:
+                self._cond.notify_all()
 
     def wake(self) -> None:
         """Wake waiting receives so they re-check should_stop."""
@@ -420,4 +397,7 @@ class SharedGroup:
         """Fail current and future calls with reason (group or stream deleted)."""
         with self._cond:
             self._closed = reason
+            if self._listening is not None:
+                self._listening.remove_append_listener(self._on_append)
+                self._listening = None
             self._changed_locked()

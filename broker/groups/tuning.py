@@ -42,10 +42,6 @@ TICK_INTERVAL_S = 1.0
 # A member that disconnected (or stopped calling Receive) with no leases is
 # listed for this long after it was last seen, then forgotten.
 MEMBER_IDLE_MS = 60_000
-# A waiting Receive/Subscribe re-checks the log at least this often; appends
-# wake it at once through the stream's wait_for_data, so this only bounds how
-# long a watcher thread lingers after the last waiter left.
-WATCH_SLICE_S = 0.5
 # Long polls (Pull, Receive, Subscribe) re-check that the client is still
 # there and that the broker is not stopping at least this often.
 LONG_POLL_SLICE_S = 0.5

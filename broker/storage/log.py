@@ -111,6 +111,8 @@ class StreamLog:
         self._view = LogView(loaded.start_offset, loaded.end_offset, tuple(loaded.segments),
                              loaded.segments[-1].size if loaded.segments else 0)
         self._sync_lock = threading.Lock()
+        self._listeners: tuple[Callable[[], None], ...] = ()
+        self._listeners_lock = threading.Lock()
         self._written_seq = 0
         self._synced_seq = 0
         self._queue: CommitQueue[PendingAppend] = CommitQueue(
@@ -305,6 +307,22 @@ class StreamLog:
             )
             return self._view.end > offset
 
+    def add_append_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after every change of the view (appends, deletions).
+
+        It runs in the writing thread, under the append lock, right after the
+        data became visible: a waiter woken by it reacts without the hand-off
+        through a watcher thread that ``wait_for_data`` would need (shared
+        groups wait on their own condition). It must be quick, must not raise
+        and must never wait for anything that holds this log's append lock.
+        """
+        with self._listeners_lock:
+            self._listeners = (*self._listeners, listener)
+
+    def remove_append_listener(self, listener: Callable[[], None]) -> None:
+        with self._listeners_lock:
+            self._listeners = tuple(x for x in self._listeners if x != listener)
+
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """First offset with timestamp >= ``timestamp_ms``; end_offset if none."""
         self._check_readable()
@@ -458,6 +476,11 @@ class StreamLog:
         with self._state:
             self._view = view
             self._state.notify_all()
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:  # a listener's bug must not fail the write that called it
+                log.exception("stream %s: append listener %r failed", self.name, listener)
 
     def _check_readable(self) -> None:
         if self._closed is not None:
