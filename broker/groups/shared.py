@@ -3,9 +3,12 @@
 ``SharedGroup`` joins the pure lease bookkeeping (leases.LeaseTable) with the
 stream's log, waiting, persistence and dead letters:
 
-* Fresh messages are read from the log in Arrow batches of
-  FRESH_READ_CHUNK into a small buffer and handed out in offset order;
-  redeliveries that are due go first, so no member idles while work waits.
+* Fresh messages are read from the log in Arrow batches (up to
+  FRESH_READ_CHUNK messages or FRESH_READ_BYTES per read), kept as Arrow
+  record batches, and turned into Python rows only as they are handed out, in
+  offset order: a stored batch of 10,000 rows is read once, not once per
+  Receive. Redeliveries that are due go first, so no member idles while work
+  waits.
 * Everything in flight lives in memory. Only the committed offset (lowest not
   acked) and the dead-lettered count are persisted, through the batching
   PositionWriter. After a restart, unacked messages are delivered again.
@@ -29,6 +32,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from itertools import repeat
 from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
@@ -41,18 +45,19 @@ from npstream.broker.groups.shared_config import SharedConfig
 from npstream.broker.groups.store import PositionWriter
 from npstream.broker.groups.tuning import (
     DEAD_LETTER_RETRY_MS,
+    FRESH_READ_BYTES,
     FRESH_READ_CHUNK,
     LONG_POLL_SLICE_S,
     MAX_ACK_WINDOW,
     MAX_PENDING_PER_GROUP,
     MEMBER_IDLE_MS,
 )
-from npstream.schema import MESSAGE_SCHEMA
+from npstream.broker.storage.batch_builder import decode_payload
 
 if TYPE_CHECKING:
     from npstream.broker.storage import StreamLog
 
-__all__ = ["Grant", "MemberInfo", "SharedGroup", "SharedSnapshot", "rows_from_batches"]
+__all__ = ["Grant", "MemberInfo", "SharedGroup", "SharedSnapshot", "rows_from_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -86,22 +91,18 @@ class SharedSnapshot(NamedTuple):
     config: SharedConfig
 
 
-def rows_from_batches(batches: list[bytes | memoryview]) -> list[DeliveryRow]:
-    """Decode stored Arrow record-batch messages into rows, one column at a time."""
-    rows: list[DeliveryRow] = []
-    for buf in batches:
-        batch = pa.ipc.read_record_batch(pa.py_buffer(buf), MESSAGE_SCHEMA)
-        headers = [dict(h) if h else {} for h in batch.column("headers").to_pylist()]
-        rows.extend(map(
-            DeliveryRow,
-            batch.column("offset").to_pylist(),
-            batch.column("id").to_pylist(),
-            batch.column("key").to_pylist(),
-            batch.column("value").to_pylist(),
-            headers,
-            batch.column("timestamp").cast(pa.int64()).to_pylist(),
-        ))
-    return rows
+def rows_from_batch(batch: pa.RecordBatch) -> list[DeliveryRow]:
+    """The rows of a stored (MESSAGE_SCHEMA) record batch, converted one column at a time."""
+    headers = [dict(h) if h else {} for h in batch.column("headers").to_pylist()]
+    return list(map(tuple.__new__, repeat(DeliveryRow), zip(  # no Python call per row
+        batch.column("offset").to_pylist(),
+        batch.column("id").to_pylist(),
+        batch.column("key").to_pylist(),
+        batch.column("value").to_pylist(),
+        headers,
+        batch.column("timestamp").view(pa.int64()).to_pylist(),  # same buffer, no cast
+        strict=True,
+    )))
 
 
 class SharedGroup:
@@ -133,7 +134,9 @@ class SharedGroup:
         lock = threading.Lock()
         self._cond = threading.Condition(lock)  # waiting receives
         self._table = LeaseTable(committed, config)
-        self._buffer: deque[DeliveryRow] = deque()  # offsets [next_fresh, _buffer_next)
+        # Read from the log, not handed out yet: offsets [next_fresh, _buffer_next).
+        self._buffer: deque[pa.RecordBatch] = deque()
+        self._buffered = 0  # rows in _buffer
         self._buffer_next = committed
         self._dead_lettered = dead_lettered
         self._persisted = (committed, dead_lettered)
@@ -174,8 +177,7 @@ class SharedGroup:
         if start > self._table.committed:
             before = self._table.committed
             dropped = self._table.drop_below(start)
-            self._buffer.clear()
-            self._buffer_next = self._table.next_fresh
+            self._clear_buffer_locked(self._table.next_fresh)
             log.info("group '%s' on stream '%s': offsets [%d, %d) were removed from the log; "
                      "dropped %d pending deliveries, committed offset now %d",
                      self.group, self.stream, before, start, dropped, self._table.committed)
@@ -188,31 +190,48 @@ class SharedGroup:
 
     def _reset_locked(self, offset: int) -> int:
         dropped = self._table.reset(offset)
-        self._buffer.clear()
-        self._buffer_next = offset
+        self._clear_buffer_locked(offset)
         self._changed_locked()
         return dropped
 
     def _fresh_budget_locked(self) -> int:
         return self._table.fresh_budget(MAX_PENDING_PER_GROUP, MAX_ACK_WINDOW)
 
+    def _clear_buffer_locked(self, next_offset: int) -> None:
+        self._buffer.clear()
+        self._buffered = 0
+        self._buffer_next = next_offset
+
     def _take_fresh_locked(self, stream_log: StreamLog, limit: int) -> list[DeliveryRow]:
         limit = min(limit, self._fresh_budget_locked())
         if limit <= 0:
             return []
         # Refill until the request is covered, so one Subscribe batch (or Receive) takes
-        # everything ready that fits, not just what was left of the last chunk.
-        while len(self._buffer) < limit and self._buffer_next < stream_log.end_offset:
+        # everything ready that fits, not just what was left of the last read.
+        while self._buffered < limit and self._buffer_next < stream_log.end_offset:
             try:
-                result = stream_log.read(self._buffer_next, max_messages=FRESH_READ_CHUNK)
+                result = stream_log.read(self._buffer_next, max_messages=FRESH_READ_CHUNK,
+                                         max_bytes=FRESH_READ_BYTES)
             except OffsetOutOfRangeError:  # retention moved the start meanwhile
                 self._follow_log_locked(stream_log)
                 return []
             if result.next_offset <= self._buffer_next:
                 break
-            self._buffer.extend(rows_from_batches(result.batches))
+            for payload in result.batches:
+                batch = decode_payload(payload)
+                self._buffer.append(batch)
+                self._buffered += batch.num_rows
             self._buffer_next = result.next_offset
-        return [self._buffer.popleft() for _ in range(min(limit, len(self._buffer)))]
+        taken: list[DeliveryRow] = []
+        while len(taken) < limit and self._buffer:
+            batch = self._buffer.popleft()
+            wanted = limit - len(taken)
+            if batch.num_rows > wanted:
+                self._buffer.appendleft(batch.slice(wanted))
+                batch = batch.slice(0, wanted)
+            taken += rows_from_batch(batch)
+            self._buffered -= batch.num_rows
+        return taken
 
     # ------------------------------------------------------------ delivering
 
