@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import grpc
@@ -32,9 +32,10 @@ from npstream.broker.registry import (
     StreamStatus,
     check_stream_name,
 )
-from npstream.broker.storage import AckMode, StreamLog
+from npstream.broker.storage import AckMode, AppendResult, StreamLog
+from npstream.broker.storage.small_append import MessageRows
 from npstream.proto import pb, pb_grpc
-from npstream.schema import HEADERS_TYPE, normalize_publish_table
+from npstream.schema import normalize_publish_table
 
 __all__ = [
     "DEFAULT_FETCH_BYTES",
@@ -84,22 +85,14 @@ def _overrides(config: pb.StreamConfig) -> dict[str, int]:
     return {f: getattr(config, f) for f in CONFIG_FIELDS if config.HasField(f)}
 
 
-def _messages_table(messages: list[pb.Message]) -> pa.Table:
-    """Columns from repeated Message (the simple-client path; arrow_stream is the fast one)."""
-    columns: dict[str, pa.Array] = {
-        "value": pa.array([m.value for m in messages], pa.binary()),
-    }
-    ids = [m.id or None for m in messages]
-    if any(ids):
-        columns["id"] = pa.array(ids, pa.string())
-    keys = [m.key if m.HasField("key") else None for m in messages]
-    if any(k is not None for k in keys):
-        columns["key"] = pa.array(keys, pa.binary())
-    if any(m.headers for m in messages):
-        columns["headers"] = pa.array(
-            [list(m.headers.items()) if m.headers else None for m in messages], HEADERS_TYPE
-        )
-    return pa.table(columns)
+def _message_rows(messages: Sequence[pb.Message]) -> MessageRows:
+    """The repeated Message of simple clients as lists (storage's lean small-append path)."""
+    return MessageRows(
+        values=[m.value for m in messages],
+        ids=[m.id for m in messages],
+        keys=[m.key if m.HasField("key") else None for m in messages],
+        headers=[dict(m.headers) if m.headers else None for m in messages],
+    )
 
 
 def _arrow_table(stream: str, data: bytes) -> pa.Table:
@@ -218,9 +211,14 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
             raise InvalidArgumentError(
                 f"publish to stream '{stream}' sets both messages and arrow_stream; send one"
             )
-        raw = _arrow_table(stream, request.arrow_stream) if request.arrow_stream else (
-            _messages_table(list(request.messages)) if request.messages else None
-        )
+        ack = AckMode.WRITE if request.ack == pb.ACK_WRITE else AckMode.FSYNC
+        if request.messages:
+            rows = _message_rows(request.messages)
+            stream_log = self._registry.get(stream, create_if_missing=True)
+            started = time.perf_counter()
+            result = self._on_log(stream, lambda: stream_log.append_messages(rows, ack))
+            return self._published(stream, result, sum(map(len, rows.values)), started)
+        raw = _arrow_table(stream, request.arrow_stream) if request.arrow_stream else None
         if raw is None or raw.num_rows == 0:
             stream_log = self._registry.get(stream, create_if_missing=True)
             return pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
@@ -228,14 +226,18 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
             table = _empty_ids_to_null(normalize_publish_table(raw))
         except ValueError as exc:
             raise InvalidArgumentError(f"publish to stream '{stream}': {exc}") from None
-        ack = AckMode.WRITE if request.ack == pb.ACK_WRITE else AckMode.FSYNC
         stream_log = self._registry.get(stream, create_if_missing=True)
         started = time.perf_counter()
         result = self._on_log(stream, lambda: stream_log.append(table, ack))
+        return self._published(stream, result, table.nbytes, started)
+
+    def _published(self, stream: str, result: AppendResult, nbytes: int,
+                   started: float) -> pb.PublishResponse:
+        """Count a stored publish in the metrics and build its reply."""
         self._metrics.append_latency.observe(time.perf_counter() - started)
         self._metrics.publish_requests.inc()
         self._metrics.published_messages.inc(result.stored_count)
-        self._metrics.published_bytes.inc(table.nbytes)
+        self._metrics.published_bytes.inc(nbytes)
         if result.duplicates:
             self._metrics.duplicate_messages.inc(len(result.duplicates))
         log.debug("published %d message(s) to '%s' at offset %d (%d duplicate(s))",

@@ -46,7 +46,6 @@ from npstream.broker.storage.append_plan import (
     prepare_append,
 )
 from npstream.broker.storage.batch_builder import (
-    build_message_batch,
     complete_publish_table,
     decode_payload,
 )
@@ -67,6 +66,7 @@ from npstream.broker.storage.retention import plan_retention
 from npstream.broker.storage.segment import FaultHook
 from npstream.broker.storage.segment_list import SegmentList, UndoFailedError
 from npstream.broker.storage.settings import AckMode, StorageSettings, StreamConfig
+from npstream.broker.storage.small_append import MessageRows, build_stored_batch, prepare_rows
 from npstream.broker.storage.stream_files import (
     CleanShutdown,
     read_retention_config,
@@ -113,6 +113,8 @@ class StreamLog:
         self._view = LogView(loaded.start_offset, loaded.end_offset, tuple(loaded.segments),
                              loaded.segments[-1].size if loaded.segments else 0)
         self._sync_lock = threading.Lock()
+        self._listeners: tuple[Callable[[], None], ...] = ()
+        self._listeners_lock = threading.Lock()
         self._written_seq = 0
         self._synced_seq = 0
         self._queue: CommitQueue[PendingAppend] = CommitQueue(
@@ -155,6 +157,16 @@ class StreamLog:
                                  find_repeats=config.dedup_window_ms > 0)
         if pending.table.num_rows == 0:
             return AppendResult(self.end_offset, 0, [], max(self._clock(), self._last_timestamp))
+        request = CommitRequest(pending, pending.table.get_total_buffer_size(),
+                                fsync=ack is AckMode.FSYNC)
+        return self._queue.submit(request)  # type: ignore[return-value]
+
+    def append_messages(self, rows: MessageRows, ack: AckMode = AckMode.FSYNC) -> AppendResult:
+        """``append`` for rows given as Python values (small_append.py: the lean path)."""
+        self._check_usable()
+        config = self._config
+        pending = prepare_rows(rows, self.name, config.max_message_bytes,
+                               find_repeats=config.dedup_window_ms > 0)
         request = CommitRequest(pending, pending.table.get_total_buffer_size(),
                                 fsync=ack is AckMode.FSYNC)
         return self._queue.submit(request)  # type: ignore[return-value]
@@ -220,7 +232,7 @@ class StreamLog:
                 else pa.array(np.zeros(rows.table.num_rows, dtype=bool))
                 for rows in planned
             ])
-        batch = build_message_batch(table, first, now, self._id_prefix)
+        batch = build_stored_batch(table, first, now, self._id_prefix)
         self._segments.ensure_active(first, self._config)
         try:
             flagged = self._segments.write_batch(batch, supplied, now)
@@ -303,6 +315,22 @@ class StreamLog:
                 lambda: self._view.end > offset or self._closed is not None, timeout_s
             )
             return self._view.end > offset
+
+    def add_append_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after every change of the view (appends, deletions).
+
+        It runs in the writing thread, under the append lock, right after the
+        data became visible: a waiter woken by it reacts without the hand-off
+        through a watcher thread that ``wait_for_data`` would need (shared
+        groups wait on their own condition). It must be quick, must not raise
+        and must never wait for anything that holds this log's append lock.
+        """
+        with self._listeners_lock:
+            self._listeners = (*self._listeners, listener)
+
+    def remove_append_listener(self, listener: Callable[[], None]) -> None:
+        with self._listeners_lock:
+            self._listeners = tuple(x for x in self._listeners if x != listener)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """First offset with timestamp >= ``timestamp_ms``; end_offset if none."""
@@ -457,6 +485,11 @@ class StreamLog:
         with self._state:
             self._view = view
             self._state.notify_all()
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:  # a listener's bug must not fail the write that called it
+                log.exception("stream %s: append listener %r failed", self.name, listener)
 
     def _check_readable(self) -> None:
         if self._closed is not None:
