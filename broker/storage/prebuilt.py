@@ -55,8 +55,8 @@ def stamp_payload(payload: memoryview, base_offset: int, timestamp_ms: int) -> p
     buffer = pa.py_buffer(payload)
     try:
         batch = ipc.read_record_batch(buffer, MESSAGE_SCHEMA)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise ValueError(f"not a stored-batch payload: {exc}") from None
+    except (pa.ArrowInvalid, OSError, EOFError) as exc:  # EOFError: no message at all
+        raise ValueError(f"not a stored-batch payload: {exc!r}") from None
     rows = batch.num_rows
     for column, values in ((_OFFSET_COLUMN, np.arange(base_offset, base_offset + rows,
                                                       dtype=np.int64)),
