@@ -19,7 +19,8 @@ State in SQLite (through ``ctx.metadata``):
                   'committing' while the append may be incomplete, 'done' once
                   it returned (fsynced).
 
-Per stream, ``StreamLog.append_atomic`` records the 'committing' marker from
+Per stream, ``StreamLog.append_prebuilt`` (``append_atomic`` for staging files
+of older brokers) records the 'committing' marker from
 its ``before_write`` callback, under the log's append lock, before any byte
 is written; nothing else can append to the stream until the sink's rows are
 written and fsynced. So when recovery finds a 'committing' marker:
@@ -28,8 +29,8 @@ written and fsynced. So when recovery finds a 'committing' marker:
   offsets, if any, are other writers' data appended after it); mark it done.
 * otherwise the crash tore the append: every offset from ``first_offset`` on
   belongs to it, so ``truncate_to(first_offset)`` and append it again from the
-  staging files: same rows at the same offsets (rows staged without an id get
-  a new broker-generated id).
+  staging files: same rows with the same ids at the same offsets (ids missing
+  at Stage were filled there, see sink_frames).
 
 Markers and the pending row must be durable before the log bytes they
 describe. With ``metadata_sync = "normal"`` SQLite does not fsync its WAL on
@@ -41,7 +42,7 @@ Test-only fault hook: the environment variable ``NPSTREAM_SINK_FAULT`` makes
 the broker ``os._exit(FAULT_EXIT_CODE)`` in the middle of the first commit:
 
 * ``marker``  after the 'committing' marker is durable, before any byte;
-* ``append``  after append_atomic returned, before the marker becomes 'done';
+* ``append``  after the stream's append returned, before the marker becomes 'done';
 * ``torn:N``  like ``append``, but first cuts the stream's newest segment file
   back to its size before the commit plus N bytes, as if the broker had died
   after writing N bytes of the commit;
