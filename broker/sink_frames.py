@@ -15,15 +15,18 @@ and writes them (storage/prebuilt.py).
 
 Layout (integers little-endian)::
 
-    0   8  magic  b"NPSTG\\x00\\x00\\x01"
-    8   4  index_length: bytes of the JSON index that follows (padded with spaces to 8)
-    12  4  reserved (0)
-    16     index (JSON): {"rows": N, "streams": [sorted targets],
-                          "frames": [[stream, count, flags, position, length,
-                                      largest message bytes], ...]}
-    ...    payloads at the listed byte positions (multiples of 8), streams in
-           sorted order, each stream's frames in staged row order
+    an Arrow IPC stream in MESSAGE_SCHEMA: the schema, an empty batch, then the
+        stored batches, per target stream in name order, each stream's rows in
+        staged order; every batch message is one frame payload
+    index (JSON, padded with spaces to 8 bytes):
+        {"rows": N, "streams": [sorted targets],
+         "frames": [[stream, count, flags, position, length, largest message bytes], ...]}
+    trailer (16 bytes): u64 byte position of the index, then the magic b"NPSTG\x00\x00\x01"
 
+The batches are written straight from their Arrow buffers by the IPC writer
+(no serialized copy in memory); the empty batch forces the schema out first
+so that every batch's position is known. The bytes of a batch message are
+those of ``RecordBatch.serialize()``, i.e. a frame payload.
 Listing what a staging targets reads the index only. Files written by older
 brokers (an Arrow IPC stream with a ``stream`` column) are still read:
 ``is_frames_file`` tells them apart by the magic.
@@ -36,8 +39,10 @@ import mmap
 import os
 import secrets
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,15 +53,19 @@ from npstream.broker.storage.batch_builder import (
     decode_payload,
     message_sizes,
     producer_id_mask,
-    serialize_frames,
 )
 from npstream.broker.storage.prebuilt import PrebuiltFrame
 from npstream.broker.storage.record_batch import FLAG_PRODUCER_IDS
+from npstream.schema import MESSAGE_SCHEMA
 
-__all__ = ["MAGIC", "StagedFrames", "build_staging", "is_frames_file", "read_index"]
+__all__ = ["MAGIC", "StagedFrames", "is_frames_file", "read_index", "write_staging"]
 
 MAGIC = b"NPSTG\x00\x00\x01"
-_PREFIX = struct.Struct("<8sII")
+_TRAILER = struct.Struct("<Q8s")
+_EMPTY_BATCH = pa.RecordBatch.from_pylist([], MESSAGE_SCHEMA)
+# Chunks smaller than this are grouped (one copy) so that frames are not tiny;
+# bigger chunks become stored batches without being copied.
+_MIN_PART_BYTES = 256 << 10
 _ID_PREFIX_BYTES = 8  # random bytes -> 16 hex characters, as the broker's generated ids
 
 
@@ -70,70 +79,95 @@ class _Frame:
     max_message_bytes: int
 
 
-def build_staging(table: pa.Table, max_frame_bytes: int) -> list[bytes | pa.Buffer]:
-    """The pieces of a staging file for ``table`` (prepare_stage output), to write in order.
+def write_staging(sink: pa.NativeFile, table: pa.Table, max_frame_bytes: int) -> None:
+    """Write the staging file of ``table`` (prepare_stage output) to ``sink`` (at position 0).
 
     Stored batches are cut into payloads of about ``max_frame_bytes`` (the
     broker's max_batch_bytes), as an append would cut them.
     """
     streams = sorted(json.loads(table.schema.metadata[b"npstream.streams"]))
-    payloads: list[tuple[str, int, int, int, pa.Buffer]] = []
-    for stream in streams:
-        rows = table
-        if len(streams) > 1:
-            rows = table.filter(pc.equal(table.column("stream"), stream))
-        rows = complete_publish_table(rows.drop_columns(["stream"]))
-        if not rows.num_rows:
+    frames: list[list[object]] = []
+    with pa.ipc.new_stream(sink, MESSAGE_SCHEMA) as writer:
+        writer.write_batch(_EMPTY_BATCH)
+        for stream in streams:
+            rows = table
+            if len(streams) > 1:
+                rows = table.filter(pc.equal(table.column("stream"), stream))
+            id_prefix = secrets.token_hex(_ID_PREFIX_BYTES).encode()
+            first = 0
+            for part in _parts(rows.drop_columns(["stream"])):
+                part = complete_publish_table(part)
+                ids = part.column("id").chunk(0)
+                supplied = producer_id_mask(ids) if ids.null_count < len(ids) else None
+                sizes = message_sizes(part)
+                # Placeholder offsets first.. keep the generated ids unique within the file.
+                batch = build_message_batch(part, first, 0, id_prefix)
+                for start, count in _frame_slices(batch, max_frame_bytes):
+                    piece = batch if count == batch.num_rows else batch.slice(start, count)
+                    flags = 0
+                    if supplied is not None and pc.any(supplied.slice(start, count)).as_py():
+                        flags = FLAG_PRODUCER_IDS
+                    position = sink.tell()
+                    writer.write_batch(piece)
+                    frames.append([stream, count, flags, position, sink.tell() - position,
+                                   int(sizes[start:start + count].max())])
+                first += part.num_rows
+    index_position = sink.tell()
+    text = json.dumps({"rows": table.num_rows, "streams": streams, "frames": frames}).encode()
+    sink.write(text + b" " * (-len(text) % 8))
+    sink.write(_TRAILER.pack(index_position, MAGIC))
+
+
+def _parts(rows: pa.Table) -> Iterator[pa.Table]:
+    """The rows in tables of whole chunks: big chunks alone (no copy), small ones grouped."""
+    group: list[pa.RecordBatch] = []
+    group_bytes = 0
+    for batch in rows.to_batches():
+        if not batch.num_rows:
             continue
-        ids = rows.column("id").chunk(0)
-        supplied = producer_id_mask(ids) if ids.null_count < len(ids) else None
-        sizes = message_sizes(rows)
-        id_prefix = secrets.token_hex(_ID_PREFIX_BYTES).encode()
-        batch = build_message_batch(rows, 0, 0, id_prefix)
-        for start, count, payload in serialize_frames(batch, max_frame_bytes):
-            flags = 0
-            if supplied is not None and pc.any(supplied.slice(start, count)).as_py():
-                flags = FLAG_PRODUCER_IDS
-            largest = int(sizes[start:start + count].max())
-            payloads.append((stream, count, flags, largest, payload))
-    return _assemble(table.num_rows, streams, payloads)
+        group.append(batch)
+        group_bytes += batch.nbytes
+        if group_bytes >= _MIN_PART_BYTES:
+            yield pa.Table.from_batches(group)
+            group, group_bytes = [], 0
+    if group:
+        yield pa.Table.from_batches(group)
 
 
-def _assemble(rows: int, streams: list[str],
-              payloads: list[tuple[str, int, int, int, pa.Buffer]]) -> list[bytes | pa.Buffer]:
-    """Prefix + index + payloads; the index lists positions, so it is sized first."""
-    def index_bytes(data_start: int) -> bytes:
-        frames, position = [], data_start
-        for stream, count, flags, largest, payload in payloads:
-            frames.append([stream, count, flags, position, payload.size, largest])
-            position += payload.size
-        text = json.dumps({"rows": rows, "streams": streams, "frames": frames}).encode()
-        return text + b" " * (-len(text) % 8)
+def _frame_slices(batch: pa.RecordBatch, max_frame_bytes: int) -> list[tuple[int, int]]:
+    """(first row, rows) of the frames of ``batch``: serialize_frames' cut, sized not serialized."""
+    size = pa.ipc.get_record_batch_size(batch)
+    if size <= max_frame_bytes or batch.num_rows <= 1:
+        return [(0, batch.num_rows)]
+    step = max(1, batch.num_rows * max_frame_bytes // size)
+    return [(start, min(step, batch.num_rows - start))
+            for start in range(0, batch.num_rows, step)]
 
-    index = index_bytes(0)
-    while True:  # positions grow with the index's own length; settles in a step or two
-        start = _PREFIX.size + len(index)
-        again = index_bytes(start)
-        if len(again) == len(index):
-            index = again
-            break
-        index = again
-    return [_PREFIX.pack(MAGIC, len(index), 0), index, *(p[4] for p in payloads)]
+
+def _index_position(handle: BinaryIO) -> int | None:
+    """Where the index starts, from the trailer; None when the file has no trailer."""
+    size = handle.seek(0, os.SEEK_END)
+    if size < _TRAILER.size:
+        return None
+    handle.seek(size - _TRAILER.size)
+    position, magic = _TRAILER.unpack(handle.read(_TRAILER.size))
+    return position if magic == MAGIC and position <= size - _TRAILER.size else None
 
 
 def is_frames_file(path: Path) -> bool:
     """True for a staging file in this format (False: an older Arrow IPC stream file)."""
     with open(path, "rb") as handle:
-        return handle.read(len(MAGIC)) == MAGIC
+        return _index_position(handle) is not None
 
 
 def read_index(path: Path) -> dict[str, object]:
     """The JSON index of a staging file in this format (a few hundred bytes read)."""
     with open(path, "rb") as handle:
-        magic, length, _reserved = _PREFIX.unpack(handle.read(_PREFIX.size))
-        if magic != MAGIC:
-            raise ValueError(f"{path} is not a staging file (magic {magic!r})")
-        return json.loads(handle.read(length))
+        position = _index_position(handle)
+        if position is None:
+            raise ValueError(f"{path} is not a staging file in the frames format")
+        handle.seek(position)
+        return json.loads(handle.read()[:-_TRAILER.size])
 
 
 class StagedFrames:

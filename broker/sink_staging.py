@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from npstream.broker.errors import InvalidArgumentError
-from npstream.broker.sink_frames import StagedFrames, build_staging, is_frames_file, read_index
+from npstream.broker.sink_frames import StagedFrames, is_frames_file, read_index, write_staging
 from npstream.names import NAME_RULE, STREAM_NAME_RE, validate_stream_name
 from npstream.schema import normalize_publish_table
 
@@ -70,7 +70,6 @@ _META_STREAMS = b"npstream.streams"
 _META_ROWS = b"npstream.rows"
 # Frames per staging file are cut at the broker's max_batch_bytes (the server passes it).
 DEFAULT_MAX_FRAME_BYTES = 8 << 20
-_IOV_MAX = 1024  # pieces per writev call (Linux's IOV_MAX)
 # Sink and staging ids become path components: the stream-name alphabet, which
 # admits no separators and no leading dot.
 
@@ -256,11 +255,10 @@ class StagingArea:
 
     def _write_once(self, target: Path, table: pa.Table) -> int:
         self._make_dirs(target.parent)
-        pieces = build_staging(table, self.max_frame_bytes)
         tmp = target.with_name(f"{target.name}.{uuid.uuid4().hex[:12]}{_TMP_SUFFIX}")
         try:
-            with open(tmp, "wb") as sink:
-                _write_all(sink.fileno(), pieces)
+            with pa.OSFile(str(tmp), "wb") as sink:
+                write_staging(sink, table, self.max_frame_bytes)
                 os.fsync(sink.fileno())
             os.replace(tmp, target)
         except BaseException:
@@ -391,18 +389,6 @@ def _targets_of(path: Path) -> list[str]:
         return list(read_index(path)["streams"])  # type: ignore[call-overload]
     with pa.memory_map(str(path)) as source:
         return _streams_from_schema(pa.ipc.open_stream(source).schema)
-
-
-def _write_all(fd: int, pieces: list[bytes | pa.Buffer]) -> None:
-    """writev until every piece is on the file (a regular file rarely writes short)."""
-    views = [memoryview(piece).cast("B") for piece in pieces if len(memoryview(piece))]
-    while views:
-        written = os.writev(fd, views[:_IOV_MAX])
-        while views and written >= len(views[0]):
-            written -= len(views[0])
-            views.pop(0)
-        if views and written:
-            views[0] = views[0][written:]
 
 
 def _fsync_dir(directory: Path) -> None:
