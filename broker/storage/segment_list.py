@@ -120,26 +120,31 @@ class SegmentList:
         is stamped in place (prebuilt.py) and written as it is. Returns the
         stamped batches of the frames flagged as carrying producer ids.
         """
+        flagged: list[pa.RecordBatch] = []
+        ready = []
+        base = first
+        for frame in frames:  # every frame checked and stamped before the first byte is written
+            batch = stamp_payload(frame.payload, base, timestamp)
+            if batch.num_rows != frame.count:
+                raise ValueError(f"prebuilt frame at offset {base} holds {batch.num_rows} rows, "
+                                 f"not {frame.count}")
+            if frame.flags & FLAG_PRODUCER_IDS:
+                flagged.append(batch)
+            payload = pa.py_buffer(frame.payload)
+            ready.append((payload, *encode_frame(
+                payload, base_offset=base, count=frame.count,
+                min_timestamp=timestamp, max_timestamp=timestamp, flags=frame.flags,
+            )))
+            base += frame.count
         segment_count = len(self.segments)
         tail_size = self.segments[-1].size
-        flagged: list[pa.RecordBatch] = []
-        base = first
         try:
-            for frame in frames:
-                batch = stamp_payload(frame.payload, base, timestamp)
-                if frame.flags & FLAG_PRODUCER_IDS:
-                    flagged.append(batch)
-                payload = pa.py_buffer(frame.payload)
-                header_bytes, header = encode_frame(
-                    payload, base_offset=base, count=frame.count,
-                    min_timestamp=timestamp, max_timestamp=timestamp, flags=frame.flags,
-                )
-                self._roll_if_due(header.frame_size, frame.count, timestamp)
+            for payload, header_bytes, header in ready:
+                self._roll_if_due(header.frame_size, header.count, timestamp)
                 self.segments[-1].write_frame(
                     self._cache, header_bytes, payload, header,
                     self._settings.index_interval_bytes, self._fault_hook,
                 )
-                base += frame.count
         except OSError:
             self._roll_back(segment_count, tail_size)
             raise

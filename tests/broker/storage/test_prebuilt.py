@@ -100,3 +100,13 @@ def test_prebuilt_frames_flagged_with_producer_ids_enter_the_dedup_window(make_s
 def test_stamp_payload_rejects_a_payload_that_is_not_a_stored_batch():
     with pytest.raises(ValueError, match="not a stored-batch payload"):
         stamp_payload(memoryview(bytearray(64)), 0, 0)
+
+
+def test_a_bad_prebuilt_frame_stores_nothing_of_the_append(make_storage, config, table_of):
+    log = make_storage().open_log("bad", config)
+    frames = prebuilt(table_of(20), max_frame_bytes=256)
+    broken = PrebuiltFrame(memoryview(bytearray(len(frames[-1].payload))), frames[-1].count)
+    with pytest.raises(ValueError, match="not a stored-batch payload"):
+        log.append_prebuilt([*frames[:-1], broken])
+    assert log.end_offset == 0
+    assert log.append(table_of([b"next"])).first_offset == 0
