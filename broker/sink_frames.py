@@ -27,9 +27,11 @@ The batches are written straight from their Arrow buffers by the IPC writer
 (no serialized copy in memory); the empty batch forces the schema out first
 so that every batch's position is known. The bytes of a batch message are
 those of ``RecordBatch.serialize()``, i.e. a frame payload.
-Listing what a staging targets reads the index only. Files written by older
-brokers (an Arrow IPC stream with a ``stream`` column) are still read:
-``is_frames_file`` tells them apart by the magic.
+
+Listing what a staging targets reads the trailer and the index only. Files
+written by older brokers (an Arrow IPC stream with a ``stream`` column, ending
+with the IPC end-of-stream marker) are still read: ``is_frames_file`` tells
+them apart by the trailer's magic.
 """
 
 from __future__ import annotations
