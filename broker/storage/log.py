@@ -53,6 +53,7 @@ from npstream.broker.storage.dedup import DedupWindow, rebuild_window
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.group_commit import CommitQueue, CommitRequest
 from npstream.broker.storage.loader import LoadedLog
+from npstream.broker.storage.prebuilt import PrebuiltFrame, check_prebuilt_sizes
 from npstream.broker.storage.reader import (
     FileSpan,
     LogView,
@@ -188,6 +189,43 @@ class StreamLog:
         request = CommitRequest(pending, pending.table.get_total_buffer_size(), fsync=True,
                                 atomic=True)
         return self._queue.submit(request)  # type: ignore[return-value]
+
+    def append_prebuilt(
+        self, frames: list[PrebuiltFrame], before_write: Callable[[int], None] | None = None
+    ) -> AppendResult:
+        """append_atomic for rows already framed (prebuilt.py): stamped in place, not rebuilt.
+
+        Same promises: contiguous, nothing interleaved, no dedup, fsynced before
+        return, ``before_write(first_offset)`` under the append lock before any
+        byte is written; MessageTooLargeError (nothing stored) as append_atomic.
+        """
+        check_prebuilt_sizes(frames, self.name, self._config.max_message_bytes)
+        with self._append_lock:
+            self._check_usable()
+            now = max(self._clock(), self._last_timestamp)
+            first = self._view.end
+            if before_write is not None:
+                before_write(first)
+            count = sum(frame.count for frame in frames)
+            if not count:
+                return AppendResult(first, 0, [], now)
+            self._segments.ensure_active(first, self._config)
+            try:
+                flagged = self._segments.write_prebuilt(frames, first, now)
+            except UndoFailedError as exc:
+                self._fail(exc)
+                raise
+            self._last_timestamp = now
+            if self._dedup is not None:
+                for batch in flagged:
+                    base = batch.column(0)[0].as_py()
+                    self._dedup.remember(now, batch.column(1).to_pylist(),
+                                         list(range(base, base + batch.num_rows)))
+            self._written_seq += 1
+            sequence = self._written_seq
+            self._publish_view_locked()
+        self._sync_through(sequence)
+        return AppendResult(first, count, [], now)
 
     def _write_group(self, group: list[CommitRequest[PendingAppend]]) -> int:
         """Leader: plan, frame and write one group; returns its write sequence number."""

@@ -20,6 +20,7 @@ from npstream.broker.errors import BrokerError, CorruptRecordError
 from npstream.broker.storage.batch_builder import decode_payload, reencode_rows, serialize_frames
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.files import fsync_dir
+from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload
 from npstream.broker.storage.reader import LogView, iter_frames
 from npstream.broker.storage.record_batch import FLAG_PRODUCER_IDS, encode_frame
 from npstream.broker.storage.segment import FaultHook, Segment
@@ -101,6 +102,45 @@ class SegmentList:
                     min_timestamp=timestamp, max_timestamp=timestamp, flags=flags,
                 )
                 self._roll_if_due(header.frame_size, count, timestamp)
+                self.segments[-1].write_frame(
+                    self._cache, header_bytes, payload, header,
+                    self._settings.index_interval_bytes, self._fault_hook,
+                )
+        except OSError:
+            self._roll_back(segment_count, tail_size)
+            raise
+        return flagged
+
+    def write_prebuilt(
+        self, frames: list[PrebuiltFrame], first: int, timestamp: int
+    ) -> list[pa.RecordBatch]:
+        """Stamp and write prebuilt frames from offset ``first`` on; all or nothing.
+
+        Like write_batch, without building or serializing anything: each payload
+        is stamped in place (prebuilt.py) and written as it is. Returns the
+        stamped batches of the frames flagged as carrying producer ids.
+        """
+        flagged: list[pa.RecordBatch] = []
+        ready = []
+        base = first
+        for frame in frames:  # every frame checked and stamped before the first byte is written
+            batch = stamp_payload(frame.payload, base, timestamp)
+            if batch.num_rows != frame.count:
+                raise ValueError(f"prebuilt frame at offset {base} holds {batch.num_rows} rows, "
+                                 f"not {frame.count}")
+            if frame.flags & FLAG_PRODUCER_IDS:
+                flagged.append(batch)
+            payload = pa.py_buffer(frame.payload)
+            ready.append((payload, *encode_frame(
+                payload, base_offset=base, count=frame.count,
+                min_timestamp=timestamp, max_timestamp=timestamp, flags=frame.flags,
+            )))
+            base += frame.count
+        segment_count = len(self.segments)
+        tail_size = self.segments[-1].size
+        try:
+            for payload, header_bytes, header in ready:
+                self._roll_if_due(header.frame_size, header.count, timestamp)
                 self.segments[-1].write_frame(
                     self._cache, header_bytes, payload, header,
                     self._settings.index_interval_bytes, self._fault_hook,
