@@ -34,13 +34,18 @@ def test_broker_bench_quick_without_peers_prints_our_rows(tmp_path: Path) -> Non
     assert re.search(r"^system\s+config\s+msg/s\s+MB/s\s+vs Redis\s+vs JetStream$", out, re.M)
 
     publish = re.findall(r"^npstream\s+publish (\S+) x (\d+) B, (\d+) rows/publish_batch, "
-                         r"ack=fsync\s+([\d,]+)\s+([\d.,]+)\s+-\s+-$", out, re.M)
+                         r"ack=fsync \(info\)\s+([\d,]+)\s+([\d.,]+)\s+-\s+-$", out, re.M)
     assert [(n, s, b) for n, s, b, _rate, _mb in publish] == [
         ("20,000", "100", "1000"), ("5,000", "1000", "500")]
+    one_table = re.findall(r"^npstream\s+publish (\S+) x (\d+) B, one table/publish_batch, "
+                           r"ack=fsync \(goal row\)\s+([\d,]+)\s+([\d.,]+)\s+-\s+-$",
+                           out, re.M)
+    assert [(n, s) for n, s, _rate, _mb in one_table] == [("20,000", "100"), ("5,000", "1000")]
     replay = re.findall(r"^npstream\s+replay (\S+) x (\d+) B from 0 into an Arrow table"
                         r"\s+([\d,]+)\s+([\d.,]+)", out, re.M)
     assert [(n, s) for n, s, _r, _mb in replay] == [("20,000", "100"), ("5,000", "1000")]
-    for _n, size, _b, msgs, mb in publish:
+    for size, msgs, mb in [(s, r, m) for _n, s, _b, r, m in publish] + [
+            (s, r, m) for _n, s, r, m in one_table]:
         assert _number(msgs) > 0
         assert _number(mb) == pytest.approx(_number(msgs) * int(size) / 1e6, rel=0.05, abs=0.1)
 
@@ -53,11 +58,17 @@ def test_broker_bench_quick_without_peers_prints_our_rows(tmp_path: Path) -> Non
     # integrity check passes for both configurations.
     assert "FAIL" not in out
     assert out.count("N/A ") == 8
-    assert re.findall(r"^PASS  npstream stored and replayed all (\S+) x (\d+) B intact: "
+    assert re.findall(r"^PASS  npstream stored and replayed all (\S+) x (\d+) B intact "
+                      r"\(\d+-row calls\): "
                       r"stored \1, replayed \1, offsets 0..n-1 ok, payload bytes ok$",
+                      out, re.M) == [("20,000", "100"), ("5,000", "1000")]
+    assert re.findall(r"^PASS  npstream stored and replayed all (\S+) x (\d+) B intact "
+                      r"\(one-table call\): stored \1, replayed \1, acked offsets ok, "
+                      r"stored offsets 0..n-1 ok, every payload ok$",
                       out, re.M) == [("20,000", "100"), ("5,000", "1000")]
 
     result = json.loads(raw.read_text())
     configs = result["npstream"]["configs"]
     assert [c["produce"]["stored"] for c in configs] == [20_000, 5_000]
+    assert [c["produce_columnar"]["stored"] for c in configs] == [20_000, 5_000]
     assert all(c["consume"]["offsets_ok"] and c["consume"]["payload_bytes_ok"] for c in configs)
