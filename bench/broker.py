@@ -16,7 +16,10 @@ and a free port). Measured for each configuration:
   an Arrow table of ``batch`` rows per call, one call after the other (the next is
   sent when the previous is acknowledged, like the peers' pipelined windows);
   ack=fsync by default for both;
-* replay: ``Client.read_range`` from offset 0 to the end, collected into one Arrow table;
+* replay: ``Client.read_range`` from offset 0 to the end, collected into one Arrow table,
+  twice: with local reads (the bench runs on the broker's machine, so the client reads the
+  segment files itself, as any client here would by default) and with
+  ``local_reads=False`` (one server-streaming ReadRange call, what a remote client gets);
 * publish-to-fetch latency p50/p99 at --latency-rate msg/s (bench/latency_probe.py), the
   median over --latency-repeats runs for every system.
 
@@ -171,13 +174,17 @@ def check_stored(client: Any, stream: str, n: int, data: bytes) -> dict[str, Any
     }
 
 
-def replay_phase(client: Any, stream: str, expect: int, size: int,
-                 broker_pid: int | None) -> dict[str, Any]:
-    with CpuMeter(broker_pid) as cpu:
+def replay_phase(address: str, stream: str, expect: int, size: int,
+                 broker_pid: int | None, *, local_reads: bool) -> dict[str, Any]:
+    """read_range(0, end) into one table, with local reads (same host) or over gRPC."""
+    from npstream import Client
+
+    with Client(address, local_reads=local_reads) as client, CpuMeter(broker_pid) as cpu:
         t0 = time.perf_counter()
         table = pa.Table.from_batches(list(client.read_range(stream, 0, expect)))
         payload_bytes = pc.sum(pc.binary_length(table.column("value"))).as_py() or 0
         seconds = time.perf_counter() - t0
+        used_local = client._local_reads
     offsets = table.column("offset")
     res = rate(table.num_rows, size, seconds)
     res.update(cpu.as_dict())
@@ -185,7 +192,9 @@ def replay_phase(client: Any, stream: str, expect: int, size: int,
     res["offsets_ok"] = (table.num_rows == expect and expect > 0
                          and offsets[0].as_py() == 0 and offsets[-1].as_py() == expect - 1)
     res["partial"] = table.num_rows < expect
-    res["method"] = "read_range(0, end) into one Arrow table"
+    res["local_reads"] = used_local
+    res["method"] = ("read_range(0, end) into one Arrow table, "
+                     + ("local reads" if used_local else "over gRPC (ReadRange stream)"))
     return res
 
 
@@ -208,8 +217,12 @@ def run_npstream(a: argparse.Namespace) -> dict[str, Any]:
             cfg["produce"] = publish_phase(client, stream, n, size, batch, a.ack, data,
                                            broker.pid, a.phase_timeout)
             print(f"# npstream replay {cfg['produce']['stored']:,}", file=sys.stderr)
-            cfg["consume"] = replay_phase(client, stream, cfg["produce"]["stored"], size,
-                                          broker.pid)
+            cfg["consume"] = replay_phase(broker.address, stream, cfg["produce"]["stored"],
+                                          size, broker.pid, local_reads=True)
+            print(f"# npstream replay {cfg['produce']['stored']:,} over gRPC", file=sys.stderr)
+            cfg["consume_grpc"] = replay_phase(broker.address, stream,
+                                               cfg["produce"]["stored"], size, broker.pid,
+                                               local_reads=False)
             client.delete_stream(stream)
             stream = f"bench-tp-{uuid.uuid4().hex[:8]}"
             create_bench_stream(client, stream)
@@ -295,8 +308,10 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
              _phase(redis, i, "produce"), redis_pub, nats_pub),
             ("nats-jetstream", f"publish {shape}, PubAck window {batch}, file store",
              _phase(nats, i, "produce"), redis_pub, nats_pub),
-            ("npstream", f"replay {shape} from 0 into an Arrow table",
+            ("npstream", f"replay {shape} into an Arrow table, local reads (same host)",
              _phase(ours, i, "consume"), redis_replay, nats_replay),
+            ("npstream", f"replay {shape} into an Arrow table, over gRPC (ReadRange)",
+             _phase(ours, i, "consume_grpc"), redis_replay, nats_replay),
             ("redis-streams", f"replay {shape}, XRANGE COUNT {batch}",
              _phase(redis, i, "consume"), redis_replay, nats_replay),
             ("redis-streams", f"replay {shape}, XREADGROUP + XACK",
@@ -315,13 +330,14 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
                             ratio(ph.get("msgs_per_s"), vs_nats)])
 
         our_pub = _phase(ours, i, "produce_columnar").get("msgs_per_s")
-        our_replay = _phase(ours, i, "consume").get("msgs_per_s")
-        for peer_name, peer_value, goal_x, what in [
-            ("Redis Streams", redis_pub, GOAL_PUBLISH_X, "publish"),
-            ("JetStream", nats_pub, GOAL_PUBLISH_X, "publish"),
-            ("Redis XRANGE", redis_replay, GOAL_REPLAY_X, "replay"),
+        for peer_name, peer_value, goal_x, what, mine in [
+            ("Redis Streams", redis_pub, GOAL_PUBLISH_X, "publish", our_pub),
+            ("JetStream", nats_pub, GOAL_PUBLISH_X, "publish", our_pub),
+            ("Redis XRANGE", redis_replay, GOAL_REPLAY_X, "replay (local reads)",
+             _phase(ours, i, "consume").get("msgs_per_s")),
+            ("Redis XRANGE", redis_replay, GOAL_REPLAY_X, "replay (over gRPC)",
+             _phase(ours, i, "consume_grpc").get("msgs_per_s")),
         ]:
-            mine = our_pub if what == "publish" else our_replay
             name = f"{what} {shape} >= {goal_x:g}x {peer_name}"
             if what == "publish":
                 name += " (one-table publish_batch)"
@@ -332,12 +348,14 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
                                   f"{mine / peer_value:.1f}x ({fmt(mine)} vs {fmt(peer_value)} "
                                   "msg/s)"))
 
-        produce, consume = _phase(ours, i, "produce"), _phase(ours, i, "consume")
-        if produce and consume:
+        produce = _phase(ours, i, "produce")
+        for key, how in (("consume", "local reads"), ("consume_grpc", "over gRPC")):
+            consume = _phase(ours, i, key)
+            if not (produce and consume):
+                continue
             intact = (produce["stored"] == n and consume["offsets_ok"]
                       and consume["payload_bytes_ok"])
-            goals.append(Goal(f"npstream stored and replayed all {shape} intact "
-                              f"({batch}-row calls)", intact,
+            goals.append(Goal(f"npstream stored and replayed all {shape} intact ({how})", intact,
                               f"stored {produce['stored']:,}, replayed {consume['messages']:,}, "
                               f"offsets 0..n-1 {'ok' if consume['offsets_ok'] else 'WRONG'}, "
                               f"payload bytes {'ok' if consume['payload_bytes_ok'] else 'WRONG'}"))

@@ -118,6 +118,7 @@ KEYS: tuple[ConfigKey, ...] = (
     _key("auth_token", "server", _parse_str, ""),
     _key("tls_cert_file", "server", _parse_str, ""),
     _key("tls_key_file", "server", _parse_str, ""),
+    _key("local_reads", "server", _parse_bool, True),
     # [metrics]
     _key("metrics_host", "metrics", _parse_str, "127.0.0.1"),
     _key("metrics_port", "metrics", _parse_optional_port, 7071),
@@ -159,6 +160,7 @@ class BrokerConfig:
     auth_token: str = field(repr=False)  # never logged
     tls_cert_file: str
     tls_key_file: str
+    local_reads: bool
     metrics_host: str
     metrics_port: int | None
     metrics_stream_gauges_max: int

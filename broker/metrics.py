@@ -74,6 +74,9 @@ class BrokerMetrics:
                                         "Messages returned by Fetch", registry=r)
         self.fetched_bytes = Counter("npstream_fetched_bytes",
                                      "Arrow IPC bytes returned by Fetch", registry=r)
+        self.located_messages = Counter(
+            "npstream_located_messages",
+            "Messages located for same-host readers (StreamReadService.Locate)", registry=r)
         self.append_latency = Histogram("npstream_append_latency_seconds",
                                         "Time to append one Publish request (until its ack)",
                                         buckets=APPEND_LATENCY_BUCKETS, registry=r)

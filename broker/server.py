@@ -28,7 +28,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from npstream.broker import grpc_errors, service_streams
+from npstream.broker import grpc_errors, service_reads, service_streams
 from npstream.broker.config import BrokerConfig
 from npstream.broker.context import BrokerContext
 from npstream.broker.metadata import Metadata
@@ -43,7 +43,7 @@ log = logging.getLogger("npstream.broker")
 
 SERVICE_NAMES = tuple(
     pb.DESCRIPTOR.services_by_name[name].full_name
-    for name in ("StreamService", "GroupService", "SinkService")
+    for name in ("StreamService", "StreamReadService", "GroupService", "SinkService")
 )
 LOCK_FILE = "broker.lock"
 
@@ -142,6 +142,7 @@ class BrokerServer:
             maximum_concurrent_rpcs=config.max_concurrent_rpcs or None,
         )
         service_streams.add_to_server(server, ctx, self.stopping)
+        service_reads.add_to_server(server, ctx, self.stopping)
         # Imported here: they import this package, and they are other modules' jobs.
         from npstream.broker import sink_service
         from npstream.broker.groups import service as group_service

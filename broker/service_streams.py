@@ -27,12 +27,25 @@ from npstream.broker.errors import (
 )
 from npstream.broker.grpc_errors import rpc_method
 from npstream.broker.publish_stream import serve_publish_stream
-from npstream.broker.registry import CONFIG_FIELDS, StreamStatus, check_stream_name
+from npstream.broker.registry import (
+    CONFIG_FIELDS,
+    StreamRegistry,
+    StreamStatus,
+    check_stream_name,
+)
 from npstream.broker.storage import AckMode, AppendResult, StreamLog
 from npstream.proto import pb, pb_grpc
 from npstream.schema import HEADERS_TYPE, normalize_publish_table
 
-__all__ = ["StreamServicer", "add_to_server", "stream_info"]
+__all__ = [
+    "DEFAULT_FETCH_BYTES",
+    "DEFAULT_FETCH_MESSAGES",
+    "StreamServicer",
+    "add_to_server",
+    "check_fetch_request",
+    "on_log",
+    "stream_info",
+]
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +125,31 @@ def _empty_ids_to_null(table: pa.Table) -> pa.Table:
     return table.set_column(index, table.field(index), pc.if_else(empty, nulls, column))
 
 
+def on_log(registry: StreamRegistry, stream: str, action: Callable[[], T]) -> T:
+    """Run a log operation; corruption found now marks the stream as needing repair."""
+    try:
+        return action()
+    except CorruptRecordError as exc:
+        registry.mark_broken(stream, exc)
+        raise StreamNeedsRepairError(stream, exc) from None
+
+
+def check_fetch_request(request: pb.FetchRequest) -> tuple[str, int | None]:
+    """The stream name and end offset (None = none) of a valid FetchRequest."""
+    stream = check_stream_name(request.stream)
+    for field in ("max_messages", "max_bytes", "wait_ms", "end_offset"):
+        if getattr(request, field) < 0:
+            raise InvalidArgumentError(
+                f"fetch from stream '{stream}': {field}={getattr(request, field)} must be >= 0"
+            )
+    end = request.end_offset or None
+    if end is not None and end < request.offset:
+        raise InvalidArgumentError(
+            f"fetch from stream '{stream}': end_offset={end} is below offset={request.offset}"
+        )
+    return stream, end
+
+
 class StreamServicer(pb_grpc.StreamServiceServicer):
     def __init__(self, ctx: BrokerContext, stopping: threading.Event) -> None:
         self._ctx = ctx
@@ -120,12 +158,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         self._stopping = stopping
 
     def _on_log(self, stream: str, action: Callable[[], T]) -> T:
-        """Run a log operation; corruption found now marks the stream as needing repair."""
-        try:
-            return action()
-        except CorruptRecordError as exc:
-            self._registry.mark_broken(stream, exc)
-            raise StreamNeedsRepairError(stream, exc) from None
+        return on_log(self._registry, stream, action)
 
     # ------------------------------------------------------------ admin
 
@@ -265,17 +298,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
 
     @rpc_method
     def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> pb.FetchResponse:
-        stream = check_stream_name(request.stream)
-        for field in ("max_messages", "max_bytes", "wait_ms", "end_offset"):
-            if getattr(request, field) < 0:
-                raise InvalidArgumentError(
-                    f"fetch from stream '{stream}': {field}={getattr(request, field)} must be >= 0"
-                )
-        end = request.end_offset or None
-        if end is not None and end < request.offset:
-            raise InvalidArgumentError(
-                f"fetch from stream '{stream}': end_offset={end} is below offset={request.offset}"
-            )
+        stream, end = check_fetch_request(request)
         stream_log = self._registry.get(stream)
         if (request.wait_ms > 0 and request.offset == stream_log.end_offset
                 and (end is None or end > request.offset)):

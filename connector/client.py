@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 import pyarrow as pa
@@ -27,6 +27,7 @@ from npstream.batching import (
 )
 from npstream.connection import Connection, StreamingCall
 from npstream.errors import BrokerUnavailable, InvalidArgument, NpstreamError, OffsetOutOfRange
+from npstream.local_reads import LocalReadUnavailable, LocalSpans, check_same_host, iter_local
 from npstream.models import BatchPublishResult, PublishResult, RepairResult, StreamInfo
 from npstream.names import validate_stream_name
 from npstream.proto import pb
@@ -45,15 +46,13 @@ __all__ = ["Client"]
 log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- tuning
-# Rows asked for per Fetch in read_range; bytes (max_bytes) are the real bound,
-# this only keeps one response from holding millions of tiny rows.
-READ_RANGE_MAX_MESSAGES = 100_000
 # Page size for ListStreams (the broker's maximum is 10000).
 LIST_PAGE_SIZE = 1000
 # Defaults of fetch(); 0 on the wire would mean the same, but explicit values
 # make the docs and the code agree.
 DEFAULT_FETCH_MESSAGES = 10_000
 DEFAULT_FETCH_BYTES = 8 << 20
+MAX_INT32 = (1 << 31) - 1  # FetchRequest.max_messages is an int32
 
 _ACKS = {"fsync": pb.ACK_FSYNC, "write": pb.ACK_WRITE}
 
@@ -148,6 +147,7 @@ class Client:
         root_certificates: bytes | None = None,
         timeout: float = 30.0,
         retry_deadline: float = 15.0,
+        local_reads: bool = True,
     ) -> None:
         self._conn = Connection(
             address,
@@ -159,6 +159,10 @@ class Client:
         )
         self.address = self._conn.address
         self.timeout = self._conn.timeout
+        # Read stored frames from the broker's files when it runs on this
+        # machine (npstream.local_reads); switched off for good at the first
+        # sign that it cannot work here.
+        self._local_reads = local_reads
 
     # ------------------------------------------------------------ plumbing
 
@@ -455,33 +459,117 @@ class Client:
         # from_batches, not Schema.empty_table(): the latter imports pandas (~0.5 s).
         return pa.Table.from_batches(batches, schema=MESSAGE_SCHEMA)
 
+    def read_batches(
+        self,
+        stream: str,
+        offset: int,
+        *,
+        end_offset: int | None = None,
+        max_messages: int = DEFAULT_FETCH_MESSAGES,
+        max_bytes: int = DEFAULT_FETCH_BYTES,
+    ) -> tuple[list[pa.RecordBatch], int]:
+        """Like ``fetch_batches`` without a long poll, reading the broker's files when local.
+
+        On the broker's machine the stored frames are read from its segment
+        files (local reads, docs/client.md), else this is one Fetch. Errors
+        are Fetch's: OffsetOutOfRange, StreamNotFound.
+        """
+        if end_offset is not None and _offset("end_offset", end_offset) <= offset:
+            return [], offset
+        if self._local_reads:
+            located = self._locate(stream, offset, end_offset, max_messages)
+            if located is not None:
+                batches: list[pa.RecordBatch] = []
+                position, total = offset, 0
+                try:
+                    for batch, after, size in iter_local(located):
+                        batches.append(batch)
+                        position = after
+                        total += size
+                        if total >= max_bytes:
+                            break
+                    return batches, position
+                except LocalReadUnavailable as exc:
+                    self._local_read_failed(stream, exc)
+                    if batches:
+                        return batches, position
+        return self.fetch_batches(stream, offset, end_offset=end_offset,
+                                  max_messages=max_messages, max_bytes=max_bytes)
+
+    def _locate(self, stream: str, offset: int, end_offset: int | None,
+                max_messages: int) -> LocalSpans | None:
+        """Where [offset, end) is stored, or None when this client cannot read it locally."""
+        request = pb.FetchRequest(
+            stream=_stream(stream), offset=_offset("offset", offset),
+            max_messages=min(max_messages, MAX_INT32),
+            end_offset=0 if end_offset is None else end_offset,
+        )
+        response = self.call("StreamReadService.Locate", request)
+        try:
+            check_same_host(response)
+        except LocalReadUnavailable as exc:
+            self._local_read_failed(stream, exc)
+            return None
+        return LocalSpans(response, offset)
+
+    def _local_read_failed(self, stream: str, exc: LocalReadUnavailable) -> None:
+        if exc.permanent:
+            self._local_reads = False
+            log.info("local reads from %s are off for this client: %s", self.address, exc)
+        else:
+            log.debug("local read of stream '%s' fell back to gRPC: %s", stream, exc)
+
     def read_range(
         self, stream: str, start: int, end: int, *, max_bytes: int = DEFAULT_FETCH_BYTES
     ) -> Iterator[pa.RecordBatch]:
-        """Every message in ``[start, end)``, as record batches, over as many fetches as needed.
+        """Every message in ``[start, end)``, as record batches, read as fast as the broker allows.
 
+        Local reads when the broker runs on this machine, else one
+        server-streaming ReadRange call; ``max_bytes`` bounds each step.
         Raises OffsetOutOfRange when ``start`` is below the stream's
         start_offset (retention removed it) or ``end`` is beyond its end_offset.
         """
         offset = _offset("start", start)
         if _offset("end", end) < offset:
             raise InvalidArgument(f"read_range: end {end} is before start {start}")
-        while offset < end:
-            response = self._fetch(
-                stream, offset, min(end - offset, READ_RANGE_MAX_MESSAGES), max_bytes, 0.0, end
-            )
-            if response.next_offset <= offset:
-                raise OffsetOutOfRange(
-                    f"range [{start}, {end}) of stream '{stream}' is not fully written: "
-                    f"start_offset={response.start_offset}, end_offset={response.end_offset}",
-                    stream=stream, offset=end, start_offset=response.start_offset,
-                    end_offset=response.end_offset,
-                )
+        while offset < end and self._local_reads:
+            located = self._locate(stream, offset, end, end - offset)
+            if located is None:
+                break
+            if located.next_offset <= offset:
+                self._range_not_written(stream, start, end, located.response)
+            try:
+                for batch, after, _size in iter_local(located):
+                    offset = after
+                    yield batch
+            except LocalReadUnavailable as exc:
+                self._local_read_failed(stream, exc)
+                break
+        if offset >= end:
+            return
+        request = pb.FetchRequest(stream=_stream(stream), offset=offset, max_bytes=max_bytes,
+                                  end_offset=end)
+        response = None
+        for response in self._conn.server_stream("StreamReadService.ReadRange", request,
+                                                  timeout=None):
             for batch in _decode_batches(response.batches):
                 batch = _trim(batch, offset, end)
                 if batch.num_rows:
                     yield batch
-            offset = response.next_offset
+            offset = max(offset, response.next_offset)
+        if offset < end:
+            self._range_not_written(stream, start, end, response)
+
+    @staticmethod
+    def _range_not_written(stream: str, start: int, end: int,
+                           response: pb.FetchResponse | pb.LocateResponse | None) -> NoReturn:
+        first = response.start_offset if response is not None else -1
+        last = response.end_offset if response is not None else -1
+        raise OffsetOutOfRange(
+            f"range [{start}, {end}) of stream '{stream}' is not fully written: "
+            f"start_offset={first}, end_offset={last}",
+            stream=stream, offset=end, start_offset=first, end_offset=last,
+        )
 
     def offset_for_timestamp(self, stream: str, ts: dt.datetime | str | int) -> int:
         """First offset appended at or after ``ts`` (datetime, ISO-8601, epoch ms); else end."""

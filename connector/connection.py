@@ -73,6 +73,7 @@ _PROTO_PACKAGE = "npstream.v1"
 
 _SERVICES: dict[str, Callable[[grpc.Channel], Any]] = {
     "StreamService": pb_grpc.StreamServiceStub,
+    "StreamReadService": pb_grpc.StreamReadServiceStub,
     "GroupService": pb_grpc.GroupServiceStub,
     "SinkService": pb_grpc.SinkServiceStub,
 }
@@ -199,6 +200,15 @@ class Connection:
         method = self._method(rpc)
         return StreamingCall(
             method(request_iterator, timeout=timeout, metadata=self._metadata), self.address
+        )
+
+    def server_stream(
+        self, rpc: str, request: Any, *, timeout: float | None = None
+    ) -> StreamingCall:
+        """Open a server-streaming call (StreamReadService.ReadRange); not retried."""
+        method = self._method(rpc)
+        return StreamingCall(
+            method(request, timeout=timeout, metadata=self._metadata), self.address
         )
 
     def stream_serialized(

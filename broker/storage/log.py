@@ -55,7 +55,9 @@ from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.group_commit import CommitQueue, CommitRequest
 from npstream.broker.storage.loader import LoadedLog
 from npstream.broker.storage.reader import (
+    FileSpan,
     LogView,
+    locate_range,
     offset_for_timestamp,
     read_range,
     timestamp_at,
@@ -298,6 +300,13 @@ class StreamLog:
         except FileNotFoundError:  # retention deleted the segment under the read
             view = self._view
             raise OffsetOutOfRangeError(self.name, offset, view.start, view.end) from None
+
+    def locate(self, offset: int, *, max_messages: int = 10000,
+               end_offset: int | None = None) -> tuple[list[FileSpan], int]:
+        """File spans holding [offset, stop) and stop, for same-host readers (reader.py)."""
+        self._check_readable()
+        return locate_range(self._view, self.name, offset, max_messages=max_messages,
+                            end_offset=end_offset)
 
     def read_table(self, offset: int, end_offset: int) -> pa.Table:
         """Messages [offset, end_offset) (up to the end of the log) as one table."""

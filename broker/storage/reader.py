@@ -19,6 +19,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 from operator import attrgetter
+from pathlib import Path
 
 import numpy as np
 
@@ -31,7 +32,15 @@ from npstream.broker.storage.results import ReadResult
 from npstream.broker.storage.segment import Segment
 from npstream.broker.storage.settings import MIN_READ_BYTES
 
-__all__ = ["LogView", "iter_frames", "offset_for_timestamp", "read_range", "timestamp_at"]
+__all__ = [
+    "FileSpan",
+    "LogView",
+    "iter_frames",
+    "locate_range",
+    "offset_for_timestamp",
+    "read_range",
+    "timestamp_at",
+]
 
 _base_offset = attrgetter("base_offset")
 _max_timestamp = attrgetter("max_timestamp")
@@ -121,6 +130,45 @@ def read_range(
         if position_offset >= stop or total_bytes >= max_bytes or high < header.count:
             break
     return ReadResult(batches, position_offset, position_offset - offset)
+
+
+@dataclass(frozen=True, slots=True)
+class FileSpan:
+    """Bytes [position, end_position) of a segment file: whole frames, all written."""
+
+    path: Path
+    position: int
+    end_position: int
+
+
+def locate_range(
+    view: LogView, stream: str, offset: int, *, max_messages: int, end_offset: int | None,
+) -> tuple[list[FileSpan], int]:
+    """The file spans whose frames cover [offset, stop), and stop.
+
+    For readers on this machine that read the frames themselves (local reads):
+    no byte is read here. Spans start at an indexed frame at or before
+    ``offset`` and end at an indexed frame boundary at or after ``stop`` (or
+    at the written end), so the reader skips at most an index interval on
+    each side and trims rows outside the range.
+    """
+    if offset < view.start or offset > view.end:
+        raise OffsetOutOfRangeError(stream, offset, view.start, view.end)
+    stop = view.end if end_offset is None else min(end_offset, view.end)
+    stop = min(stop, offset + max(0, max_messages))
+    spans: list[FileSpan] = []
+    if stop <= offset:
+        return spans, offset
+    for number in range(view.segment_number(offset), len(view.segments)):
+        segment = view.segments[number]
+        if segment.base_offset >= stop:
+            break
+        limit = view.limit(number)
+        start = segment.position_for(offset) if segment.base_offset <= offset else 0
+        end = segment.position_bound_after(stop, limit) if stop < segment.next_offset else limit
+        if end > start:
+            spans.append(FileSpan(segment.path, start, end))
+    return spans, stop
 
 
 def offset_for_timestamp(view: LogView, cache: FileCache, timestamp_ms: int) -> int:

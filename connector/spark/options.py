@@ -14,6 +14,7 @@ Names follow Spark's Kafka source where the meaning is the same
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import fnmatch
 import json
@@ -304,7 +305,10 @@ READ_SPECS: tuple[OptionSpec, ...] = (
                "Add the headers column (map<string,binary>)."),
     OptionSpec("fetchMaxBytes", DEFAULT_FETCH_MAX_BYTES, _parse_fetch_bytes,
                "a size such as 8MiB or 1048576 (at most 64MiB)", BOTH,
-               "Bytes per Fetch RPC made by a task."),
+               "Bytes per Fetch RPC (or local read step) made by a task."),
+    OptionSpec("localReads", "true", _parse_bool, "true or false", BOTH,
+               "Tasks on the broker's machine read its segment files directly "
+               "(checked, with gRPC as the fallback); false: always over gRPC."),
 )
 
 READ_OPTIONS: dict[str, OptionSpec] = {spec.name.lower(): spec for spec in READ_SPECS}
@@ -322,13 +326,14 @@ class ConnectionOptions:
     token: str | None = None
     tls: bool = False
     root_certificates: bytes | None = None
+    local_reads: bool = True
 
     def connect(self) -> Client:
         """A new client for this broker (the caller closes it)."""
         from npstream.client import Client
 
         return Client(self.broker, self.token, tls=self.tls,
-                      root_certificates=self.root_certificates)
+                      root_certificates=self.root_certificates, local_reads=self.local_reads)
 
 
 @dataclass(frozen=True)
@@ -439,7 +444,8 @@ def _parse(options: Mapping[str, str], mode: ReadMode | None,
         elif spec.default is not None:
             values[spec.name] = spec.parse(spec.default)
 
-    connection = _connection(values, raw, environ)
+    connection = dataclasses.replace(_connection(values, raw, environ),
+                                     local_reads=values["localReads"])
     streams: tuple[str, ...] = values.get("stream", ())
     pattern: str | None = values.get("streamPattern")
     if bool(streams) == (pattern is not None):

@@ -1,12 +1,13 @@
-"""Reading one offset range into Spark: the read schema and the task-side fetch loop.
+"""Reading one offset range into Spark: the read schema and the task-side read loop.
 
-Shared by the streaming and the batch reader. A task fetches exactly
-``[start, end)`` of one stream and yields Arrow record batches in the declared
-Spark schema; the broker's stored batches are decoded without per-row work and
-re-shaped column by column (timestamp ms -> us, a constant ``stream`` column).
-Reading the same range twice returns the same rows, because offsets are dense
-and never reused; messages removed by retention or a deleted stream go through
-``report_data_loss``.
+Shared by the streaming and the batch reader. A task reads exactly
+``[start, end)`` of one stream - from the broker's segment files when the task
+runs on the broker's machine, else over gRPC (``Client.read_batches``) - and
+yields Arrow record batches in the declared Spark schema: the stored batches
+are decoded without per-row work and re-shaped column by column (timestamp
+ms -> us, a constant ``stream`` column). Reading the same range twice returns
+the same rows, because offsets are dense and never reused; messages removed by
+retention or a deleted stream go through ``report_data_loss``.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def _fetch_loop(client: Client, options: ReadOptions, part: RangePartition,
     rows = 0
     while position < end:
         try:
-            batches, next_offset = client.fetch_batches(
+            batches, next_offset = client.read_batches(
                 stream, position, end_offset=end,
                 max_messages=min(end - position, FETCH_MAX_MESSAGES),
                 max_bytes=options.fetch_max_bytes,

@@ -41,9 +41,12 @@ def test_broker_bench_quick_without_peers_prints_our_rows(tmp_path: Path) -> Non
                            r"ack=fsync \(goal row\)\s+([\d,]+)\s+([\d.,]+)\s+-\s+-$",
                            out, re.M)
     assert [(n, s) for n, s, _rate, _mb in one_table] == [("20,000", "100"), ("5,000", "1000")]
-    replay = re.findall(r"^npstream\s+replay (\S+) x (\d+) B from 0 into an Arrow table"
+    replay = re.findall(r"^npstream\s+replay (\S+) x (\d+) B into an Arrow table, "
+                        r"(local reads \(same host\)|over gRPC \(ReadRange\))"
                         r"\s+([\d,]+)\s+([\d.,]+)", out, re.M)
-    assert [(n, s) for n, s, _r, _mb in replay] == [("20,000", "100"), ("5,000", "1000")]
+    assert [(n, s, how[:5]) for n, s, how, _r, _mb in replay] == [
+        ("20,000", "100", "local"), ("20,000", "100", "over "),
+        ("5,000", "1000", "local"), ("5,000", "1000", "over ")]
     for size, msgs, mb in [(s, r, m) for _n, s, _b, r, m in publish] + [
             (s, r, m) for _n, s, r, m in one_table]:
         assert _number(msgs) > 0
@@ -57,11 +60,13 @@ def test_broker_bench_quick_without_peers_prints_our_rows(tmp_path: Path) -> Non
     # Goals that need peers are reported as not measured, never as passed; our own
     # integrity check passes for both configurations.
     assert "FAIL" not in out
-    assert out.count("N/A ") == 8
-    assert re.findall(r"^PASS  npstream stored and replayed all (\S+) x (\d+) B intact "
-                      r"\(\d+-row calls\): "
-                      r"stored \1, replayed \1, offsets 0..n-1 ok, payload bytes ok$",
-                      out, re.M) == [("20,000", "100"), ("5,000", "1000")]
+    assert out.count("N/A ") == 10
+    intact = re.findall(r"^PASS  npstream stored and replayed all (\S+) x (\d+) B intact "
+                        r"\((local reads|over gRPC)\): "
+                        r"stored \1, replayed \1, offsets 0..n-1 ok, payload bytes ok$",
+                        out, re.M)
+    assert intact == [("20,000", "100", "local reads"), ("20,000", "100", "over gRPC"),
+                      ("5,000", "1000", "local reads"), ("5,000", "1000", "over gRPC")]
     assert re.findall(r"^PASS  npstream stored and replayed all (\S+) x (\d+) B intact "
                       r"\(one-table call\): stored \1, replayed \1, acked offsets ok, "
                       r"stored offsets 0..n-1 ok, every payload ok$",
@@ -71,4 +76,7 @@ def test_broker_bench_quick_without_peers_prints_our_rows(tmp_path: Path) -> Non
     configs = result["npstream"]["configs"]
     assert [c["produce"]["stored"] for c in configs] == [20_000, 5_000]
     assert [c["produce_columnar"]["stored"] for c in configs] == [20_000, 5_000]
-    assert all(c["consume"]["offsets_ok"] and c["consume"]["payload_bytes_ok"] for c in configs)
+    assert all(c[key]["offsets_ok"] and c[key]["payload_bytes_ok"]
+               for c in configs for key in ("consume", "consume_grpc"))
+    assert [(c["consume"]["local_reads"], c["consume_grpc"]["local_reads"])
+            for c in configs] == [(True, False), (True, False)]

@@ -75,42 +75,60 @@ def test_fetch_with_wait_and_no_publish_returns_empty_after_wait(client, stream_
     assert 0.4 <= time.monotonic() - started < 5.0
 
 
-def test_read_range_returns_exactly_the_range_across_stored_batches(client, stream_name):
+@pytest.fixture(params=["local", "grpc"])
+def reader(request, broker):
+    """A client reading ranges from the broker's files (local) or over gRPC (ReadRange)."""
+    from npstream import Client
+
+    with Client(broker.address, local_reads=request.param == "local") as c:
+        yield c
+
+
+def test_read_range_returns_exactly_the_range_across_stored_batches(client, reader, stream_name):
     _publish_in_batches(client, stream_name, 50, 7)
-    batches = list(client.read_range(stream_name, 8, 43))
+    batches = list(reader.read_range(stream_name, 8, 43))
     table = pa.Table.from_batches(batches)
     assert table.column("offset").to_pylist() == list(range(8, 43))
     assert table.column("value").to_pylist() == [str(i).encode() for i in range(8, 43)]
-    again = pa.Table.from_batches(list(client.read_range(stream_name, 8, 43)))
+    again = pa.Table.from_batches(list(reader.read_range(stream_name, 8, 43)))
     assert again.equals(table)
 
 
-def test_read_range_small_max_bytes_uses_many_fetches_and_stays_exact(client, stream_name):
+def test_read_range_over_grpc_small_max_bytes_uses_many_replies_and_stays_exact(
+        broker, client, stream_name):
+    from npstream import Client
+
     client.publish_batch(stream_name, [{"value": b"v" * 1000} for _ in range(40)])
-    batches = list(client.read_range(stream_name, 3, 37, max_bytes=4000))
+    with Client(broker.address, local_reads=False) as remote:
+        batches = list(remote.read_range(stream_name, 3, 37, max_bytes=4000))
     assert len(batches) >= 8
     offsets = pa.Table.from_batches(batches).column("offset").to_pylist()
     assert offsets == list(range(3, 37))
 
 
-def test_read_range_empty_range_yields_nothing(client, stream_name):
+def test_read_range_empty_range_yields_nothing(client, reader, stream_name):
     _publish_in_batches(client, stream_name, 5, 5)
-    assert list(client.read_range(stream_name, 2, 2)) == []
+    assert list(reader.read_range(stream_name, 2, 2)) == []
 
 
-def test_read_range_beyond_end_raises_out_of_range(client, stream_name):
+def test_read_range_beyond_end_raises_out_of_range(client, reader, stream_name):
     _publish_in_batches(client, stream_name, 5, 5)
     with pytest.raises(OffsetOutOfRange) as err:
-        list(client.read_range(stream_name, 0, 8))
+        list(reader.read_range(stream_name, 0, 8))
     assert (err.value.start_offset, err.value.end_offset) == (0, 5)
 
 
-def test_read_range_start_removed_by_delete_raises_out_of_range(client, stream_name):
+def test_read_range_start_removed_by_delete_raises_out_of_range(client, reader, stream_name):
     _publish_in_batches(client, stream_name, 10, 10)
     client.delete_messages(stream_name, before_offset=6)
     with pytest.raises(OffsetOutOfRange) as err:
-        list(client.read_range(stream_name, 2, 10))
+        list(reader.read_range(stream_name, 2, 10))
     assert (err.value.offset, err.value.start_offset, err.value.end_offset) == (2, 6, 10)
+
+
+def test_read_range_unknown_stream_raises_stream_not_found(reader, stream_name):
+    with pytest.raises(StreamNotFound):
+        list(reader.read_range(stream_name, 0, 1))
 
 
 def test_offset_for_timestamp_datetime_iso_and_epoch_ms(client, stream_name):

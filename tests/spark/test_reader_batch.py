@@ -113,6 +113,16 @@ def test_batch_read_empty_range_returns_no_rows(npstream_spark, broker, streams)
     assert nothing.collect() == []
 
 
+def test_batch_read_over_grpc_equals_local_reads(npstream_spark, broker, streams):
+    """Tasks here run on the broker's machine: localReads=false takes the gRPC path instead."""
+    options = {"stream": f"{streams.plain},{streams.trimmed}", "includeHeaders": "true",
+               "maxRecordsPerPartition": "9"}
+    local = read(npstream_spark, broker, **options)
+    remote = read(npstream_spark, broker, localReads="false", **options)
+    assert local.count() == 80
+    assert_df_equality(local.orderBy("stream", "offset"), remote.orderBy("stream", "offset"))
+
+
 def test_batch_read_min_partitions_and_max_records_set_partition_count(
         npstream_spark, broker, streams):
     frame = read(npstream_spark, broker, stream=f"{streams.plain},{streams.other}",

@@ -81,6 +81,14 @@ def test_parse_broker_rejects_bad_address(value):
     assert "Accepted: host:port" in message
 
 
+def test_parse_local_reads_default_on_and_off():
+    assert parse(stream="a").connection.local_reads is True
+    assert parse(stream="a", localReads="false").connection.local_reads is False
+    with pytest.raises(InvalidOptionError,
+                       match=r"'maybe' for option 'localReads'.*Accepted: true or false"):
+        parse(stream="a", localReads="maybe")
+
+
 def test_parse_token_and_tls():
     opts = parse(stream="a", token="s3cret", tls="TRUE")
     assert opts.connection.token == "s3cret"

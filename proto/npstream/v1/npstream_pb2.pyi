@@ -253,6 +253,34 @@ class EndOffsetsResponse(_message.Message):
     streams: _containers.RepeatedCompositeFieldContainer[StreamOffsets]
     def __init__(self, streams: _Optional[_Iterable[_Union[StreamOffsets, _Mapping]]] = ...) -> None: ...
 
+class SegmentSpan(_message.Message):
+    __slots__ = ("path", "position", "end_position", "device", "inode")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    END_POSITION_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    position: int
+    end_position: int
+    device: int
+    inode: int
+    def __init__(self, path: _Optional[str] = ..., position: _Optional[int] = ..., end_position: _Optional[int] = ..., device: _Optional[int] = ..., inode: _Optional[int] = ...) -> None: ...
+
+class LocateResponse(_message.Message):
+    __slots__ = ("spans", "next_offset", "start_offset", "end_offset", "host_id")
+    SPANS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    spans: _containers.RepeatedCompositeFieldContainer[SegmentSpan]
+    next_offset: int
+    start_offset: int
+    end_offset: int
+    host_id: str
+    def __init__(self, spans: _Optional[_Iterable[_Union[SegmentSpan, _Mapping]]] = ..., next_offset: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., host_id: _Optional[str] = ...) -> None: ...
+
 class StartFrom(_message.Message):
     __slots__ = ("earliest", "latest", "offset", "timestamp_ms")
     EARLIEST_FIELD_NUMBER: _ClassVar[int]

@@ -25,6 +25,127 @@ if _version_not_supported:
     )
 
 
+class StreamReadServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Locate = channel.unary_unary(
+                '/npstream.v1.StreamReadService/Locate',
+                request_serializer=npstream_dot_v1_dot_npstream__pb2.FetchRequest.SerializeToString,
+                response_deserializer=npstream_dot_v1_dot_npstream__pb2.LocateResponse.FromString,
+                _registered_method=True)
+        self.ReadRange = channel.unary_stream(
+                '/npstream.v1.StreamReadService/ReadRange',
+                request_serializer=npstream_dot_v1_dot_npstream__pb2.FetchRequest.SerializeToString,
+                response_deserializer=npstream_dot_v1_dot_npstream__pb2.FetchResponse.FromString,
+                _registered_method=True)
+
+
+class StreamReadServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Locate(self, request, context):
+        """Where the stored frames of a range are, for same-host clients (above).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadRange(self, request, context):
+        """Every message of [offset, end_offset) (end_offset 0 = the current end) as
+        a stream of FetchResponses of at most max_bytes each (0 = 8 MiB); no long
+        poll. One call replaces a loop of Fetches for replays: the broker keeps
+        reading while the client receives (gRPC flow control bounds what is
+        buffered).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_StreamReadServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Locate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Locate,
+                    request_deserializer=npstream_dot_v1_dot_npstream__pb2.FetchRequest.FromString,
+                    response_serializer=npstream_dot_v1_dot_npstream__pb2.LocateResponse.SerializeToString,
+            ),
+            'ReadRange': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadRange,
+                    request_deserializer=npstream_dot_v1_dot_npstream__pb2.FetchRequest.FromString,
+                    response_serializer=npstream_dot_v1_dot_npstream__pb2.FetchResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'npstream.v1.StreamReadService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('npstream.v1.StreamReadService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class StreamReadService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Locate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/npstream.v1.StreamReadService/Locate',
+            npstream_dot_v1_dot_npstream__pb2.FetchRequest.SerializeToString,
+            npstream_dot_v1_dot_npstream__pb2.LocateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadRange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/npstream.v1.StreamReadService/ReadRange',
+            npstream_dot_v1_dot_npstream__pb2.FetchRequest.SerializeToString,
+            npstream_dot_v1_dot_npstream__pb2.FetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class StreamServiceStub:
     """Missing associated documentation comment in .proto file."""
 
