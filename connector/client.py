@@ -31,7 +31,7 @@ from npstream.local_reads import LocalReadUnavailable, LocalSpans, check_same_ho
 from npstream.models import BatchPublishResult, PublishResult, RepairResult, StreamInfo
 from npstream.names import validate_stream_name
 from npstream.proto import pb
-from npstream.publish_pipeline import NotSent, PublishTally, pipelined
+from npstream.publish_pipeline import NotSent, PublishTally, RequestPlan, pipelined
 from npstream.schema import MESSAGE_SCHEMA, normalize_publish_table
 from npstream.units import parse_duration_ms, parse_size, parse_timestamp_ms
 from npstream.values import encode_headers, encode_key, encode_value, messages_to_table
@@ -121,6 +121,13 @@ def _trim(batch: pa.RecordBatch, start: int, end: int | None) -> pa.RecordBatch:
     lo = max(start - first, 0)
     hi = batch.num_rows if end is None else min(end - first, batch.num_rows)
     return batch.slice(lo, max(hi - lo, 0))
+
+
+def _publish_table(data: pa.Table | pa.RecordBatch) -> pa.Table:
+    try:
+        return normalize_publish_table(data)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
 
 
 def _all_have_ids(table: pa.Table) -> bool:
@@ -303,13 +310,19 @@ class Client:
     def publish_batch(
         self,
         stream: str,
-        messages: Sequence[Mapping[str, Any]] | pa.Table | pa.RecordBatch,
+        messages: (Sequence[Mapping[str, Any]] | pa.Table | pa.RecordBatch
+                   | Iterable[pa.Table | pa.RecordBatch]),
         ack: str = "fsync",
     ) -> BatchPublishResult:
         """Append many messages in order, as Arrow IPC requests of about 4 MiB each.
 
-        ``messages`` is a list of dicts (keys value/id/key/headers) or a pyarrow
-        Table/RecordBatch with PUBLISH_COLUMNS (value required). A table of
+        ``messages`` is a list of dicts (keys value/id/key/headers), a pyarrow
+        Table/RecordBatch with PUBLISH_COLUMNS (value required), or an iterable
+        of such tables (e.g. a generator or ``ParquetFile.iter_batches()``):
+        all of them are published in order on one PublishStream call, each
+        table read from the iterator only when the requests before it are on
+        the wire, so memory stays bounded and building the next table
+        overlaps sending the previous ones. A table of
         several requests goes on one PublishStream call with up to
         PUBLISH_WINDOW requests in flight (their fsyncs overlap); offsets still
         follow the input order. Nothing of a request is stored when the broker
@@ -320,12 +333,12 @@ class Client:
         name = _stream(stream)
         ack_mode = _ack(ack)
         if isinstance(messages, (pa.Table, pa.RecordBatch)):
-            try:
-                table = normalize_publish_table(messages)
-            except ValueError as exc:
-                raise InvalidArgument(str(exc)) from None
-        else:
+            table = _publish_table(messages)
+        elif isinstance(messages, Sequence) and not (
+                messages and isinstance(messages[0], (pa.Table, pa.RecordBatch))):
             table = messages_to_table(messages)
+        else:
+            return self._publish_tables(name, iter(messages), ack_mode)
         if table.num_rows == 0:
             return BatchPublishResult(first_offset=-1, stored_count=0, duplicates=[], offsets=[])
         safe_to_resend = _all_have_ids(table)
@@ -341,6 +354,42 @@ class Client:
             raise
         log.debug("published %d message(s) to '%s' in %d request(s): %d stored, %d duplicate(s)",
                   table.num_rows, name, len(ranges), tally.stored, len(tally.duplicates))
+        return tally.result()
+
+    def _publish_tables(
+        self, name: str, tables: Iterator[pa.Table | pa.RecordBatch], ack_mode: int
+    ) -> BatchPublishResult:
+        """An iterator of tables as one stream of requests (see publish_batch).
+
+        The tables are built by the caller's iterator while earlier requests
+        are in flight. No fallback to unary calls: the input cannot be rewound.
+        """
+
+        def prepare(item: object) -> tuple[pa.Table, list[tuple[int, int]]]:
+            if not isinstance(item, (pa.Table, pa.RecordBatch)):
+                raise InvalidArgument("publish_batch iterates pyarrow Tables or RecordBatches, "
+                                      f"got {type(item).__name__}")
+            table = _publish_table(item)
+            return table, split_rows(row_sizes(table)) if table.num_rows else []
+
+        plan = RequestPlan(tables, prepare,
+                           lambda part: encode_publish_request(name, ack_mode, part))
+        tally = PublishTally()
+        try:
+            for index, response in enumerate(pipelined(
+                lambda it: self._conn.stream_serialized(
+                    "StreamService.PublishStream", it, pb.PublishResponse, timeout=None),
+                iter(plan),
+            )):
+                start, stop = plan.ranges[index]
+                tally.add(start, stop - start, response)
+            if plan.error is not None:
+                raise plan.error
+        except Exception as exc:  # a broker error, or the caller's iterator failed
+            tally.note_failure(exc)
+            raise
+        log.debug("published %d message(s) to '%s' in %d request(s) from an iterator",
+                  tally.rows_done, name, len(plan.ranges))
         return tally.result()
 
     def _publish_one_by_one(

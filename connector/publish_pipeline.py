@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
+import pyarrow as pa
 
 from npstream.batching import chunk_offsets
 from npstream.connection import StreamingCall, never_reached_broker
@@ -26,7 +27,7 @@ from npstream.errors import BrokerUnavailable, NpstreamError
 from npstream.models import BatchPublishResult
 from npstream.proto import pb
 
-__all__ = ["PUBLISH_WINDOW", "NotSent", "PublishTally", "pipelined"]
+__all__ = ["PUBLISH_WINDOW", "NotSent", "PublishTally", "RequestPlan", "pipelined"]
 
 # ---------------------------------------------------------------- tuning
 # Requests of one publish_batch in flight at once (each up to ~4 MiB, see
@@ -88,6 +89,41 @@ def pipelined(
             call.cancel()
 
 
+class RequestPlan:
+    """Encodes the requests of a stream of input tables lazily, remembering their rows.
+
+    Iterating yields PublishRequest wire bytes; ``ranges[i]`` is the input-row
+    range ``(start, stop)`` of request i, recorded before the request is
+    yielded, so a response can always be matched to its rows. Each input table
+    is normalized and split (``prepare``) only when the sender reaches it,
+    which bounds memory to about the window plus one input table. An error
+    from ``prepare`` or the input iterator ends the requests cleanly (the
+    broker then answers those already sent) and is kept in ``error``.
+    """
+
+    def __init__(self, tables: Iterator[pa.Table],
+                 prepare: Callable[[object], tuple[pa.Table, list[tuple[int, int]]]],
+                 encode: Callable[[pa.Table], bytes]) -> None:
+        self._tables = tables
+        self._prepare = prepare
+        self._encode = encode
+        self.ranges: list[tuple[int, int]] = []
+        self.error: Exception | None = None
+
+    def __iter__(self) -> Iterator[bytes]:
+        start = 0
+        try:
+            for item in self._tables:
+                table, ranges = self._prepare(item)
+                for first, stop in ranges:
+                    request = self._encode(table.slice(first, stop - first))
+                    self.ranges.append((start + first, start + stop))
+                    yield request
+                start += table.num_rows
+        except Exception as exc:  # reported by the caller once the sent requests are answered
+            self.error = exc
+
+
 class PublishTally:
     """Per-row offsets and duplicates of a publish_batch, built one response at a time."""
 
@@ -110,7 +146,7 @@ class PublishTally:
         self.stored += response.stored_count
         self.rows_done = start + rows
 
-    def note_failure(self, exc: NpstreamError) -> None:
+    def note_failure(self, exc: BaseException) -> None:
         """Add to ``exc`` which rows of the batch were stored before it."""
         if not self.rows_done:
             return

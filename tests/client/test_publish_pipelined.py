@@ -142,3 +142,60 @@ def test_pipelined_publish_to_missing_stream_without_auto_create_stores_nothing(
     broker = broker_factory(env={"NPSTREAM_AUTO_CREATE_STREAMS": "false"})
     with Client(broker.address) as client, pytest.raises(NpstreamError, match="nope"):
         client.publish_batch("nope", pa.table({"value": pa.array(_values(5_000), pa.binary())}))
+
+
+def test_publish_batch_of_a_generator_of_tables_keeps_input_order(client, stream_name):
+    consumed: list[int] = []
+
+    def tables():
+        for part in range(6):
+            consumed.append(part)
+            yield pa.table({"value": pa.array(_values(40_000, start=part * 40_000),
+                                              pa.binary())})  # ~4 MB: a request or two each
+
+    result = client.publish_batch(stream_name, tables())
+    assert consumed == list(range(6))
+    assert (result.first_offset, result.stored_count) == (0, 240_000)
+    assert result.offsets == list(range(240_000))
+    back = pa.Table.from_batches(list(client.read_range(stream_name, 0, 240_000)))
+    assert back.column("value").to_pylist() == _values(240_000)
+
+
+def test_publish_batch_of_a_list_of_record_batches(client, stream_name):
+    result = client.publish_batch(stream_name, [pa.record_batch({"value": [b"a", b"b"]}),
+                                                pa.table({"value": ["c"], "id": ["i3"]})])
+    assert result.offsets == [0, 1, 2]
+    rows = client.fetch(stream_name, 0).to_pylist()
+    assert [(r["value"], r["id"]) for r in rows][2] == (b"c", "i3")
+
+
+def test_publish_batch_generator_bad_item_midway_keeps_earlier_rows_and_says_so(
+        client, stream_name):
+    def tables():
+        yield pa.table({"value": pa.array(_values(1000), pa.binary())})
+        yield {"value": b"not a table"}
+        yield pa.table({"value": pa.array(_values(1000), pa.binary())})
+
+    with pytest.raises(InvalidArgument, match="iterates pyarrow Tables or RecordBatches, "
+                                              "got dict") as err:
+        client.publish_batch(stream_name, tables())
+    assert err.value.__notes__ == [
+        "rows 0..999 of this batch were stored before the error (offsets 0..999); "
+        "rows from 1000 on were not"]
+    assert client.stream_info(stream_name).end_offset == 1000
+
+
+def test_publish_batch_generator_rejected_request_stores_no_later_table(client, stream_name):
+    client.create_stream(stream_name, max_message_bytes=1000)
+
+    def tables():
+        yield pa.table({"value": pa.array(_values(500), pa.binary())})
+        yield pa.table({"value": pa.array([b"x" * 2000], pa.binary())})
+        yield pa.table({"value": pa.array(_values(500), pa.binary())})
+
+    with pytest.raises(InvalidArgument, match="is 2000 bytes") as err:
+        client.publish_batch(stream_name, tables())
+    assert err.value.__notes__ == [
+        "rows 0..499 of this batch were stored before the error (offsets 0..499); "
+        "rows from 500 on were not"]
+    assert client.stream_info(stream_name).end_offset == 500
