@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     logging.basicConfig(level=config.log_level, format=LOG_FORMAT, stream=sys.stderr)
+    from npstream.broker.heap import retain_freed_memory
+
+    retain_freed_memory(config.retain_freed_memory)
     from npstream.broker.server import run
 
     return run(config, ready_file=args.ready_file)

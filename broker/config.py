@@ -119,6 +119,7 @@ KEYS: tuple[ConfigKey, ...] = (
     _key("tls_cert_file", "server", _parse_str, ""),
     _key("tls_key_file", "server", _parse_str, ""),
     _key("local_reads", "server", _parse_bool, True),
+    _key("retain_freed_memory", "server", parse_size, "256MiB"),
     # [metrics]
     _key("metrics_host", "metrics", _parse_str, "127.0.0.1"),
     _key("metrics_port", "metrics", _parse_optional_port, 7071),
@@ -161,6 +162,7 @@ class BrokerConfig:
     tls_cert_file: str
     tls_key_file: str
     local_reads: bool
+    retain_freed_memory: int
     metrics_host: str
     metrics_port: int | None
     metrics_stream_gauges_max: int

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import grpc
@@ -26,6 +26,7 @@ from npstream.broker.errors import (
     StreamNeedsRepairError,
 )
 from npstream.broker.grpc_errors import rpc_method
+from npstream.broker.publish_stream import serve_publish_stream
 from npstream.broker.registry import (
     CONFIG_FIELDS,
     StreamRegistry,
@@ -203,41 +204,41 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
 
     # ------------------------------------------------------------ data
 
-    @rpc_method
-    def Publish(self, request: pb.PublishRequest,
-                context: grpc.ServicerContext) -> pb.PublishResponse:
+    def _prepare_publish(
+        self, request: pb.PublishRequest
+    ) -> tuple[str, pa.Table | MessageRows | None, AckMode]:
+        """The request's stream, its rows (None when empty) and its ack.
+
+        Rows sent as ``messages`` (simple clients, one-message publishes) stay
+        Python values for the storage's lean path (small_append.py); an
+        ``arrow_stream`` becomes a normalized table.
+        """
         stream = check_stream_name(request.stream)
-        if request.messages and request.arrow_stream:
+        arrow_stream = request.arrow_stream  # each access copies the bytes (upb): read once
+        if request.messages and arrow_stream:
             raise InvalidArgumentError(
                 f"publish to stream '{stream}' sets both messages and arrow_stream; send one"
             )
         ack = AckMode.WRITE if request.ack == pb.ACK_WRITE else AckMode.FSYNC
         if request.messages:
-            rows = _message_rows(request.messages)
-            stream_log = self._registry.get(stream, create_if_missing=True)
-            started = time.perf_counter()
-            result = self._on_log(stream, lambda: stream_log.append_messages(rows, ack))
-            return self._published(stream, result, sum(map(len, rows.values)), started)
-        raw = _arrow_table(stream, request.arrow_stream) if request.arrow_stream else None
+            return stream, _message_rows(request.messages), ack
+        raw = _arrow_table(stream, arrow_stream) if arrow_stream else None
         if raw is None or raw.num_rows == 0:
-            stream_log = self._registry.get(stream, create_if_missing=True)
-            return pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
+            return stream, None, ack
         try:
             table = _empty_ids_to_null(normalize_publish_table(raw))
         except ValueError as exc:
             raise InvalidArgumentError(f"publish to stream '{stream}': {exc}") from None
-        stream_log = self._registry.get(stream, create_if_missing=True)
-        started = time.perf_counter()
-        result = self._on_log(stream, lambda: stream_log.append(table, ack))
-        return self._published(stream, result, table.nbytes, started)
+        return stream, table, ack
 
-    def _published(self, stream: str, result: AppendResult, nbytes: int,
+    def _published(self, stream: str, result: AppendResult, rows: pa.Table | MessageRows,
                    started: float) -> pb.PublishResponse:
         """Count a stored publish in the metrics and build its reply."""
         self._metrics.append_latency.observe(time.perf_counter() - started)
         self._metrics.publish_requests.inc()
         self._metrics.published_messages.inc(result.stored_count)
-        self._metrics.published_bytes.inc(nbytes)
+        self._metrics.published_bytes.inc(
+            rows.nbytes if isinstance(rows, pa.Table) else sum(map(len, rows.values)))
         if result.duplicates:
             self._metrics.duplicate_messages.inc(len(result.duplicates))
         log.debug("published %d message(s) to '%s' at offset %d (%d duplicate(s))",
@@ -248,6 +249,40 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
             duplicates=[pb.Duplicate(index=i, offset=o) for i, o in result.duplicates],
             timestamp_ms=result.timestamp_ms,
         )
+
+    @rpc_method
+    def Publish(self, request: pb.PublishRequest,
+                context: grpc.ServicerContext) -> pb.PublishResponse:
+        stream, rows, ack = self._prepare_publish(request)
+        stream_log = self._registry.get(stream, create_if_missing=True)
+        if rows is None:
+            return pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
+        started = time.perf_counter()
+        result = self._on_log(stream, lambda: stream_log.append(rows, ack))
+        return self._published(stream, result, rows, started)
+
+    @rpc_method
+    def PublishStream(self, request_iterator: Iterator[pb.PublishRequest],
+                      context: grpc.ServicerContext) -> Iterator[pb.PublishResponse]:
+        yield from serve_publish_stream(request_iterator, context, self._write_publish,
+                                        self._stopping)
+
+    def _write_publish(self, request: pb.PublishRequest) -> Callable[[], pb.PublishResponse]:
+        """Write one PublishStream request now; the returned reply waits for its fsync."""
+        stream, rows, ack = self._prepare_publish(request)
+        stream_log = self._registry.get(stream, create_if_missing=True)
+        if rows is None:
+            empty = pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
+            return lambda: empty
+        started = time.perf_counter()
+        result, sequence = self._on_log(stream, lambda: stream_log.append_unsynced(rows))
+
+        def reply() -> pb.PublishResponse:
+            if ack is AckMode.FSYNC:
+                self._on_log(stream, lambda: stream_log.sync_through(sequence))
+            return self._published(stream, result, rows, started)
+
+        return reply
 
     def _long_poll(self, stream_log: StreamLog, offset: int, wait_ms: int,
                    context: grpc.ServicerContext) -> None:

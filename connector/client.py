@@ -14,22 +14,24 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+import grpc
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from npstream.batching import (
-    chunk_offsets,
     encode_ipc_stream,
+    encode_publish_request,
     iter_slices,
     row_sizes,
     split_rows,
 )
 from npstream.connection import Connection, StreamingCall
-from npstream.errors import InvalidArgument, NpstreamError, OffsetOutOfRange
+from npstream.errors import BrokerUnavailable, InvalidArgument, NpstreamError, OffsetOutOfRange
 from npstream.local_reads import LocalReadUnavailable, LocalSpans, check_same_host, iter_local
 from npstream.models import BatchPublishResult, PublishResult, RepairResult, StreamInfo
 from npstream.names import validate_stream_name
 from npstream.proto import pb
+from npstream.publish_pipeline import NotSent, PublishTally, RequestPlan, pipelined
 from npstream.schema import MESSAGE_SCHEMA, normalize_publish_table
 from npstream.units import parse_duration_ms, parse_size, parse_timestamp_ms
 from npstream.values import encode_headers, encode_key, encode_value, messages_to_table
@@ -119,6 +121,13 @@ def _trim(batch: pa.RecordBatch, start: int, end: int | None) -> pa.RecordBatch:
     lo = max(start - first, 0)
     hi = batch.num_rows if end is None else min(end - first, batch.num_rows)
     return batch.slice(lo, max(hi - lo, 0))
+
+
+def _publish_table(data: pa.Table | pa.RecordBatch) -> pa.Table:
+    try:
+        return normalize_publish_table(data)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
 
 
 def _all_have_ids(table: pa.Table) -> bool:
@@ -301,61 +310,135 @@ class Client:
     def publish_batch(
         self,
         stream: str,
-        messages: Sequence[Mapping[str, Any]] | pa.Table | pa.RecordBatch,
+        messages: (Sequence[Mapping[str, Any]] | pa.Table | pa.RecordBatch
+                   | Iterable[pa.Table | pa.RecordBatch]),
         ack: str = "fsync",
     ) -> BatchPublishResult:
         """Append many messages in order, as Arrow IPC requests of about 4 MiB each.
 
-        ``messages`` is a list of dicts (keys value/id/key/headers) or a pyarrow
-        Table/RecordBatch with PUBLISH_COLUMNS (value required). Nothing of a
-        request is stored when the broker rejects it (e.g. an oversized
-        message); requests already sent stay stored, and the raised error
-        carries a note saying how many rows those were.
+        ``messages`` is a list of dicts (keys value/id/key/headers), a pyarrow
+        Table/RecordBatch with PUBLISH_COLUMNS (value required), or an iterable
+        of such tables (e.g. a generator or ``ParquetFile.iter_batches()``):
+        all of them are published in order on one PublishStream call, each
+        table read from the iterator only when the requests before it are on
+        the wire, so memory stays bounded and building the next table
+        overlaps sending the previous ones. A table of
+        several requests goes on one PublishStream call with up to
+        PUBLISH_WINDOW requests in flight (their fsyncs overlap); offsets still
+        follow the input order. Nothing of a request is stored when the broker
+        rejects it (e.g. an oversized message); earlier requests stay stored,
+        later ones are not stored, and the raised error carries a note saying
+        how many rows were stored.
         """
         name = _stream(stream)
         ack_mode = _ack(ack)
         if isinstance(messages, (pa.Table, pa.RecordBatch)):
-            try:
-                table = normalize_publish_table(messages)
-            except ValueError as exc:
-                raise InvalidArgument(str(exc)) from None
-        else:
+            table = _publish_table(messages)
+        elif isinstance(messages, Sequence) and not (
+                messages and isinstance(messages[0], (pa.Table, pa.RecordBatch))):
             table = messages_to_table(messages)
+        else:
+            return self._publish_tables(name, iter(messages), ack_mode)
         if table.num_rows == 0:
             return BatchPublishResult(first_offset=-1, stored_count=0, duplicates=[], offsets=[])
         safe_to_resend = _all_have_ids(table)
         ranges = split_rows(row_sizes(table))
-        offsets: list[int] = []
-        duplicates: list[tuple[int, int]] = []
-        first_offset = -1
-        stored = 0
+        tally = PublishTally()
+        try:
+            if len(ranges) > 1:
+                self._publish_pipelined(name, table, ranges, ack_mode, safe_to_resend, tally)
+            else:
+                self._publish_one_by_one(name, table, ranges, ack_mode, safe_to_resend, tally)
+        except NpstreamError as exc:
+            tally.note_failure(exc)
+            raise
+        log.debug("published %d message(s) to '%s' in %d request(s): %d stored, %d duplicate(s)",
+                  table.num_rows, name, len(ranges), tally.stored, len(tally.duplicates))
+        return tally.result()
+
+    def _publish_tables(
+        self, name: str, tables: Iterator[pa.Table | pa.RecordBatch], ack_mode: int
+    ) -> BatchPublishResult:
+        """An iterator of tables as one stream of requests (see publish_batch).
+
+        The tables are built by the caller's iterator while earlier requests
+        are in flight. No fallback to unary calls: the input cannot be rewound.
+        """
+
+        def prepare(item: object) -> tuple[pa.Table, list[tuple[int, int]]]:
+            if not isinstance(item, (pa.Table, pa.RecordBatch)):
+                raise InvalidArgument("publish_batch iterates pyarrow Tables or RecordBatches, "
+                                      f"got {type(item).__name__}")
+            table = _publish_table(item)
+            return table, split_rows(row_sizes(table)) if table.num_rows else []
+
+        plan = RequestPlan(tables, prepare,
+                           lambda part: encode_publish_request(name, ack_mode, part))
+        tally = PublishTally()
+        try:
+            for index, response in enumerate(pipelined(
+                lambda it: self._conn.stream_serialized(
+                    "StreamService.PublishStream", it, pb.PublishResponse, timeout=None),
+                iter(plan),
+            )):
+                start, stop = plan.ranges[index]
+                tally.add(start, stop - start, response)
+            if plan.error is not None:
+                raise plan.error
+        except Exception as exc:  # a broker error, or the caller's iterator failed
+            tally.note_failure(exc)
+            raise
+        log.debug("published %d message(s) to '%s' in %d request(s) from an iterator",
+                  tally.rows_done, name, len(plan.ranges))
+        return tally.result()
+
+    def _publish_one_by_one(
+        self, name: str, table: pa.Table, ranges: list[tuple[int, int]], ack_mode: int,
+        safe_to_resend: bool, tally: PublishTally,
+    ) -> None:
+        """Unary Publish per request, each after the previous one's reply (and retried)."""
         for (start, _stop), part in zip(ranges, iter_slices(table, ranges), strict=True):
             request = pb.PublishRequest(
                 stream=name, arrow_stream=encode_ipc_stream(part), ack=ack_mode
             )
-            try:
-                response = self.call("StreamService.Publish", request, idempotent=safe_to_resend)
-            except NpstreamError as exc:
-                if start:
-                    exc.add_note(
-                        f"rows 0..{start - 1} of this batch were stored before the error "
-                        f"(offsets {min(offsets)}..{max(offsets)}); rows from {start} on were not"
-                    )
-                raise
-            pairs = [(d.index, d.offset) for d in response.duplicates]
-            offsets.extend(
-                chunk_offsets(part.num_rows, response.first_offset, response.stored_count, pairs)
-                .tolist()
+            response = self.call("StreamService.Publish", request, idempotent=safe_to_resend)
+            tally.add(start, part.num_rows, response)
+
+    def _publish_pipelined(
+        self, name: str, table: pa.Table, ranges: list[tuple[int, int]], ack_mode: int,
+        safe_to_resend: bool, tally: PublishTally,
+    ) -> None:
+        """All requests on one PublishStream call, several in flight (publish_pipeline.py).
+
+        Falls back to one unary call at a time from the first request without
+        a reply when the broker has no PublishStream (UNIMPLEMENTED), and when
+        the stream broke (UNAVAILABLE) where a unary retry would be allowed:
+        every row has an id, or the call never reached the broker.
+        """
+        requests = (encode_publish_request(name, ack_mode, part)
+                    for part in iter_slices(table, ranges))
+        done = 0
+        try:
+            for response in pipelined(
+                lambda it: self._conn.stream_serialized(
+                    "StreamService.PublishStream", it, pb.PublishResponse,
+                    timeout=self.timeout * len(ranges)),
+                requests,
+            ):
+                start, stop = ranges[done]
+                tally.add(start, stop - start, response)
+                done += 1
+        except NpstreamError as exc:
+            unimplemented = exc.code == grpc.StatusCode.UNIMPLEMENTED
+            retryable = isinstance(exc, NotSent) or (
+                isinstance(exc, BrokerUnavailable) and safe_to_resend
             )
-            duplicates.extend((start + index, offset) for index, offset in pairs)
-            if response.stored_count and first_offset < 0:
-                first_offset = response.first_offset
-            stored += response.stored_count
-        log.debug("published %d message(s) to '%s' in %d request(s): %d stored, %d duplicate(s)",
-                  table.num_rows, name, len(ranges), stored, len(duplicates))
-        return BatchPublishResult(
-            first_offset=first_offset, stored_count=stored, duplicates=duplicates, offsets=offsets
-        )
+            if not (unimplemented or retryable):
+                raise
+            log.debug("publish stream to '%s' failed after %d of %d request(s) (%s); "
+                      "sending the rest one at a time", name, done, len(ranges), exc)
+            self._publish_one_by_one(name, table, ranges[done:], ack_mode, safe_to_resend,
+                                     tally)
 
     # ------------------------------------------------------------ fetch
 

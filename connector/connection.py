@@ -68,6 +68,9 @@ _NOT_SENT_MARKERS = (
     "empty address list",
 )
 
+# The proto package of the services (method paths are /<package>.<Service>/<Method>).
+_PROTO_PACKAGE = "npstream.v1"
+
 _SERVICES: dict[str, Callable[[grpc.Channel], Any]] = {
     "StreamService": pb_grpc.StreamServiceStub,
     "StreamReadService": pb_grpc.StreamReadServiceStub,
@@ -129,6 +132,7 @@ class Connection:
         else:
             self._channel = grpc.insecure_channel(self.address, options=options)
         self._stubs = {name: make(self._channel) for name, make in _SERVICES.items()}
+        self._raw_streams: dict[str, Any] = {}
         self._closed = False
 
     # ------------------------------------------------------------ calls
@@ -205,6 +209,30 @@ class Connection:
         method = self._method(rpc)
         return StreamingCall(
             method(request, timeout=timeout, metadata=self._metadata), self.address
+        )
+
+    def stream_serialized(
+        self, rpc: str, request_iterator: Iterable[bytes], response_type: Any, *,
+        timeout: float | None = None,
+    ) -> StreamingCall:
+        """Like ``stream`` for requests that are already protobuf wire bytes.
+
+        For hot paths that build a request's bytes with fewer copies than
+        protobuf can (publish_batch: batching.encode_publish_request).
+        ``response_type`` is the response message class.
+        """
+        self._method(rpc)  # same checks: known rpc, open client
+        service, _, method = rpc.partition(".")
+        multi = self._raw_streams.get(rpc)
+        if multi is None:
+            multi = self._channel.stream_stream(
+                f"/{_PROTO_PACKAGE}.{service}/{method}",
+                request_serializer=None,
+                response_deserializer=response_type.FromString,
+            )
+            self._raw_streams[rpc] = multi
+        return StreamingCall(
+            multi(request_iterator, timeout=timeout, metadata=self._metadata), self.address
         )
 
     def close(self) -> None:

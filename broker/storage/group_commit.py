@@ -37,6 +37,7 @@ class CommitRequest(Generic[T]):
     fsync: bool
     atomic: bool = False
     result: object = None
+    sequence: int = 0  # write sequence number of the group that wrote it (for a later sync)
     error: BaseException | None = None
     done: bool = False
     wake: threading.Event = field(default_factory=threading.Event)
@@ -118,6 +119,8 @@ class CommitQueue(Generic[T]):
             error = write_error or (sync_error if member.fsync else None)
             if error is not None:
                 member.error = error
+            elif write_error is None:
+                member.sequence = sequence
             member.done = True
             member.wake.set()
         return request.outcome()

@@ -150,27 +150,49 @@ class StreamLog:
 
     # ------------------------------------------------------------------ appends
 
-    def append(self, data: pa.Table, ack: AckMode = AckMode.FSYNC) -> AppendResult:
-        """Store the rows of ``data`` (normalize_publish_table output); see docs/internals.md."""
+    def append(self, data: pa.Table | MessageRows,
+               ack: AckMode = AckMode.FSYNC) -> AppendResult:
+        """Store ``data`` (normalize_publish_table output, or Python values for the lean
+        small-append path); see docs/internals.md."""
         self._check_usable()
-        config = self._config
-        pending = prepare_append(data, self.name, config.max_message_bytes,
-                                 find_repeats=config.dedup_window_ms > 0)
+        pending = self._prepare(data)
         if pending.table.num_rows == 0:
             return AppendResult(self.end_offset, 0, [], max(self._clock(), self._last_timestamp))
         request = CommitRequest(pending, pending.table.get_total_buffer_size(),
                                 fsync=ack is AckMode.FSYNC)
         return self._queue.submit(request)  # type: ignore[return-value]
 
-    def append_messages(self, rows: MessageRows, ack: AckMode = AckMode.FSYNC) -> AppendResult:
-        """``append`` for rows given as Python values (small_append.py: the lean path)."""
+    def append_unsynced(self, data: pa.Table | MessageRows) -> tuple[AppendResult, int]:
+        """Write ``data`` like ``append(data, AckMode.WRITE)``; also return its write sequence.
+
+        Pipelined publishes (PublishStream) write request k+1 while request k
+        waits for its fsync: the caller acknowledges ``ack=fsync`` only after
+        ``sync_through(sequence)`` returns, so durability is the same as
+        append(FSYNC), and one fsync covers every request written meanwhile.
+        Until then the log is registered with the flusher like WRITE data.
+        """
         self._check_usable()
+        pending = self._prepare(data)
+        if pending.table.num_rows == 0:
+            result = AppendResult(self.end_offset, 0, [],
+                                  max(self._clock(), self._last_timestamp))
+            return result, self._written_seq
+        request = CommitRequest(pending, pending.table.get_total_buffer_size(), fsync=False)
+        result = self._queue.submit(request)
+        return result, max(request.sequence, 0)  # type: ignore[return-value]
+
+    def _prepare(self, data: pa.Table | MessageRows) -> PendingAppend:
+        """Checked, completed rows of an append, from a table or from Python values."""
         config = self._config
-        pending = prepare_rows(rows, self.name, config.max_message_bytes,
-                               find_repeats=config.dedup_window_ms > 0)
-        request = CommitRequest(pending, pending.table.get_total_buffer_size(),
-                                fsync=ack is AckMode.FSYNC)
-        return self._queue.submit(request)  # type: ignore[return-value]
+        if isinstance(data, MessageRows):
+            return prepare_rows(data, self.name, config.max_message_bytes,
+                                find_repeats=config.dedup_window_ms > 0)
+        return prepare_append(data, self.name, config.max_message_bytes,
+                              find_repeats=config.dedup_window_ms > 0)
+
+    def sync_through(self, sequence: int) -> None:
+        """Return once every write up to ``sequence`` (from append_unsynced) is fsynced."""
+        self._sync_through(sequence)
 
     def append_atomic(
         self, tables: list[pa.Table], before_write: Callable[[int], None] | None = None

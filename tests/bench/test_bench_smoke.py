@@ -34,16 +34,25 @@ def test_broker_bench_quick_without_peers_prints_our_rows(tmp_path: Path) -> Non
     assert re.search(r"^system\s+config\s+msg/s\s+MB/s\s+vs Redis\s+vs JetStream$", out, re.M)
 
     publish = re.findall(r"^npstream\s+publish (\S+) x (\d+) B, (\d+) rows/publish_batch, "
-                         r"ack=fsync\s+([\d,]+)\s+([\d.,]+)\s+-\s+-$", out, re.M)
+                         r"ack=fsync \(info\)\s+([\d,]+)\s+([\d.,]+)\s+-\s+-$", out, re.M)
     assert [(n, s, b) for n, s, b, _rate, _mb in publish] == [
         ("20,000", "100", "1000"), ("5,000", "1000", "500")]
+    one_table = re.findall(r"^npstream\s+publish (\S+) x (\d+) B, one table/publish_batch, "
+                           r"ack=fsync \(info\)\s+([\d,]+)\s+([\d.,]+)\s+-\s+-$",
+                           out, re.M)
+    assert [(n, s) for n, s, _rate, _mb in one_table] == [("20,000", "100"), ("5,000", "1000")]
+    generator = re.findall(r"^npstream\s+publish (\S+) x (\d+) B, 10 MB tables from a "
+                           r"generator/publish_batch, ack=fsync \(goal row\)\s+([\d,]+)\s+"
+                           r"([\d.,]+)\s+-\s+-$", out, re.M)
+    assert [(n, s) for n, s, _rate, _mb in generator] == [("20,000", "100"), ("5,000", "1000")]
     replay = re.findall(r"^npstream\s+replay (\S+) x (\d+) B into an Arrow table, "
                         r"(local reads \(same host\)|over gRPC \(ReadRange\))"
                         r"\s+([\d,]+)\s+([\d.,]+)", out, re.M)
     assert [(n, s, how[:5]) for n, s, how, _r, _mb in replay] == [
         ("20,000", "100", "local"), ("20,000", "100", "over "),
         ("5,000", "1000", "local"), ("5,000", "1000", "over ")]
-    for _n, size, _b, msgs, mb in publish:
+    for size, msgs, mb in [(s, r, m) for _n, s, _b, r, m in publish] + [
+            (s, r, m) for _n, s, r, m in one_table + generator]:
         assert _number(msgs) > 0
         assert _number(mb) == pytest.approx(_number(msgs) * int(size) / 1e6, rel=0.05, abs=0.1)
 
@@ -62,10 +71,19 @@ def test_broker_bench_quick_without_peers_prints_our_rows(tmp_path: Path) -> Non
                         out, re.M)
     assert intact == [("20,000", "100", "local reads"), ("20,000", "100", "over gRPC"),
                       ("5,000", "1000", "local reads"), ("5,000", "1000", "over gRPC")]
+    assert re.findall(r"^PASS  npstream stored and replayed all (\S+) x (\d+) B intact "
+                      r"\((generator of tables|one-table call)\): stored \1, replayed \1, "
+                      r"acked offsets ok, stored offsets 0..n-1 ok, every payload ok$",
+                      out, re.M) == [("20,000", "100", "generator of tables"),
+                                     ("20,000", "100", "one-table call"),
+                                     ("5,000", "1000", "generator of tables"),
+                                     ("5,000", "1000", "one-table call")]
 
     result = json.loads(raw.read_text())
     configs = result["npstream"]["configs"]
     assert [c["produce"]["stored"] for c in configs] == [20_000, 5_000]
+    assert [c["produce_columnar"]["stored"] for c in configs] == [20_000, 5_000]
+    assert [c["produce_chunks"]["stored"] for c in configs] == [20_000, 5_000]
     assert all(c[key]["offsets_ok"] and c[key]["payload_bytes_ok"]
                for c in configs for key in ("consume", "consume_grpc"))
     assert [(c["consume"]["local_reads"], c["consume_grpc"]["local_reads"])

@@ -12,10 +12,12 @@ from npstream.batching import (
     ROW_OVERHEAD_BYTES,
     chunk_offsets,
     encode_ipc_stream,
+    encode_publish_request,
     row_sizes,
     split_rows,
 )
 from npstream.errors import NpstreamError
+from npstream.proto import pb
 from npstream.schema import normalize_publish_table
 
 
@@ -84,3 +86,14 @@ def test_encode_ipc_stream_round_trips_with_schema():
     table = normalize_publish_table(pa.table({"value": [b"a", b"b"], "id": ["1", "2"]}))
     back = pa.ipc.open_stream(encode_ipc_stream(table)).read_all()
     assert back.equals(table)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3000])
+@pytest.mark.parametrize("ack", [pb.ACK_FSYNC, pb.ACK_WRITE])
+def test_encode_publish_request_parses_as_the_protobuf_message(rows, ack):
+    table = pa.table({"value": pa.array([b"v" * 200] * rows, pa.binary()),
+                      "id": pa.array([f"i{i}" for i in range(rows)], pa.string())})
+    wire = encode_publish_request("stré-am", ack, table)
+    expected = pb.PublishRequest(stream="stré-am", arrow_stream=encode_ipc_stream(table), ack=ack)
+    assert pb.PublishRequest.FromString(wire) == expected
+    assert pa.ipc.open_stream(pb.PublishRequest.FromString(wire).arrow_stream).read_all() == table

@@ -210,6 +210,11 @@ class StreamServiceStub:
                 request_serializer=npstream_dot_v1_dot_npstream__pb2.EndOffsetsRequest.SerializeToString,
                 response_deserializer=npstream_dot_v1_dot_npstream__pb2.EndOffsetsResponse.FromString,
                 _registered_method=True)
+        self.PublishStream = channel.stream_stream(
+                '/npstream.v1.StreamService/PublishStream',
+                request_serializer=npstream_dot_v1_dot_npstream__pb2.PublishRequest.SerializeToString,
+                response_deserializer=npstream_dot_v1_dot_npstream__pb2.PublishResponse.FromString,
+                _registered_method=True)
 
 
 class StreamServiceServicer:
@@ -281,6 +286,23 @@ class StreamServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PublishStream(self, request_iterator, context):
+        """Pipelined publish: many PublishRequests on one call, several in flight.
+        The broker writes the requests in the order they arrive (so offsets follow
+        that order across requests) and sends one PublishResponse per request, in
+        the same order; with ACK_FSYNC a response leaves only after the fsync
+        covering its messages, but the next request is written without waiting
+        for that fsync, so consecutive requests share fsyncs. Each request is
+        checked and stored on its own, exactly as by Publish (dedup, sizes,
+        auto-create). When a request fails, the responses of every earlier
+        request are sent first, then the call ends with that request's error
+        status; later requests on the call are not stored. A client therefore
+        knows that the requests with a response were stored and no others.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StreamServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -338,6 +360,11 @@ def add_StreamServiceServicer_to_server(servicer, server):
                     servicer.EndOffsets,
                     request_deserializer=npstream_dot_v1_dot_npstream__pb2.EndOffsetsRequest.FromString,
                     response_serializer=npstream_dot_v1_dot_npstream__pb2.EndOffsetsResponse.SerializeToString,
+            ),
+            'PublishStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.PublishStream,
+                    request_deserializer=npstream_dot_v1_dot_npstream__pb2.PublishRequest.FromString,
+                    response_serializer=npstream_dot_v1_dot_npstream__pb2.PublishResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -637,6 +664,33 @@ class StreamService:
             '/npstream.v1.StreamService/EndOffsets',
             npstream_dot_v1_dot_npstream__pb2.EndOffsetsRequest.SerializeToString,
             npstream_dot_v1_dot_npstream__pb2.EndOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PublishStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/npstream.v1.StreamService/PublishStream',
+            npstream_dot_v1_dot_npstream__pb2.PublishRequest.SerializeToString,
+            npstream_dot_v1_dot_npstream__pb2.PublishResponse.FromString,
             options,
             channel_credentials,
             insecure,

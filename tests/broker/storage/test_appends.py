@@ -90,6 +90,22 @@ def test_append_fsync_ack_returns_after_fsync(make_storage, config, table_of):
     assert events[-2:] == ["write", "fsync"]
 
 
+def test_append_unsynced_writes_now_and_sync_through_covers_it(make_storage, config, table_of):
+    events: list[str] = []
+    log = make_storage(flush_interval_ms=60_000, fault_hook=lambda op, path, pos: events.append(
+        op)).open_log("deferred", config)
+    first, first_seq = log.append_unsynced(table_of(2))
+    second, second_seq = log.append_unsynced(table_of(3))
+    assert (first.first_offset, first.stored_count, second.first_offset) == (0, 2, 2)
+    assert 0 < first_seq < second_seq
+    assert events == ["write", "write"]  # written, visible, not yet fsynced
+    assert log.read_table(0, 5).num_rows == 5 and log.needs_sync()
+    log.sync_through(first_seq)  # one fsync covers everything written so far
+    assert events == ["write", "write", "fsync"] and not log.needs_sync()
+    log.sync_through(second_seq)
+    assert events.count("fsync") == 1
+
+
 def test_append_write_fault_fails_group_and_stores_nothing(make_storage, config, table_of,
                                                           segments_in, data_dir):
     failing = threading.Event()
