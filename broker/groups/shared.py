@@ -277,7 +277,8 @@ class SharedGroup:
                         again = sum(1 for e in out if e.attempt > 1)
                         if again:
                             self._metrics.redeliveries.inc(again)
-                        return [Grant(e.row, e.attempt, e.expires_ms) for e in out]
+                        return [tuple.__new__(Grant, (e.row, e.attempt, e.expires_ms))
+                                for e in out]  # no Python-level __new__ per grant
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or (should_stop is not None and should_stop()):
                         return []
