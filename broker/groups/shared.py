@@ -133,8 +133,8 @@ class SharedGroup:
         self._metrics = metrics or GroupMetrics()
         self._clock = clock
         self._cond = threading.Condition(threading.Lock())  # the group lock (nobody waits on it)
-        # Waiting receives sleep on _wake (its own lock, never held with anything
-        # else) until _wake_seq moves; whatever may let them proceed bumps it. The
+        # Waiting receives sleep on _wake (its own lock: no other lock is taken while
+        # it is held) until _wake_seq moves; whatever may let them proceed bumps it. The
         # log's append listener bumps it without the group lock, so a writer never
         # waits for a receive that is building a large batch under the group lock.
         self._wake = threading.Condition()
