@@ -155,17 +155,21 @@ class LeaseTable:
     def lease_fresh(self, member: str, rows: list[DeliveryRow], now_ms: int,
                     ack_wait_ms: int) -> list[Pending]:
         """Lease never-delivered rows; they must start at ``next_fresh`` in offset order."""
-        out: list[Pending] = []
-        for row in rows:
-            if row.offset < self.next_fresh:
-                raise ValueError(
-                    f"fresh row offset {row.offset} is below next_fresh {self.next_fresh}"
-                )
-            entry = Pending(row)
-            self.pending[row.offset] = entry
-            self._lease(entry, member, now_ms, ack_wait_ms)
-            self.next_fresh = row.offset + 1
-            out.append(entry)
+        if rows and rows[0].offset < self.next_fresh:
+            raise ValueError(
+                f"fresh row offset {rows[0].offset} is below next_fresh {self.next_fresh}"
+            )
+        # _lease() for a batch of first attempts: one member update, no call per row.
+        expires = now_ms + ack_wait_ms
+        out = [Pending(row, 1, member, expires, 0, 1) for row in rows]
+        pending, expiry, push = self.pending, self._expiry, heapq.heappush
+        for entry in out:
+            offset = entry.row.offset
+            pending[offset] = entry
+            push(expiry, (expires, offset, 1))
+        if out:
+            self.touch(member, now_ms).in_flight += len(out)
+            self.next_fresh = out[-1].row.offset + 1
         return out
 
     # ------------------------------------------------------------ finishing

@@ -18,11 +18,12 @@ stream's log, waiting, persistence and dead letters:
   retention and delete_before leave no lease, pending entry or blocked
   committed offset behind.
 
-Waiting members block on the group's condition, which acks, nacks and resets
-notify. Appends to the log notify it too: the group registers an append
+Waiting members sleep until the group's wake-up counter moves; acks, nacks and
+resets move it, and so do appends to the log: the group registers an append
 listener on the log the first time a member waits, so the thread that wrote a
 message wakes the waiting member itself (no watcher thread in between: one
-thread hand-off less on every delivery's path).
+thread hand-off less on every delivery's path). The counter has its own lock,
+so the writer never waits for the group lock.
 """
 
 from __future__ import annotations
@@ -131,8 +132,13 @@ class SharedGroup:
         self._dead_letters = dead_letters
         self._metrics = metrics or GroupMetrics()
         self._clock = clock
-        lock = threading.Lock()
-        self._cond = threading.Condition(lock)  # waiting receives
+        self._cond = threading.Condition(threading.Lock())  # the group lock (nobody waits on it)
+        # Waiting receives sleep on _wake (its own lock: no other lock is taken while
+        # it is held) until _wake_seq moves; whatever may let them proceed bumps it. The
+        # log's append listener bumps it without the group lock, so a writer never
+        # waits for a receive that is building a large batch under the group lock.
+        self._wake = threading.Condition()
+        self._wake_seq = 0
         self._table = LeaseTable(committed, config)
         # Read from the log, not handed out yet: offsets [next_fresh, _buffer_next).
         self._buffer: deque[pa.RecordBatch] = deque()
@@ -156,8 +162,13 @@ class SharedGroup:
 
     def _changed_locked(self) -> None:
         """Wake waiting receives: something they wait for may have changed."""
-        if self._waiters:
-            self._cond.notify_all()
+        self._bump()
+
+    def _bump(self) -> None:
+        with self._wake:
+            self._wake_seq += 1
+            if self._waiters:
+                self._wake.notify_all()
 
     def _check_open_locked(self) -> None:
         if self._closed is not None:
@@ -248,6 +259,7 @@ class SharedGroup:
         while True:
             with self._cond:
                 while True:
+                    seq = self._wake_seq  # before looking: a change after it ends the wait
                     self._check_open_locked()
                     stream_log = self._log_source()
                     now = self._clock()
@@ -265,7 +277,8 @@ class SharedGroup:
                         again = sum(1 for e in out if e.attempt > 1)
                         if again:
                             self._metrics.redeliveries.inc(again)
-                        return [Grant(e.row, e.attempt, e.expires_ms) for e in out]
+                        return [tuple.__new__(Grant, (e.row, e.attempt, e.expires_ms))
+                                for e in out]  # no Python-level __new__ per grant
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or (should_stop is not None and should_stop()):
                         return []
@@ -273,29 +286,29 @@ class SharedGroup:
                     due = self._table.next_due_ms()
                     if due is not None:
                         remaining = min(remaining, max(0.001, (due - now) / 1000))
-                    self._wait_locked(stream_log, remaining)
+                    self._wait_locked(stream_log, remaining, seq)
             self._dead_letter(dead)
 
-    def _wait_locked(self, stream_log: StreamLog, timeout: float) -> None:
+    def _wait_locked(self, stream_log: StreamLog, timeout: float, seq: int) -> None:
+        """Sleep (group lock released) until _wake_seq moves past seq or timeout."""
         if self._listening is not stream_log:
-            # Appends from now on notify us; one made since the caller looked is
+            # Appends from now on bump _wake_seq; one made since the caller looked is
             # found by its next look, so return to it instead of waiting.
             if self._listening is not None:
-                self._listening.remove_append_listener(self._on_append)
-            stream_log.add_append_listener(self._on_append)
+                self._listening.remove_append_listener(self._bump)
+            stream_log.add_append_listener(self._bump)
             self._listening = stream_log
             return
-        self._waiters += 1
+        self._cond.release()
         try:
-            self._cond.wait(timeout)
+            with self._wake:
+                self._waiters += 1
+                try:
+                    self._wake.wait_for(lambda: self._wake_seq != seq, timeout)
+                finally:
+                    self._waiters -= 1
         finally:
-            self._waiters -= 1
-
-    def _on_append(self) -> None:
-        """Append listener (runs in the writing thread): wake waiters if they can take it."""
-        with self._cond:
-            if self._waiters and self._fresh_budget_locked() > 0:
-                self._cond.notify_all()
+            self._cond.acquire()
 
     def wake(self) -> None:
         """Wake waiting receives so they re-check should_stop."""
@@ -417,6 +430,6 @@ class SharedGroup:
         with self._cond:
             self._closed = reason
             if self._listening is not None:
-                self._listening.remove_append_listener(self._on_append)
+                self._listening.remove_append_listener(self._bump)
                 self._listening = None
             self._changed_locked()

@@ -113,3 +113,31 @@ def test_receive_larger_than_a_log_read_takes_everything_ready_in_one_call(parts
     rest = group.receive("m", total, 0, ack_wait_ms=1000)
     assert [g.row.offset for g in rest] == list(range(total - 50, total))
     assert [g.row.value for g in rest[-2:]] == [b"v%d" % (total - 2), b"v%d" % (total - 1)]
+
+
+def test_append_never_waits_for_a_receive_holding_the_group_lock(parts):
+    """The append listener wakes waiting members without the group lock.
+
+    A receive building a large batch holds the group lock for milliseconds; a
+    publish to the stream must not queue behind it (it holds the log's append
+    lock meanwhile, which would stall every other publish too).
+    """
+    group, stream_log, *_ = parts
+    append(stream_log, b"first")
+    assert [g.row.value for g in group.receive("m", 10, 0, ack_wait_ms=1000)] == [b"first"]
+    got: list[bytes] = []
+    waiter = threading.Thread(
+        target=lambda: got.extend(g.row.value for g in group.receive("m", 10, 10.0, 1000)))
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while group._listening is not stream_log:  # the waiting member listens to the log
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.05)
+    with group._cond:  # what a receive building a large batch holds
+        writer = threading.Thread(target=append, args=(stream_log, b"second"))
+        writer.start()
+        writer.join(5)
+        assert not writer.is_alive(), "the append waited for the group lock"
+    waiter.join(10)
+    assert got == [b"second"]
