@@ -14,7 +14,8 @@ Write: ``--rows`` rows with one ``value`` column of ``--size`` bytes go to the n
 and to ``writeStream.format("npstream")`` (the exactly-once writer), from two inputs: the
 ceiling source (near-free, so the ratio isolates the sink) and the npstream read of the
 source stream (a stream-to-stream copy). Each target stream must then hold exactly
-``--rows`` messages.
+``--rows`` messages. For the ceiling input, a Python sink that only iterates its batches
+(the floor of any Python sink) is measured too, for reference.
 
 rows/s = rows / the summed ``triggerExecution`` time of the query's micro-batches (Spark's
 own progress figures, so query start-up, equal for every source, is left out); wall-clock
@@ -38,7 +39,13 @@ from typing import Any
 
 import pyarrow as pa
 from bench_common import BrokerUnderTest, create_bench_stream, machine_info
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 from report import Goal, fmt, render_goals, render_table, write_json
@@ -54,6 +61,7 @@ REPEATS = 3                    # timed runs per query (median): the 2 cores are 
 GOAL_READ_SHARE = 0.70         # npstream read >= 70% of the ceiling source
 GOAL_WRITE_SHARE = 0.50        # npstream write >= 50% of the noop sink
 CEILING_FORMAT = "bench_arrow_ceiling"
+NULL_SINK_FORMAT = "bench_python_null_sink"
 
 
 # ---------------------------------------------------------------- the ceiling source
@@ -151,6 +159,35 @@ def _ready_batch(schema: StructType, n: int, size: int) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=arrow)
 
 
+# ---------------------------------------------------------------- the Python null sink
+# The floor of any Python Arrow sink: it receives every batch in its Python worker, like
+# the npstream sink, and does nothing with it. The difference to the noop sink (JVM) is
+# the cost of handing rows to Python, which no Python sink can avoid.
+
+class PythonNullSink(DataSource):
+    """A streaming sink that iterates its Arrow batches in Python and keeps nothing."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NULL_SINK_FORMAT
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
+        return _NullArrowWriter()
+
+
+class _NullArrowWriter(DataSourceStreamArrowWriter):
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        for _batch in iterator:
+            pass
+        return WriterCommitMessage()
+
+    def commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
+        """Nothing to make visible."""
+
+    def abort(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
+        """Nothing to drop."""
+
+
 # ---------------------------------------------------------------- runs
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -187,6 +224,7 @@ def make_spark() -> Any:
     )
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(ArrowCeilingSource)
+    spark.dataSource.register(PythonNullSink)
     # Editable (development) installs are invisible to Spark's pyspark_* discovery.
     from npstream.spark import register
 
@@ -300,6 +338,7 @@ def run_benchmarks(a: argparse.Namespace, spark: Any, broker: BrokerUnderTest, c
         warm_out = f"bench-sink-warm-{uuid.uuid4().hex[:8]}"
         create_bench_stream(client, warm_out)
         to_npstream(write_input(kind, warm, WARMUP_ROWS), warm_out)
+    run_query(write_input("ceiling", warm, WARMUP_ROWS), NULL_SINK_FORMAT, {}, work)
 
     results: dict[str, Any] = interleaved(a, [
         ("read_npstream", "npstream -> noop",
@@ -312,12 +351,17 @@ def run_benchmarks(a: argparse.Namespace, spark: Any, broker: BrokerUnderTest, c
     for kind, label in WRITE_INPUTS:
         out = f"bench-sink-{kind}-{uuid.uuid4().hex[:8]}"
         create_bench_stream(client, out)
-        results.update(interleaved(a, [
+        queries = [
             (f"write_noop_{kind}", f"{label} -> noop",
              lambda kind=kind: run_query(write_input(kind, src, a.rows), "noop", {}, work)),
             (f"write_npstream_{kind}", f"{label} -> npstream sink",
              lambda kind=kind, out=out: to_npstream(write_input(kind, src, a.rows), out)),
-        ]))
+        ]
+        if kind == "ceiling":  # the floor of any Python sink, for reading the ratio
+            queries.append((f"write_pynull_{kind}", f"{label} -> Python null sink",
+                            lambda kind=kind: run_query(write_input(kind, src, a.rows),
+                                                        NULL_SINK_FORMAT, {}, work)))
+        results.update(interleaved(a, queries))
         written = results[f"write_npstream_{kind}"]
         written["stream_messages_added"] = client.stream_info(out).end_offset
         written["exact"] = written["stream_messages_added"] == a.rows * a.repeats
@@ -335,6 +379,9 @@ def build_report(a: argparse.Namespace, results: dict[str, Any]) -> tuple[str, l
         noop = results[f"write_noop_{kind}"].get("rows_per_s")
         lines += [(f"write_noop_{kind}", f"write: {label} -> noop sink", noop),
                   (f"write_npstream_{kind}", f"write: {label} -> npstream sink", noop)]
+        if f"write_pynull_{kind}" in results:
+            lines.append((f"write_pynull_{kind}",
+                          f"write: {label} -> Python null sink (floor)", noop))
     rows = []
     for key, what, vs in lines:
         r = results[key]

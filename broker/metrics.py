@@ -65,8 +65,10 @@ class BrokerMetrics:
                                         "Publish RPCs that stored data", registry=r)
         self.published_messages = Counter("npstream_published_messages",
                                           "Messages stored by Publish", registry=r)
-        self.published_bytes = Counter("npstream_published_bytes",
-                                       "Arrow bytes of messages stored by Publish", registry=r)
+        self.published_bytes = Counter(
+            "npstream_published_bytes",
+            "Arrow bytes of messages stored by Publish (value bytes for the messages field)",
+            registry=r)
         self.duplicate_messages = Counter("npstream_duplicate_messages",
                                           "Published messages dropped as duplicates", registry=r)
         self.fetch_requests = Counter("npstream_fetch_requests", "Fetch RPCs served", registry=r)

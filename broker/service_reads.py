@@ -35,6 +35,7 @@ from npstream.broker.service_streams import (
 )
 from npstream.host_identity import boot_id
 from npstream.proto import pb
+from npstream.wire import encode_with_bytes
 
 __all__ = ["StreamReadServicer", "add_to_server"]
 
@@ -97,48 +98,20 @@ class StreamReadServicer:
             ))
             self._metrics.fetched_messages.inc(result.count)
             self._metrics.fetched_bytes.inc(sum(len(b) for b in result.batches))
-            yield encode_fetch_response(result.batches, pb.FetchResponse(
+            # The stored batches go into the reply with one copy (npstream.wire).
+            yield encode_with_bytes(pb.FetchResponse(
                 next_offset=result.next_offset,
                 start_offset=stream_log.start_offset,
                 end_offset=stream_log.end_offset,
                 count=result.count,
-            ))
+            ), "batches", result.batches)
             offset = result.next_offset
             if result.count == 0 or offset >= stop or self._stopping.is_set():
                 return
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def encode_fetch_response(batches: list[bytes | memoryview], rest: pb.FetchResponse) -> bytes:
-    """``rest`` with ``batches`` added, in protobuf wire format, the batch bytes copied once.
-
-    Building a FetchResponse copies every stored payload into the message and
-    serializing copies it again; here the ``batches`` fields (tag, length,
-    bytes) are joined straight from the read buffers. Protobuf parses
-    concatenated encodings of one message as their merge, so the scalar fields
-    come from ``rest.SerializeToString()``.
-    """
-    parts: list[bytes | memoryview] = []
-    for batch in batches:
-        parts += (_BATCHES_TAG, _varint(len(batch)), batch)
-    parts.append(rest.SerializeToString())
-    return b"".join(parts)
-
-
-# FetchResponse field 1 (batches), wire type 2 (length-delimited).
-_BATCHES_TAG = bytes([(pb.FetchResponse.DESCRIPTOR.fields_by_name["batches"].number << 3) | 2])
-
-
 def add_to_server(server: grpc.Server, ctx: BrokerContext, stopping: threading.Event) -> None:
-    """Register the service; ReadRange replies are pre-encoded bytes (encode_fetch_response)."""
+    """Register the service; ReadRange replies are pre-encoded bytes (npstream.wire)."""
     servicer = StreamReadServicer(ctx, stopping)
     handlers = {
         "Locate": grpc.unary_unary_rpc_method_handler(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import grpc
@@ -34,8 +34,9 @@ from npstream.broker.registry import (
     check_stream_name,
 )
 from npstream.broker.storage import AckMode, AppendResult, StreamLog
+from npstream.broker.storage.small_append import MessageRows
 from npstream.proto import pb, pb_grpc
-from npstream.schema import HEADERS_TYPE, normalize_publish_table
+from npstream.schema import normalize_publish_table
 
 __all__ = [
     "DEFAULT_FETCH_BYTES",
@@ -85,22 +86,14 @@ def _overrides(config: pb.StreamConfig) -> dict[str, int]:
     return {f: getattr(config, f) for f in CONFIG_FIELDS if config.HasField(f)}
 
 
-def _messages_table(messages: list[pb.Message]) -> pa.Table:
-    """Columns from repeated Message (the simple-client path; arrow_stream is the fast one)."""
-    columns: dict[str, pa.Array] = {
-        "value": pa.array([m.value for m in messages], pa.binary()),
-    }
-    ids = [m.id or None for m in messages]
-    if any(ids):
-        columns["id"] = pa.array(ids, pa.string())
-    keys = [m.key if m.HasField("key") else None for m in messages]
-    if any(k is not None for k in keys):
-        columns["key"] = pa.array(keys, pa.binary())
-    if any(m.headers for m in messages):
-        columns["headers"] = pa.array(
-            [list(m.headers.items()) if m.headers else None for m in messages], HEADERS_TYPE
-        )
-    return pa.table(columns)
+def _message_rows(messages: Sequence[pb.Message]) -> MessageRows:
+    """The repeated Message of simple clients as lists (storage's lean small-append path)."""
+    return MessageRows(
+        values=[m.value for m in messages],
+        ids=[m.id for m in messages],
+        keys=[m.key if m.HasField("key") else None for m in messages],
+        headers=[dict(m.headers) if m.headers else None for m in messages],
+    )
 
 
 def _arrow_table(stream: str, data: bytes) -> pa.Table:
@@ -211,18 +204,25 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
 
     # ------------------------------------------------------------ data
 
-    def _prepare_publish(self, request: pb.PublishRequest) -> tuple[str, pa.Table | None, AckMode]:
-        """The request's stream, its rows as a normalized table (None when empty), its ack."""
+    def _prepare_publish(
+        self, request: pb.PublishRequest
+    ) -> tuple[str, pa.Table | MessageRows | None, AckMode]:
+        """The request's stream, its rows (None when empty) and its ack.
+
+        Rows sent as ``messages`` (simple clients, one-message publishes) stay
+        Python values for the storage's lean path (small_append.py); an
+        ``arrow_stream`` becomes a normalized table.
+        """
         stream = check_stream_name(request.stream)
         arrow_stream = request.arrow_stream  # each access copies the bytes (upb): read once
         if request.messages and arrow_stream:
             raise InvalidArgumentError(
                 f"publish to stream '{stream}' sets both messages and arrow_stream; send one"
             )
-        raw = _arrow_table(stream, arrow_stream) if arrow_stream else (
-            _messages_table(list(request.messages)) if request.messages else None
-        )
         ack = AckMode.WRITE if request.ack == pb.ACK_WRITE else AckMode.FSYNC
+        if request.messages:
+            return stream, _message_rows(request.messages), ack
+        raw = _arrow_table(stream, arrow_stream) if arrow_stream else None
         if raw is None or raw.num_rows == 0:
             return stream, None, ack
         try:
@@ -231,13 +231,14 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
             raise InvalidArgumentError(f"publish to stream '{stream}': {exc}") from None
         return stream, table, ack
 
-    def _published(self, stream: str, table: pa.Table, result: AppendResult,
+    def _published(self, stream: str, result: AppendResult, rows: pa.Table | MessageRows,
                    started: float) -> pb.PublishResponse:
         """Count a stored publish in the metrics and build its reply."""
         self._metrics.append_latency.observe(time.perf_counter() - started)
         self._metrics.publish_requests.inc()
         self._metrics.published_messages.inc(result.stored_count)
-        self._metrics.published_bytes.inc(table.nbytes)
+        self._metrics.published_bytes.inc(
+            rows.nbytes if isinstance(rows, pa.Table) else sum(map(len, rows.values)))
         if result.duplicates:
             self._metrics.duplicate_messages.inc(len(result.duplicates))
         log.debug("published %d message(s) to '%s' at offset %d (%d duplicate(s))",
@@ -252,13 +253,13 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
     @rpc_method
     def Publish(self, request: pb.PublishRequest,
                 context: grpc.ServicerContext) -> pb.PublishResponse:
-        stream, table, ack = self._prepare_publish(request)
+        stream, rows, ack = self._prepare_publish(request)
         stream_log = self._registry.get(stream, create_if_missing=True)
-        if table is None:
+        if rows is None:
             return pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
         started = time.perf_counter()
-        result = self._on_log(stream, lambda: stream_log.append(table, ack))
-        return self._published(stream, table, result, started)
+        result = self._on_log(stream, lambda: stream_log.append(rows, ack))
+        return self._published(stream, result, rows, started)
 
     @rpc_method
     def PublishStream(self, request_iterator: Iterator[pb.PublishRequest],
@@ -268,18 +269,18 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
 
     def _write_publish(self, request: pb.PublishRequest) -> Callable[[], pb.PublishResponse]:
         """Write one PublishStream request now; the returned reply waits for its fsync."""
-        stream, table, ack = self._prepare_publish(request)
+        stream, rows, ack = self._prepare_publish(request)
         stream_log = self._registry.get(stream, create_if_missing=True)
-        if table is None:
+        if rows is None:
             empty = pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
             return lambda: empty
         started = time.perf_counter()
-        result, sequence = self._on_log(stream, lambda: stream_log.append_unsynced(table))
+        result, sequence = self._on_log(stream, lambda: stream_log.append_unsynced(rows))
 
         def reply() -> pb.PublishResponse:
             if ack is AckMode.FSYNC:
                 self._on_log(stream, lambda: stream_log.sync_through(sequence))
-            return self._published(stream, table, result, started)
+            return self._published(stream, result, rows, started)
 
         return reply
 

@@ -19,7 +19,8 @@ State in SQLite (through ``ctx.metadata``):
                   'committing' while the append may be incomplete, 'done' once
                   it returned (fsynced).
 
-Per stream, ``StreamLog.append_atomic`` records the 'committing' marker from
+Per stream, ``StreamLog.append_prebuilt`` (``append_atomic`` for staging files
+of older brokers) records the 'committing' marker from
 its ``before_write`` callback, under the log's append lock, before any byte
 is written; nothing else can append to the stream until the sink's rows are
 written and fsynced. So when recovery finds a 'committing' marker:
@@ -28,8 +29,8 @@ written and fsynced. So when recovery finds a 'committing' marker:
   offsets, if any, are other writers' data appended after it); mark it done.
 * otherwise the crash tore the append: every offset from ``first_offset`` on
   belongs to it, so ``truncate_to(first_offset)`` and append it again from the
-  staging files: same rows at the same offsets (rows staged without an id get
-  a new broker-generated id).
+  staging files: same rows with the same ids at the same offsets (ids missing
+  at Stage were filled there, see sink_frames).
 
 Markers and the pending row must be durable before the log bytes they
 describe. With ``metadata_sync = "normal"`` SQLite does not fsync its WAL on
@@ -41,7 +42,7 @@ Test-only fault hook: the environment variable ``NPSTREAM_SINK_FAULT`` makes
 the broker ``os._exit(FAULT_EXIT_CODE)`` in the middle of the first commit:
 
 * ``marker``  after the 'committing' marker is durable, before any byte;
-* ``append``  after append_atomic returned, before the marker becomes 'done';
+* ``append``  after the stream's append returned, before the marker becomes 'done';
 * ``torn:N``  like ``append``, but first cuts the stream's newest segment file
   back to its size before the commit plus N bytes, as if the broker had died
   after writing N bytes of the commit;
@@ -68,7 +69,9 @@ import grpc
 import pyarrow as pa
 
 from npstream.broker.errors import BrokerError, InvalidArgumentError
+from npstream.broker.sink_frames import StagedFrames
 from npstream.broker.sink_staging import (
+    StagedTable,
     StagingArea,
     check_batch_id,
     check_sink_id,
@@ -78,6 +81,7 @@ from npstream.broker.sink_staging import (
 if TYPE_CHECKING:
     from npstream.broker.metadata import Metadata
     from npstream.broker.registry import StreamRegistry
+    from npstream.broker.storage.prebuilt import PrebuiltFrame
 
 __all__ = [
     "FAULT_ENV",
@@ -329,13 +333,11 @@ class SinkCommitter:
     def _run(self, pending: _Pending) -> dict[str, tuple[int, int]]:
         """Append every stream of a pending commit not done yet, then record the batch."""
         started = time.perf_counter()
-        staged = [self.staging.read(pending.sink_id, pending.batch_id, s)
-                  for s in pending.staging_ids]
+        staged = [self._open_staging(pending, s) for s in pending.staging_ids]
         written: dict[str, tuple[int, int]] = {}
         for done_streams, stream in enumerate(pending.streams, start=1):
-            tables = [t for t in (s.rows_for(stream) for s in staged if stream in s.streams)
-                      if t.num_rows]
-            written[stream] = self._commit_stream(pending, stream, tables)
+            written[stream] = self._commit_stream(
+                pending, stream, [s for s in staged if stream in s.streams])
             if self._fault and self._fault.point == "done" and done_streams >= self._fault.amount:
                 _die(f"after {done_streams} stream(s) of sink '{pending.sink_id}' "
                      f"batch {pending.batch_id}")
@@ -347,10 +349,24 @@ class SinkCommitter:
                  ", ".join(f"{s}[{a},{b})" for s, (a, b) in written.items()) or "(empty)")
         return written
 
+    def _open_staging(self, pending: _Pending, staging_id: str) -> StagedFrames | StagedTable:
+        """A staging's frames (mapped, not read), or its table for a file of an older broker."""
+        frames = self.staging.open_frames(pending.sink_id, pending.batch_id, staging_id)
+        if frames is not None:
+            return frames
+        return self.staging.read(pending.sink_id, pending.batch_id, staging_id)
+
     def _commit_stream(self, pending: _Pending, stream: str,
-                       tables: list[pa.Table]) -> tuple[int, int]:
+                       staged: list[StagedFrames | StagedTable]) -> tuple[int, int]:
         """Append one stream's rows of the commit exactly once; returns [start, end)."""
-        row_count = sum(t.num_rows for t in tables)
+        frames: list[PrebuiltFrame] | None = None
+        tables: list[pa.Table] = []
+        if all(isinstance(s, StagedFrames) for s in staged):
+            frames = [f for s in staged for f in s.frames_for(stream)]  # type: ignore[union-attr]
+            row_count = sum(frame.count for frame in frames)
+        else:  # staging written by an older broker: rows, not frames
+            tables = [t for t in (s.rows_for(stream) for s in staged) if t.num_rows]
+            row_count = sum(t.num_rows for t in tables)
         marker = self._marker(pending, stream)
         if marker is not None and marker.state == "done":
             return marker.first_offset, marker.first_offset + marker.row_count
@@ -373,7 +389,7 @@ class SinkCommitter:
                 log.warning("sink '%s' batch %d: append to '%s' at offset %d had no complete "
                             "row on disk; writing it again", pending.sink_id, pending.batch_id,
                             stream, marker.first_offset)
-        if not tables:
+        if not row_count:
             self._record_marker(pending, stream, stream_log.end_offset, 0, "done")
             return stream_log.end_offset, stream_log.end_offset
         before: dict[Path, int] = {}
@@ -387,11 +403,14 @@ class SinkCommitter:
             if self._fault.point == "torn" and self._streams_dir is not None:
                 before.update(_segment_sizes(self._streams_dir / stream))
 
-        # One contiguous table: the storage engine frames it about twice as fast as
-        # the same rows in many chunks (measured), and copies into one chunk anyway.
-        combined = pa.concat_tables(tables, promote_options="default").combine_chunks()
         try:
-            result = stream_log.append_atomic([combined], before_write=before_write)
+            if frames is not None:
+                result = stream_log.append_prebuilt(frames, before_write=before_write)
+            else:
+                # One contiguous table: the storage engine frames it about twice as fast
+                # as the same rows in many chunks (measured), and copies it anyway.
+                combined = pa.concat_tables(tables, promote_options="default").combine_chunks()
+                result = stream_log.append_atomic([combined], before_write=before_write)
         except Exception:
             # append_atomic is all-or-nothing: none of these rows is in the log, and other
             # writers may append at first_offset from now on, so the marker must go (a

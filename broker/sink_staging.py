@@ -11,18 +11,18 @@ Layout::
 
     <data_dir>/sink/<sink_id>/<batch_id>/<staging_id>.arrow
 
-Each file is an Arrow IPC stream whose columns are ``stream`` (string, the
-resolved target of every row), ``value`` (binary) and ``id`` (string), plus
-``key`` and ``headers`` when the stager sent them, in the publish types of
-``npstream.schema.PUBLISH_COLUMNS``. The schema metadata holds the sorted
-target streams (``npstream.streams``, JSON) and the row count
-(``npstream.rows``), so listing what a staging targets reads a few hundred
-bytes, not the data.
+Each file holds, per target stream, the rows as ready-to-append frame
+payloads (sink_frames.py has the format and the reason), behind a small JSON
+index listing the target streams and the row count, so listing what a staging
+targets reads a few hundred bytes, not the data. Files written by older
+brokers (an Arrow IPC stream with a ``stream`` column and the targets in the
+schema metadata) are still read.
 
-Rows staged without an id keep none: the storage engine gives them its own
-generated id when they are appended, as for any publish. (Deterministic ids
-filled here would make every sink row a "producer id" that the target's
-dedup window must remember: memory and time per row for nothing.)
+Rows staged without an id get one here, in the shape of the broker's
+generated ids (16 random hex characters per file and stream, then the row's
+index), so a commit rewritten after a crash stores the same ids. They are not
+producer ids: the frames are not flagged for them, so the target's dedup
+window does not have to remember them.
 
 Everything a commit could fail on is checked here, at Stage time, so a commit
 only moves bytes: the value column, stream names, routing and each stream's
@@ -47,6 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from npstream.broker.errors import InvalidArgumentError
+from npstream.broker.sink_frames import StagedFrames, is_frames_file, read_index, write_staging
 from npstream.names import NAME_RULE, STREAM_NAME_RE, validate_stream_name
 from npstream.schema import normalize_publish_table
 
@@ -67,6 +68,8 @@ STAGING_SUFFIX = ".arrow"
 _TMP_SUFFIX = ".tmp"
 _META_STREAMS = b"npstream.streams"
 _META_ROWS = b"npstream.rows"
+# Frames per staging file are cut at the broker's max_batch_bytes (the server passes it).
+DEFAULT_MAX_FRAME_BYTES = 8 << 20
 # Sink and staging ids become path components: the stream-name alphabet, which
 # admits no separators and no leading dot.
 
@@ -232,8 +235,9 @@ class StagedTable:
 class StagingArea:
     """The ``<data_dir>/sink`` tree. Thread-safe: each file is written via its own temp name."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self.root = Path(root)
+        self.max_frame_bytes = max_frame_bytes
         self.root.mkdir(parents=True, exist_ok=True)
 
     def path(self, sink_id: str, batch_id: int, staging_id: str) -> Path:
@@ -253,10 +257,8 @@ class StagingArea:
         self._make_dirs(target.parent)
         tmp = target.with_name(f"{target.name}.{uuid.uuid4().hex[:12]}{_TMP_SUFFIX}")
         try:
-            with open(tmp, "wb") as sink:
-                with pa.ipc.new_stream(sink, table.schema) as writer:
-                    writer.write_table(table)
-                sink.flush()
+            with pa.OSFile(str(tmp), "wb") as sink:
+                write_staging(sink, table, self.max_frame_bytes)
                 os.fsync(sink.fileno())
             os.replace(tmp, target)
         except BaseException:
@@ -285,11 +287,26 @@ class StagingArea:
         return _targets_of(self.path(sink_id, batch_id, staging_id))
 
     def read(self, sink_id: str, batch_id: int, staging_id: str) -> StagedTable:
-        """The staged rows, memory-mapped (no copy until they are appended)."""
+        """The staged rows as a table (either file format); for checks and old files."""
         path = self.path(sink_id, batch_id, staging_id)
+        if is_frames_file(path):
+            frames = StagedFrames(staging_id, path)
+            parts = []
+            for stream in frames.streams:
+                rows = frames.rows_for(stream)
+                parts.append(rows.add_column(0, "stream", pa.repeat(
+                    pa.scalar(stream, pa.string()), rows.num_rows)))
+            table = pa.concat_tables(parts) if parts else pa.table(
+                {"stream": pa.array([], pa.string()), "value": pa.array([], pa.binary())})
+            return StagedTable(staging_id, table, frames.streams)
         with pa.memory_map(str(path)) as source:
             table = pa.ipc.open_stream(source).read_all()
         return StagedTable(staging_id, table, _streams_from_schema(table.schema))
+
+    def open_frames(self, sink_id: str, batch_id: int, staging_id: str) -> StagedFrames | None:
+        """The staged frames, mapped copy-on-write; None for a file in the older format."""
+        path = self.path(sink_id, batch_id, staging_id)
+        return StagedFrames(staging_id, path) if is_frames_file(path) else None
 
     def drop(self, sink_id: str, batch_id: int, staging_ids: list[str] | None = None) -> int:
         """Delete the listed stagings of a batch (all when None); returns files deleted."""
@@ -368,6 +385,8 @@ def _streams_from_schema(schema: pa.Schema) -> list[str]:
 
 
 def _targets_of(path: Path) -> list[str]:
+    if is_frames_file(path):
+        return list(read_index(path)["streams"])  # type: ignore[call-overload]
     with pa.memory_map(str(path)) as source:
         return _streams_from_schema(pa.ipc.open_stream(source).schema)
 

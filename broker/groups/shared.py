@@ -3,9 +3,12 @@
 ``SharedGroup`` joins the pure lease bookkeeping (leases.LeaseTable) with the
 stream's log, waiting, persistence and dead letters:
 
-* Fresh messages are read from the log in Arrow batches of
-  FRESH_READ_CHUNK into a small buffer and handed out in offset order;
-  redeliveries that are due go first, so no member idles while work waits.
+* Fresh messages are read from the log in Arrow batches (up to
+  FRESH_READ_CHUNK messages or FRESH_READ_BYTES per read), kept as Arrow
+  record batches, and turned into Python rows only as they are handed out, in
+  offset order: a stored batch of 10,000 rows is read once, not once per
+  Receive. Redeliveries that are due go first, so no member idles while work
+  waits.
 * Everything in flight lives in memory. Only the committed offset (lowest not
   acked) and the dead-lettered count are persisted, through the batching
   PositionWriter. After a restart, unacked messages are delivered again.
@@ -15,9 +18,11 @@ stream's log, waiting, persistence and dead letters:
   retention and delete_before leave no lease, pending entry or blocked
   committed offset behind.
 
-Waiting members block on the group's condition. A watcher thread per group
-(alive only while someone waits) turns appends to the log into wake-ups,
-since StreamLog.wait_for_data cannot also be woken by acks or nacks.
+Waiting members block on the group's condition, which acks, nacks and resets
+notify. Appends to the log notify it too: the group registers an append
+listener on the log the first time a member waits, so the thread that wrote a
+message wakes the waiting member itself (no watcher thread in between: one
+thread hand-off less on every delivery's path).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from itertools import repeat
 from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
@@ -39,19 +45,19 @@ from npstream.broker.groups.shared_config import SharedConfig
 from npstream.broker.groups.store import PositionWriter
 from npstream.broker.groups.tuning import (
     DEAD_LETTER_RETRY_MS,
+    FRESH_READ_BYTES,
     FRESH_READ_CHUNK,
     LONG_POLL_SLICE_S,
     MAX_ACK_WINDOW,
     MAX_PENDING_PER_GROUP,
     MEMBER_IDLE_MS,
-    WATCH_SLICE_S,
 )
-from npstream.schema import MESSAGE_SCHEMA
+from npstream.broker.storage.batch_builder import decode_payload
 
 if TYPE_CHECKING:
     from npstream.broker.storage import StreamLog
 
-__all__ = ["Grant", "MemberInfo", "SharedGroup", "SharedSnapshot", "rows_from_batches"]
+__all__ = ["Grant", "MemberInfo", "SharedGroup", "SharedSnapshot", "rows_from_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -85,22 +91,18 @@ class SharedSnapshot(NamedTuple):
     config: SharedConfig
 
 
-def rows_from_batches(batches: list[bytes | memoryview]) -> list[DeliveryRow]:
-    """Decode stored Arrow record-batch messages into rows, one column at a time."""
-    rows: list[DeliveryRow] = []
-    for buf in batches:
-        batch = pa.ipc.read_record_batch(pa.py_buffer(buf), MESSAGE_SCHEMA)
-        headers = [dict(h) if h else {} for h in batch.column("headers").to_pylist()]
-        rows.extend(map(
-            DeliveryRow,
-            batch.column("offset").to_pylist(),
-            batch.column("id").to_pylist(),
-            batch.column("key").to_pylist(),
-            batch.column("value").to_pylist(),
-            headers,
-            batch.column("timestamp").cast(pa.int64()).to_pylist(),
-        ))
-    return rows
+def rows_from_batch(batch: pa.RecordBatch) -> list[DeliveryRow]:
+    """The rows of a stored (MESSAGE_SCHEMA) record batch, converted one column at a time."""
+    headers = [dict(h) if h else {} for h in batch.column("headers").to_pylist()]
+    return list(map(tuple.__new__, repeat(DeliveryRow), zip(  # no Python call per row
+        batch.column("offset").to_pylist(),
+        batch.column("id").to_pylist(),
+        batch.column("key").to_pylist(),
+        batch.column("value").to_pylist(),
+        headers,
+        batch.column("timestamp").view(pa.int64()).to_pylist(),  # same buffer, no cast
+        strict=True,
+    )))
 
 
 class SharedGroup:
@@ -131,15 +133,16 @@ class SharedGroup:
         self._clock = clock
         lock = threading.Lock()
         self._cond = threading.Condition(lock)  # waiting receives
-        self._watch_cond = threading.Condition(lock)  # the watcher thread
         self._table = LeaseTable(committed, config)
-        self._buffer: deque[DeliveryRow] = deque()  # offsets [next_fresh, _buffer_next)
+        # Read from the log, not handed out yet: offsets [next_fresh, _buffer_next).
+        self._buffer: deque[pa.RecordBatch] = deque()
+        self._buffered = 0  # rows in _buffer
         self._buffer_next = committed
         self._dead_lettered = dead_lettered
         self._persisted = (committed, dead_lettered)
         self._closed: BrokerError | None = None
         self._waiters = 0
-        self._watcher: threading.Thread | None = None
+        self._listening: StreamLog | None = None  # the log whose appends wake waiters
 
     # ------------------------------------------------------------ state helpers
 
@@ -152,11 +155,9 @@ class SharedGroup:
         return self._table.committed
 
     def _changed_locked(self) -> None:
-        """Wake waiting receives and the watcher: something they wait for may have changed."""
+        """Wake waiting receives: something they wait for may have changed."""
         if self._waiters:
             self._cond.notify_all()
-        if self._watcher is not None:
-            self._watch_cond.notify_all()
 
     def _check_open_locked(self) -> None:
         if self._closed is not None:
@@ -176,8 +177,7 @@ class SharedGroup:
         if start > self._table.committed:
             before = self._table.committed
             dropped = self._table.drop_below(start)
-            self._buffer.clear()
-            self._buffer_next = self._table.next_fresh
+            self._clear_buffer_locked(self._table.next_fresh)
             log.info("group '%s' on stream '%s': offsets [%d, %d) were removed from the log; "
                      "dropped %d pending deliveries, committed offset now %d",
                      self.group, self.stream, before, start, dropped, self._table.committed)
@@ -190,33 +190,47 @@ class SharedGroup:
 
     def _reset_locked(self, offset: int) -> int:
         dropped = self._table.reset(offset)
-        self._buffer.clear()
-        self._buffer_next = offset
+        self._clear_buffer_locked(offset)
         self._changed_locked()
         return dropped
 
     def _fresh_budget_locked(self) -> int:
         return self._table.fresh_budget(MAX_PENDING_PER_GROUP, MAX_ACK_WINDOW)
 
+    def _clear_buffer_locked(self, next_offset: int) -> None:
+        self._buffer.clear()
+        self._buffered = 0
+        self._buffer_next = next_offset
+
     def _take_fresh_locked(self, stream_log: StreamLog, limit: int) -> list[DeliveryRow]:
         limit = min(limit, self._fresh_budget_locked())
         if limit <= 0:
             return []
         # Refill until the request is covered, so one Subscribe batch (or Receive) takes
-        # everything ready that fits, not just what was left of the last chunk.
-        while len(self._buffer) < limit and self._buffer_next < stream_log.end_offset:
+        # everything ready that fits, not just what was left of the last read.
+        while self._buffered < limit and self._buffer_next < stream_log.end_offset:
             try:
-                result = stream_log.read(self._buffer_next, max_messages=FRESH_READ_CHUNK)
+                result = stream_log.read(self._buffer_next, max_messages=FRESH_READ_CHUNK,
+                                         max_bytes=FRESH_READ_BYTES)
             except OffsetOutOfRangeError:  # retention moved the start meanwhile
                 self._follow_log_locked(stream_log)
                 return []
             if result.next_offset <= self._buffer_next:
                 break
-            self._buffer.extend(rows_from_batches(result.batches))
+            for payload in result.batches:
+                batch = decode_payload(payload)
+                self._buffer.append(batch)
+                self._buffered += batch.num_rows
             self._buffer_next = result.next_offset
-        taken = [self._buffer.popleft() for _ in range(min(limit, len(self._buffer)))]
-        if taken and self._watcher is not None:
-            self._watch_cond.notify_all()  # the watcher re-arms on the log
+        taken: list[DeliveryRow] = []
+        while len(taken) < limit and self._buffer:
+            batch = self._buffer.popleft()
+            wanted = limit - len(taken)
+            if batch.num_rows > wanted:
+                self._buffer.appendleft(batch.slice(wanted))
+                batch = batch.slice(0, wanted)
+            taken += rows_from_batch(batch)
+            self._buffered -= batch.num_rows
         return taken
 
     # ------------------------------------------------------------ delivering
@@ -263,43 +277,25 @@ class SharedGroup:
             self._dead_letter(dead)
 
     def _wait_locked(self, stream_log: StreamLog, timeout: float) -> None:
+        if self._listening is not stream_log:
+            # Appends from now on notify us; one made since the caller looked is
+            # found by its next look, so return to it instead of waiting.
+            if self._listening is not None:
+                self._listening.remove_append_listener(self._on_append)
+            stream_log.add_append_listener(self._on_append)
+            self._listening = stream_log
+            return
         self._waiters += 1
         try:
-            if self._watcher is None:
-                self._watcher = threading.Thread(
-                    target=self._watch, args=(stream_log,), daemon=True,
-                    name=f"npstream-group-watch-{self.stream}/{self.group}")
-                self._watcher.start()
             self._cond.wait(timeout)
         finally:
             self._waiters -= 1
 
-    def _watch(self, stream_log: StreamLog) -> None:
-        """Wake waiters when the log has data past what the group has read.
-
-        When there is data to take it wakes the waiters and then sleeps on its
-        own condition until one of them took it (fresh takes, acks and resets
-        notify it); otherwise it waits on the log itself.
-        """
-        while True:
-            with self._cond:
-                if self._closed is not None or self._waiters == 0:
-                    self._watcher = None
-                    return
-                position = self._buffer_next
-                if self._fresh_budget_locked() <= 0:  # blocked on acks, not on the log
-                    self._watch_cond.wait(WATCH_SLICE_S)
-                    continue
-                if self._buffer or position < stream_log.end_offset:
-                    self._cond.notify_all()  # data is there: a waiter takes it
-                    self._watch_cond.wait(WATCH_SLICE_S)
-                    continue
-            try:
-                stream_log.wait_for_data(position, WATCH_SLICE_S)
-            except BrokerError:  # the log changed under us (deleted, broken): let waiters see
-                with self._cond:
-                    self._cond.notify_all()
-                    self._watch_cond.wait(WATCH_SLICE_S)
+    def _on_append(self) -> None:
+        """Append listener (runs in the writing thread): wake waiters if they can take it."""
+        with self._cond:
+            if self._waiters and self._fresh_budget_locked() > 0:
+                self._cond.notify_all()
 
     def wake(self) -> None:
         """Wake waiting receives so they re-check should_stop."""
@@ -420,4 +416,7 @@ class SharedGroup:
         """Fail current and future calls with reason (group or stream deleted)."""
         with self._cond:
             self._closed = reason
+            if self._listening is not None:
+                self._listening.remove_append_listener(self._on_append)
+                self._listening = None
             self._changed_locked()

@@ -21,10 +21,15 @@ DEFAULT_ACK_WAIT_MS = 30_000
 DEFAULT_RECEIVE_MAX = 10
 # Upper bound of one Receive (and of one Subscribe credit grant taken at once).
 MAX_RECEIVE_MAX = 10_000
-# Messages read from the log per refill of a shared group's delivery buffer:
-# one Arrow read serves many Receives; small enough that a fresh buffer costs
-# little memory (the buffer is dropped on seek and retention).
-FRESH_READ_CHUNK = 500
+# Most messages and bytes read from the log per refill of a shared group's
+# delivery buffer. The buffer keeps the stored Arrow batches and turns rows into
+# Python objects only as they are handed out, so one read serves many
+# Receives/Subscribe batches and a large stored batch is read a few times, not
+# once per Receive (reading 500 rows at a time re-read a 10,000-row stored batch
+# 20 times). It costs at most FRESH_READ_BYTES of memory per group with
+# undelivered messages read (dropped on seek and retention).
+FRESH_READ_CHUNK = 4_000
+FRESH_READ_BYTES = 4 << 20
 # At most this many delivered-but-unfinished messages (leased, waiting for a
 # redelivery or for the dead-letter write) per group. Past it, only
 # redeliveries are handed out: a group whose consumers never ack cannot make
@@ -42,10 +47,6 @@ TICK_INTERVAL_S = 1.0
 # A member that disconnected (or stopped calling Receive) with no leases is
 # listed for this long after it was last seen, then forgotten.
 MEMBER_IDLE_MS = 60_000
-# A waiting Receive/Subscribe re-checks the log at least this often; appends
-# wake it at once through the stream's wait_for_data, so this only bounds how
-# long a watcher thread lingers after the last waiter left.
-WATCH_SLICE_S = 0.5
 # Long polls (Pull, Receive, Subscribe) re-check that the client is still
 # there and that the broker is not stopping at least this often.
 LONG_POLL_SLICE_S = 0.5

@@ -46,7 +46,6 @@ from npstream.broker.storage.append_plan import (
     prepare_append,
 )
 from npstream.broker.storage.batch_builder import (
-    build_message_batch,
     complete_publish_table,
     decode_payload,
 )
@@ -54,6 +53,7 @@ from npstream.broker.storage.dedup import DedupWindow, rebuild_window
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.group_commit import CommitQueue, CommitRequest
 from npstream.broker.storage.loader import LoadedLog
+from npstream.broker.storage.prebuilt import PrebuiltFrame, check_prebuilt_sizes
 from npstream.broker.storage.reader import (
     FileSpan,
     LogView,
@@ -67,6 +67,7 @@ from npstream.broker.storage.retention import plan_retention
 from npstream.broker.storage.segment import FaultHook
 from npstream.broker.storage.segment_list import SegmentList, UndoFailedError
 from npstream.broker.storage.settings import AckMode, StorageSettings, StreamConfig
+from npstream.broker.storage.small_append import MessageRows, build_stored_batch, prepare_rows
 from npstream.broker.storage.stream_files import (
     CleanShutdown,
     read_retention_config,
@@ -113,6 +114,8 @@ class StreamLog:
         self._view = LogView(loaded.start_offset, loaded.end_offset, tuple(loaded.segments),
                              loaded.segments[-1].size if loaded.segments else 0)
         self._sync_lock = threading.Lock()
+        self._listeners: tuple[Callable[[], None], ...] = ()
+        self._listeners_lock = threading.Lock()
         self._written_seq = 0
         self._synced_seq = 0
         self._queue: CommitQueue[PendingAppend] = CommitQueue(
@@ -147,19 +150,19 @@ class StreamLog:
 
     # ------------------------------------------------------------------ appends
 
-    def append(self, data: pa.Table, ack: AckMode = AckMode.FSYNC) -> AppendResult:
-        """Store the rows of ``data`` (normalize_publish_table output); see docs/internals.md."""
+    def append(self, data: pa.Table | MessageRows,
+               ack: AckMode = AckMode.FSYNC) -> AppendResult:
+        """Store ``data`` (normalize_publish_table output, or Python values for the lean
+        small-append path); see docs/internals.md."""
         self._check_usable()
-        config = self._config
-        pending = prepare_append(data, self.name, config.max_message_bytes,
-                                 find_repeats=config.dedup_window_ms > 0)
+        pending = self._prepare(data)
         if pending.table.num_rows == 0:
             return AppendResult(self.end_offset, 0, [], max(self._clock(), self._last_timestamp))
         request = CommitRequest(pending, pending.table.get_total_buffer_size(),
                                 fsync=ack is AckMode.FSYNC)
         return self._queue.submit(request)  # type: ignore[return-value]
 
-    def append_unsynced(self, data: pa.Table) -> tuple[AppendResult, int]:
+    def append_unsynced(self, data: pa.Table | MessageRows) -> tuple[AppendResult, int]:
         """Write ``data`` like ``append(data, AckMode.WRITE)``; also return its write sequence.
 
         Pipelined publishes (PublishStream) write request k+1 while request k
@@ -169,9 +172,7 @@ class StreamLog:
         Until then the log is registered with the flusher like WRITE data.
         """
         self._check_usable()
-        config = self._config
-        pending = prepare_append(data, self.name, config.max_message_bytes,
-                                 find_repeats=config.dedup_window_ms > 0)
+        pending = self._prepare(data)
         if pending.table.num_rows == 0:
             result = AppendResult(self.end_offset, 0, [],
                                   max(self._clock(), self._last_timestamp))
@@ -179,6 +180,15 @@ class StreamLog:
         request = CommitRequest(pending, pending.table.get_total_buffer_size(), fsync=False)
         result = self._queue.submit(request)
         return result, max(request.sequence, 0)  # type: ignore[return-value]
+
+    def _prepare(self, data: pa.Table | MessageRows) -> PendingAppend:
+        """Checked, completed rows of an append, from a table or from Python values."""
+        config = self._config
+        if isinstance(data, MessageRows):
+            return prepare_rows(data, self.name, config.max_message_bytes,
+                                find_repeats=config.dedup_window_ms > 0)
+        return prepare_append(data, self.name, config.max_message_bytes,
+                              find_repeats=config.dedup_window_ms > 0)
 
     def sync_through(self, sequence: int) -> None:
         """Return once every write up to ``sequence`` (from append_unsynced) is fsynced."""
@@ -201,6 +211,43 @@ class StreamLog:
         request = CommitRequest(pending, pending.table.get_total_buffer_size(), fsync=True,
                                 atomic=True)
         return self._queue.submit(request)  # type: ignore[return-value]
+
+    def append_prebuilt(
+        self, frames: list[PrebuiltFrame], before_write: Callable[[int], None] | None = None
+    ) -> AppendResult:
+        """append_atomic for rows already framed (prebuilt.py): stamped in place, not rebuilt.
+
+        Same promises: contiguous, nothing interleaved, no dedup, fsynced before
+        return, ``before_write(first_offset)`` under the append lock before any
+        byte is written; MessageTooLargeError (nothing stored) as append_atomic.
+        """
+        check_prebuilt_sizes(frames, self.name, self._config.max_message_bytes)
+        with self._append_lock:
+            self._check_usable()
+            now = max(self._clock(), self._last_timestamp)
+            first = self._view.end
+            if before_write is not None:
+                before_write(first)
+            count = sum(frame.count for frame in frames)
+            if not count:
+                return AppendResult(first, 0, [], now)
+            self._segments.ensure_active(first, self._config)
+            try:
+                flagged = self._segments.write_prebuilt(frames, first, now)
+            except UndoFailedError as exc:
+                self._fail(exc)
+                raise
+            self._last_timestamp = now
+            if self._dedup is not None:
+                for batch in flagged:
+                    base = batch.column(0)[0].as_py()
+                    self._dedup.remember(now, batch.column(1).to_pylist(),
+                                         list(range(base, base + batch.num_rows)))
+            self._written_seq += 1
+            sequence = self._written_seq
+            self._publish_view_locked()
+        self._sync_through(sequence)
+        return AppendResult(first, count, [], now)
 
     def _write_group(self, group: list[CommitRequest[PendingAppend]]) -> int:
         """Leader: plan, frame and write one group; returns its write sequence number."""
@@ -245,7 +292,7 @@ class StreamLog:
                 else pa.array(np.zeros(rows.table.num_rows, dtype=bool))
                 for rows in planned
             ])
-        batch = build_message_batch(table, first, now, self._id_prefix)
+        batch = build_stored_batch(table, first, now, self._id_prefix)
         self._segments.ensure_active(first, self._config)
         try:
             flagged = self._segments.write_batch(batch, supplied, now)
@@ -328,6 +375,22 @@ class StreamLog:
                 lambda: self._view.end > offset or self._closed is not None, timeout_s
             )
             return self._view.end > offset
+
+    def add_append_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after every change of the view (appends, deletions).
+
+        It runs in the writing thread, under the append lock, right after the
+        data became visible: a waiter woken by it reacts without the hand-off
+        through a watcher thread that ``wait_for_data`` would need (shared
+        groups wait on their own condition). It must be quick, must not raise
+        and must never wait for anything that holds this log's append lock.
+        """
+        with self._listeners_lock:
+            self._listeners = (*self._listeners, listener)
+
+    def remove_append_listener(self, listener: Callable[[], None]) -> None:
+        with self._listeners_lock:
+            self._listeners = tuple(x for x in self._listeners if x != listener)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """First offset with timestamp >= ``timestamp_ms``; end_offset if none."""
@@ -482,6 +545,11 @@ class StreamLog:
         with self._state:
             self._view = view
             self._state.notify_all()
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:  # a listener's bug must not fail the write that called it
+                log.exception("stream %s: append listener %r failed", self.name, listener)
 
     def _check_readable(self) -> None:
         if self._closed is not None:

@@ -64,15 +64,13 @@ class LogView:
         return max(0, bisect_right(self.segments, offset, key=_base_offset) - 1)
 
 
-def iter_frames(
-    view: LogView, cache: FileCache, offset: int, *, read_size: int = MIN_READ_BYTES,
-    stop: int | None = None,
-) -> Iterator[tuple[Segment, int, FrameHeader, memoryview]]:
-    """Frames holding offsets >= ``offset`` (and < ``stop``), from the indexed position on.
+def _segment_spans(view: LogView, offset: int, stop: int) -> Iterator[tuple[Segment, int, int]]:
+    """(segment, start, end) byte ranges whose frames hold offsets [offset, stop).
 
-    Raises CorruptRecordError for a frame that fails its checks.
+    ``start`` is the indexed frame at or before ``offset`` (0 in later
+    segments), ``end`` an indexed frame boundary at or after ``stop`` (or the
+    readable end): at most an index interval to skip on each side.
     """
-    stop = view.end if stop is None else stop
     if not view.segments or offset >= stop:
         return
     for number in range(view.segment_number(offset), len(view.segments)):
@@ -82,6 +80,19 @@ def iter_frames(
         limit = view.limit(number)
         start = segment.position_for(offset) if segment.base_offset <= offset else 0
         end = segment.position_bound_after(stop, limit) if stop < segment.next_offset else limit
+        yield segment, start, end
+
+
+def iter_frames(
+    view: LogView, cache: FileCache, offset: int, *, read_size: int = MIN_READ_BYTES,
+    stop: int | None = None,
+) -> Iterator[tuple[Segment, int, FrameHeader, memoryview]]:
+    """Frames holding offsets >= ``offset`` (and < ``stop``), from the indexed position on.
+
+    Raises CorruptRecordError for a frame that fails its checks.
+    """
+    stop = view.end if stop is None else stop
+    for segment, start, end in _segment_spans(view, offset, stop):
         try:
             for position, header, payload in segment.frames(
                 cache, start, end, min(max(read_size, MIN_READ_BYTES), max(0, end - start))
@@ -95,15 +106,21 @@ def iter_frames(
             raise CorruptRecordError(segment.path, bad.position, bad.detail) from None
 
 
+def _range_stop(view: LogView, stream: str, offset: int, max_messages: int,
+                end_offset: int | None) -> int:
+    """End of a read from ``offset``; OffsetOutOfRangeError outside [start, end]."""
+    if offset < view.start or offset > view.end:
+        raise OffsetOutOfRangeError(stream, offset, view.start, view.end)
+    stop = view.end if end_offset is None else min(end_offset, view.end)
+    return min(stop, offset + max(0, max_messages))
+
+
 def read_range(
     view: LogView, cache: FileCache, stream: str, offset: int, *, max_messages: int,
     max_bytes: int, end_offset: int | None,
 ) -> ReadResult:
     """Stored batches covering [offset, min(end_offset, end)) within the given limits."""
-    if offset < view.start or offset > view.end:
-        raise OffsetOutOfRangeError(stream, offset, view.start, view.end)
-    stop = view.end if end_offset is None else min(end_offset, view.end)
-    stop = min(stop, offset + max(0, max_messages))
+    stop = _range_stop(view, stream, offset, max_messages, end_offset)
     batches: list[bytes | memoryview] = []
     if stop <= offset:
         return ReadResult(batches, offset, 0)
@@ -152,23 +169,11 @@ def locate_range(
     at the written end), so the reader skips at most an index interval on
     each side and trims rows outside the range.
     """
-    if offset < view.start or offset > view.end:
-        raise OffsetOutOfRangeError(stream, offset, view.start, view.end)
-    stop = view.end if end_offset is None else min(end_offset, view.end)
-    stop = min(stop, offset + max(0, max_messages))
-    spans: list[FileSpan] = []
+    stop = _range_stop(view, stream, offset, max_messages, end_offset)
     if stop <= offset:
-        return spans, offset
-    for number in range(view.segment_number(offset), len(view.segments)):
-        segment = view.segments[number]
-        if segment.base_offset >= stop:
-            break
-        limit = view.limit(number)
-        start = segment.position_for(offset) if segment.base_offset <= offset else 0
-        end = segment.position_bound_after(stop, limit) if stop < segment.next_offset else limit
-        if end > start:
-            spans.append(FileSpan(segment.path, start, end))
-    return spans, stop
+        return [], offset
+    return [FileSpan(segment.path, start, end)
+            for segment, start, end in _segment_spans(view, offset, stop) if end > start], stop
 
 
 def offset_for_timestamp(view: LogView, cache: FileCache, timestamp_ms: int) -> int:

@@ -20,8 +20,9 @@ from npstream.broker.errors import BrokerError, CorruptRecordError
 from npstream.broker.storage.batch_builder import decode_payload, reencode_rows, serialize_frames
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.files import fsync_dir
+from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload
 from npstream.broker.storage.reader import LogView, iter_frames
-from npstream.broker.storage.record_batch import FLAG_PRODUCER_IDS, encode_frame
+from npstream.broker.storage.record_batch import FLAG_PRODUCER_IDS, FrameHeader, encode_frame
 from npstream.broker.storage.segment import FaultHook, Segment
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
 from npstream.broker.storage.stream_files import write_retention_config, write_schema
@@ -87,20 +88,60 @@ class SegmentList:
         (UndoFailedError if that fails too).
         """
         first = batch.column(0)[0].as_py()
+        flagged: list[pa.RecordBatch] = []
+        frames = []
+        for start, count, payload in serialize_frames(batch, self._settings.max_batch_bytes):
+            flags = 0
+            if supplied is not None and pc.any(supplied.slice(start, count)).as_py():
+                flags = FLAG_PRODUCER_IDS
+                flagged.append(batch.slice(start, count))
+            frames.append((payload, *encode_frame(
+                payload, base_offset=first + start, count=count,
+                min_timestamp=timestamp, max_timestamp=timestamp, flags=flags,
+            )))
+        self._write_frames(frames, timestamp)
+        return flagged
+
+    def write_prebuilt(
+        self, frames: list[PrebuiltFrame], first: int, timestamp: int
+    ) -> list[pa.RecordBatch]:
+        """Stamp and write prebuilt frames from offset ``first`` on; all or nothing.
+
+        Like write_batch, without building or serializing anything: each payload
+        is stamped in place (prebuilt.py) and written as it is. Returns the
+        stamped batches of the frames flagged as carrying producer ids.
+        """
+        flagged: list[pa.RecordBatch] = []
+        ready = []
+        base = first
+        for frame in frames:  # every frame checked and stamped before the first byte is written
+            batch = stamp_payload(frame.payload, base, timestamp)
+            if batch.num_rows != frame.count:
+                raise ValueError(f"prebuilt frame at offset {base} holds {batch.num_rows} rows, "
+                                 f"not {frame.count}")
+            if frame.flags & FLAG_PRODUCER_IDS:
+                flagged.append(batch)
+            payload = pa.py_buffer(frame.payload)
+            ready.append((payload, *encode_frame(
+                payload, base_offset=base, count=frame.count,
+                min_timestamp=timestamp, max_timestamp=timestamp, flags=frame.flags,
+            )))
+            base += frame.count
+        self._write_frames(ready, timestamp)
+        return flagged
+
+    def _write_frames(self, frames: list[tuple[pa.Buffer, bytes, FrameHeader]],
+                      timestamp: int) -> None:
+        """Write encoded frames at the end of the log, rolling when due; all or nothing.
+
+        On an OSError every frame already written is removed again before it
+        propagates (UndoFailedError if that fails too).
+        """
         segment_count = len(self.segments)
         tail_size = self.segments[-1].size
-        flagged: list[pa.RecordBatch] = []
         try:
-            for start, count, payload in serialize_frames(batch, self._settings.max_batch_bytes):
-                flags = 0
-                if supplied is not None and pc.any(supplied.slice(start, count)).as_py():
-                    flags = FLAG_PRODUCER_IDS
-                    flagged.append(batch.slice(start, count))
-                header_bytes, header = encode_frame(
-                    payload, base_offset=first + start, count=count,
-                    min_timestamp=timestamp, max_timestamp=timestamp, flags=flags,
-                )
-                self._roll_if_due(header.frame_size, count, timestamp)
+            for payload, header_bytes, header in frames:
+                self._roll_if_due(header.frame_size, header.count, timestamp)
                 self.segments[-1].write_frame(
                     self._cache, header_bytes, payload, header,
                     self._settings.index_interval_bytes, self._fault_hook,
@@ -108,7 +149,6 @@ class SegmentList:
         except OSError:
             self._roll_back(segment_count, tail_size)
             raise
-        return flagged
 
     def _roll_back(self, segment_count: int, tail_size: int) -> None:
         """Undo a batch that failed half way; raise OSError if even that fails."""

@@ -277,3 +277,23 @@ def test_commit_failing_midway_blocks_later_batches_until_retried(client, sink, 
     assert sink.commit("s-stuck", 0, ["0-0"]).written == {stream_name: (0, 1)}
     assert sink.commit("s-stuck", 1, ["1-0"]).written == {stream_name: (1, 2)}
     assert values(client, stream_name) == [b"x" * 50, b"y"]
+
+
+def test_commit_appends_staging_written_by_an_older_broker(broker, client, sink, stream_name):
+    """An upgrade in the middle of a batch: staging files in the Arrow IPC stream format of
+    brokers before staged frames are committed like new ones, in the listed order."""
+    from npstream.broker.sink_staging import prepare_stage
+
+    sink.stage("s-upgrade", 0, "0-1", stream_name, pa.table({"value": ["new"], "id": ["n"]}))
+    old = prepare_stage(pa.table({"value": ["old1", "old2"], "id": ["o1", None]}), stream_name,
+                        lambda stream: 1 << 20)
+    path = Path(broker.data_dir) / "sink" / "s-upgrade" / "0" / "0-0.arrow"
+    with pa.OSFile(str(path), "wb") as out, pa.ipc.new_stream(out, old.schema) as writer:
+        writer.write_table(old)
+
+    assert sink.commit("s-upgrade", 0, ["0-0", "0-1"]).written == {stream_name: (0, 3)}
+    table = rows(client, stream_name)
+    assert table.column("value").to_pylist() == [b"old1", b"old2", b"new"]
+    ids = table.column("id").to_pylist()
+    assert (ids[0], ids[2], len(ids[1])) == ("o1", "n", 32)
+    assert staging_files(broker, "s-upgrade") == []

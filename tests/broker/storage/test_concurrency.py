@@ -159,3 +159,26 @@ def test_append_atomic_before_write_raises_nothing_written(make_storage, config,
         raise AssertionError("append_atomic did not raise")
     assert log.end_offset == 2
     assert log.append(table_of(1)).first_offset == 2
+
+
+def test_append_listener_runs_once_data_is_visible_until_removed(make_storage, config, table_of):
+    log = make_storage().open_log("listen", config)
+    seen: list[int] = []
+
+    def listener() -> None:
+        seen.append(log.end_offset)  # the new data is already readable here
+
+    def broken() -> None:
+        raise RuntimeError("listener bug")
+
+    log.add_append_listener(broken)  # logged; never fails the write
+    log.add_append_listener(listener)
+    log.append(table_of(2))
+    log.append(table_of(3))
+    assert seen == [2, 5]
+    log.delete_before(4)
+    assert seen == [2, 5, 5]  # deletions change the view too
+    log.remove_append_listener(listener)
+    log.append(table_of(1))
+    assert seen == [2, 5, 5]
+    assert log.end_offset == 6

@@ -1,0 +1,88 @@
+"""Frames built before their offsets are known: payloads stamped in place when appended.
+
+The exactly-once sink stages rows on the broker long before its commit
+decides where they go. Staging them already as frame payloads (Arrow IPC
+record-batch messages in MESSAGE_SCHEMA, the bytes a segment stores) lets the
+commit write those bytes instead of decoding, re-assembling and re-encoding
+every row a second time: only the ``offset`` and ``timestamp`` columns depend
+on the append, and both are fixed-width buffers at known places in the
+payload, so the commit overwrites them (16 bytes a row) and computes the
+frame header and CRC. Ids must therefore be final before the commit (the
+sink fills missing ones when it stages).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from npstream.broker.errors import MessageTooLargeError
+from npstream.broker.storage.batch_builder import decode_payload, message_sizes
+from npstream.schema import MESSAGE_SCHEMA
+
+__all__ = ["PrebuiltFrame", "check_prebuilt_sizes", "stamp_payload"]
+
+_OFFSET_COLUMN = MESSAGE_SCHEMA.get_field_index("offset")
+_TIMESTAMP_COLUMN = MESSAGE_SCHEMA.get_field_index("timestamp")
+
+
+@dataclass(frozen=True)
+class PrebuiltFrame:
+    """One frame payload waiting for its offsets.
+
+    ``payload`` is a *writable* buffer (e.g. a slice of a copy-on-write mmap)
+    holding one MESSAGE_SCHEMA record-batch message with ``count`` rows whose
+    ids are final; ``flags`` are the frame flags (FLAG_PRODUCER_IDS when a row
+    carries a producer id).
+    """
+
+    payload: memoryview
+    count: int
+    flags: int = 0
+    max_message_bytes: int = 0  # largest message (value + key + headers), for size checks
+
+
+def stamp_payload(payload: memoryview, base_offset: int, timestamp_ms: int) -> pa.RecordBatch:
+    """Overwrite the payload's offsets with base_offset.. and every timestamp with timestamp_ms.
+
+    Returns the stamped batch (zero copy over ``payload``). ValueError when the
+    payload is not a MESSAGE_SCHEMA batch whose offset and timestamp columns
+    are plain non-null buffers (what build_message_batch + serialize produce).
+    """
+    buffer = pa.py_buffer(payload)
+    try:
+        batch = ipc.read_record_batch(buffer, MESSAGE_SCHEMA)
+    except (pa.ArrowInvalid, OSError, EOFError) as exc:  # EOFError: no message at all
+        raise ValueError(f"not a stored-batch payload: {exc!r}") from None
+    rows = batch.num_rows
+    for column, values in ((_OFFSET_COLUMN, np.arange(base_offset, base_offset + rows,
+                                                      dtype=np.int64)),
+                           (_TIMESTAMP_COLUMN, np.int64(timestamp_ms))):
+        array = batch.column(column)
+        data = array.buffers()[1]
+        if array.null_count or array.offset or data is None or data.size < 8 * rows:
+            raise ValueError(f"column {MESSAGE_SCHEMA.field(column).name} of a prebuilt frame "
+                             "is not a plain int64 buffer")
+        position = data.address - buffer.address
+        np.frombuffer(payload, dtype=np.int64, count=rows, offset=position)[:] = values
+    return batch
+
+
+def check_prebuilt_sizes(frames: list[PrebuiltFrame], stream: str, limit: int) -> None:
+    """MessageTooLargeError for the first message over ``limit`` (0 = none), as append does.
+
+    The frames carry their largest message size, so only a frame over the
+    limit (the stream's limit was lowered after they were built) is decoded.
+    """
+    if limit <= 0:
+        return
+    index = 0
+    for frame in frames:
+        if frame.max_message_bytes > limit:
+            sizes = message_sizes(pa.Table.from_batches([decode_payload(frame.payload)]))
+            row = int(np.argmax(sizes > limit))
+            raise MessageTooLargeError(stream, index + row, int(sizes[row]), limit)
+        index += frame.count
