@@ -10,6 +10,7 @@ record-batch messages without touching rows), and every transport concern
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -121,6 +122,9 @@ def _trim(batch: pa.RecordBatch, start: int, end: int | None) -> pa.RecordBatch:
     lo = max(start - first, 0)
     hi = batch.num_rows if end is None else min(end - first, batch.num_rows)
     return batch.slice(lo, max(hi - lo, 0))
+
+
+_NOTHING = object()  # an empty iterable of messages
 
 
 def _publish_table(data: pa.Table | pa.RecordBatch) -> pa.Table:
@@ -334,11 +338,15 @@ class Client:
         ack_mode = _ack(ack)
         if isinstance(messages, (pa.Table, pa.RecordBatch)):
             table = _publish_table(messages)
-        elif isinstance(messages, Sequence) and not (
-                messages and isinstance(messages[0], (pa.Table, pa.RecordBatch))):
-            table = messages_to_table(messages)
         else:
-            return self._publish_tables(name, iter(messages), ack_mode)
+            items = iter(messages)
+            first = next(items, _NOTHING)
+            if first is _NOTHING:
+                table = messages_to_table([])
+            elif not isinstance(first, (pa.Table, pa.RecordBatch)):
+                table = messages_to_table([first, *items])  # dicts, in a list or any iterable
+            else:
+                return self._publish_tables(name, itertools.chain([first], items), ack_mode)
         if table.num_rows == 0:
             return BatchPublishResult(first_offset=-1, stored_count=0, duplicates=[], offsets=[])
         safe_to_resend = _all_have_ids(table)

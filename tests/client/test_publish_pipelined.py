@@ -199,3 +199,10 @@ def test_publish_batch_generator_rejected_request_stores_no_later_table(client, 
         "rows 0..499 of this batch were stored before the error (offsets 0..499); "
         "rows from 500 on were not"]
     assert client.stream_info(stream_name).end_offset == 500
+
+
+def test_publish_batch_generator_of_dicts_still_publishes_messages(client, stream_name):
+    result = client.publish_batch(stream_name, ({"value": f"v{i}", "id": f"g{i}"}
+                                                for i in range(3)))
+    assert result.offsets == [0, 1, 2]
+    assert client.fetch(stream_name, 0).column("id").to_pylist() == ["g0", "g1", "g2"]
