@@ -412,7 +412,7 @@ class SinkCommitter:
                 combined = pa.concat_tables(tables, promote_options="default").combine_chunks()
                 result = stream_log.append_atomic([combined], before_write=before_write)
         except Exception:
-            # append_atomic is all-or-nothing: none of these rows is in the log, and other
+            # Both appends are all-or-nothing: none of these rows is in the log, and other
             # writers may append at first_offset from now on, so the marker must go (a
             # retried commit starts this stream afresh instead of truncating their data).
             self._delete_marker(pending, stream)
