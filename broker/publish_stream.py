@@ -43,9 +43,9 @@ class _End:
 
 
 def serve_publish_stream(
-    request_iterator: Iterator[pb.PublishRequest],
+    request_iterator: Iterator[bytes],
     context: grpc.ServicerContext,
-    write_one: Callable[[pb.PublishRequest], Reply],
+    write_one: Callable[[bytes], Reply],
     stopping: threading.Event,
 ) -> Iterator[pb.PublishResponse]:
     """Responses of a PublishStream call, one per request, in request order."""

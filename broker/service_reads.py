@@ -27,6 +27,7 @@ import grpc
 from npstream.broker.context import BrokerContext
 from npstream.broker.errors import OffsetOutOfRangeError
 from npstream.broker.grpc_errors import rpc_method
+from npstream.broker.grpc_registration import add_service
 from npstream.broker.service_streams import (
     DEFAULT_FETCH_BYTES,
     DEFAULT_FETCH_MESSAGES,
@@ -112,14 +113,5 @@ class StreamReadServicer:
 
 def add_to_server(server: grpc.Server, ctx: BrokerContext, stopping: threading.Event) -> None:
     """Register the service; ReadRange replies are pre-encoded bytes (npstream.wire)."""
-    servicer = StreamReadServicer(ctx, stopping)
-    handlers = {
-        "Locate": grpc.unary_unary_rpc_method_handler(
-            servicer.Locate, request_deserializer=pb.FetchRequest.FromString,
-            response_serializer=pb.LocateResponse.SerializeToString),
-        "ReadRange": grpc.unary_stream_rpc_method_handler(
-            servicer.ReadRange, request_deserializer=pb.FetchRequest.FromString,
-            response_serializer=bytes),
-    }
-    service = pb.DESCRIPTOR.services_by_name["StreamReadService"].full_name
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    add_service(server, "StreamReadService", StreamReadServicer(ctx, stopping),
+                raw_responses={"ReadRange"})

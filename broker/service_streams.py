@@ -18,6 +18,7 @@ from typing import TypeVar
 import grpc
 import pyarrow as pa
 import pyarrow.compute as pc
+from google.protobuf.message import DecodeError
 
 from npstream.broker.context import BrokerContext
 from npstream.broker.errors import (
@@ -26,6 +27,7 @@ from npstream.broker.errors import (
     StreamNeedsRepairError,
 )
 from npstream.broker.grpc_errors import rpc_method
+from npstream.broker.grpc_registration import add_service
 from npstream.broker.publish_stream import serve_publish_stream
 from npstream.broker.registry import (
     CONFIG_FIELDS,
@@ -37,6 +39,7 @@ from npstream.broker.storage import AckMode, AppendResult, StreamLog
 from npstream.broker.storage.small_append import MessageRows
 from npstream.proto import pb, pb_grpc
 from npstream.schema import normalize_publish_table
+from npstream.wire import split_bytes_field
 
 __all__ = [
     "DEFAULT_FETCH_BYTES",
@@ -96,7 +99,7 @@ def _message_rows(messages: Sequence[pb.Message]) -> MessageRows:
     )
 
 
-def _arrow_table(stream: str, data: bytes) -> pa.Table:
+def _arrow_table(stream: str, data: bytes | memoryview) -> pa.Table:
     try:
         return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
@@ -205,7 +208,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
     # ------------------------------------------------------------ data
 
     def _prepare_publish(
-        self, request: pb.PublishRequest
+        self, request: pb.PublishRequest, arrow_stream: memoryview | None = None
     ) -> tuple[str, pa.Table | MessageRows | None, AckMode]:
         """The request's stream, its rows (None when empty) and its ack.
 
@@ -214,7 +217,8 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         ``arrow_stream`` becomes a normalized table.
         """
         stream = check_stream_name(request.stream)
-        arrow_stream = request.arrow_stream  # each access copies the bytes (upb): read once
+        if arrow_stream is None:  # given: split off the wire bytes, not in ``request``
+            arrow_stream = memoryview(request.arrow_stream)  # each access copies (upb): once
         if request.messages and arrow_stream:
             raise InvalidArgumentError(
                 f"publish to stream '{stream}' sets both messages and arrow_stream; send one"
@@ -262,14 +266,25 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         return self._published(stream, result, rows, started)
 
     @rpc_method
-    def PublishStream(self, request_iterator: Iterator[pb.PublishRequest],
+    def PublishStream(self, request_iterator: Iterator[bytes],
                       context: grpc.ServicerContext) -> Iterator[pb.PublishResponse]:
         yield from serve_publish_stream(request_iterator, context, self._write_publish,
                                         self._stopping)
 
-    def _write_publish(self, request: pb.PublishRequest) -> Callable[[], pb.PublishResponse]:
-        """Write one PublishStream request now; the returned reply waits for its fsync."""
-        stream, rows, ack = self._prepare_publish(request)
+    def _write_publish(self, raw: bytes) -> Callable[[], pb.PublishResponse]:
+        """Write one PublishStream request now; the returned reply waits for its fsync.
+
+        The request arrives as wire bytes: its Arrow data is used in place
+        (npstream.wire.split_bytes_field), not copied into a message and out
+        again - two copies of every ~4 MiB request saved.
+        """
+        try:
+            request, arrow = split_bytes_field(raw, pb.PublishRequest, "arrow_stream",
+                                               bail_on="messages")
+        except DecodeError as exc:
+            raise InvalidArgumentError(
+                f"malformed PublishRequest on PublishStream: {exc}") from None
+        stream, rows, ack = self._prepare_publish(request, arrow[-1] if arrow else None)
         stream_log = self._registry.get(stream, create_if_missing=True)
         if rows is None:
             empty = pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
@@ -343,4 +358,6 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
 
 
 def add_to_server(server: grpc.Server, ctx: BrokerContext, stopping: threading.Event) -> None:
-    pb_grpc.add_StreamServiceServicer_to_server(StreamServicer(ctx, stopping), server)
+    """Register the service; PublishStream takes raw requests (see _write_publish)."""
+    add_service(server, "StreamService", StreamServicer(ctx, stopping),
+                raw_requests={"PublishStream"})

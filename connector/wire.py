@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
-__all__ = ["encode_with_bytes", "varint"]
+__all__ = ["encode_with_bytes", "split_bytes_field", "varint"]
 
-_LENGTH_DELIMITED = 2
+_VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
 
 
 def varint(value: int) -> bytes:
@@ -44,3 +44,73 @@ def encode_with_bytes(message: Message, field: str, values: Iterable[object]) ->
         view = memoryview(value)  # type: ignore[arg-type]
         parts += (tag, varint(view.nbytes), view)
     return b"".join(parts)  # type: ignore[arg-type]
+
+
+def _read_varint(view: memoryview, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if position >= len(view) or shift > 63:
+            raise DecodeError("truncated or overlong varint")
+        byte = view[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
+
+
+def split_bytes_field(raw: bytes, message_type: type[Message], field: str,
+                      *, bail_on: str | None = None) -> tuple[Message, list[memoryview]]:
+    """Parse ``raw`` as ``message_type`` but hand out ``field``'s values as views into ``raw``.
+
+    The receiving twin of ``encode_with_bytes``: parsing a message copies its
+    bytes fields into it, and reading them copies them again; here the big
+    field is never copied. The other fields are parsed by protobuf. A
+    ``bail_on`` field (a repeated message field that may hold many entries)
+    makes it parse the whole message normally instead of walking it here.
+    Raises DecodeError for malformed input.
+    """
+    descriptor = message_type.DESCRIPTOR
+    number = descriptor.fields_by_name[field].number
+    bail = descriptor.fields_by_name[bail_on].number if bail_on else -1
+    view = memoryview(raw)
+    rest: list[memoryview] = []
+    values: list[memoryview] = []
+    position = 0
+    while position < len(view):
+        start = position
+        key, position = _read_varint(view, position)
+        wire_type, field_number = key & 7, key >> 3
+        if field_number == bail:
+            return _parsed_whole(raw, message_type, field)
+        if wire_type == _VARINT:
+            _, position = _read_varint(view, position)
+        elif wire_type == _FIXED64:
+            position += 8
+        elif wire_type == _FIXED32:
+            position += 4
+        elif wire_type == _LENGTH_DELIMITED:
+            length, position = _read_varint(view, position)
+            if field_number == number:
+                if position + length > len(view):
+                    raise DecodeError(f"field {field} runs past the end of the message")
+                values.append(view[position:position + length])
+                position += length
+                continue
+            position += length
+        else:
+            raise DecodeError(f"unsupported wire type {wire_type}")
+        if position > len(view):
+            raise DecodeError("truncated message")
+        rest.append(view[start:position])
+    return message_type.FromString(b"".join(rest)), values
+
+
+def _parsed_whole(raw: bytes, message_type: type[Message],
+                  field: str) -> tuple[Message, list[memoryview]]:
+    """``split_bytes_field``'s answer by a plain protobuf parse (``field`` stays set in it)."""
+    message = message_type.FromString(raw)
+    value = getattr(message, field)
+    repeated = message_type.DESCRIPTOR.fields_by_name[field].is_repeated
+    return message, [memoryview(v) for v in value] if repeated else (
+        [memoryview(value)] if value else [])

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
+from google.protobuf.message import DecodeError
 from hypothesis import given
 from hypothesis import strategies as st
 
 from npstream.proto import pb
-from npstream.wire import encode_with_bytes, varint
+from npstream.wire import encode_with_bytes, split_bytes_field, varint
 
 
 @given(st.integers(min_value=1, max_value=(1 << 63) - 1))
@@ -33,3 +35,25 @@ def test_singular_bytes_field_from_an_arrow_buffer():
     # Fields come in another order than protobuf writes them; the message is the same.
     assert pb.PublishRequest.FromString(raw) == pb.PublishRequest(
         stream="s", ack=pb.ACK_WRITE, arrow_stream=b"x" * 70_000)
+
+
+@given(st.text(max_size=20), st.binary(max_size=2000), st.sampled_from([0, 1, 2]),
+       st.lists(st.binary(max_size=50), max_size=3))
+def test_split_bytes_field_gives_views_and_the_other_fields(stream, arrow, ack, values):
+    message = pb.PublishRequest(stream=stream, arrow_stream=arrow, ack=ack)
+    rest, views = split_bytes_field(message.SerializeToString(), pb.PublishRequest,
+                                    "arrow_stream", bail_on="messages")
+    assert rest == pb.PublishRequest(stream=stream, ack=ack)
+    assert [bytes(v) for v in views] == ([arrow] if arrow else [])
+    with_messages = pb.PublishRequest(stream=stream, messages=[pb.Message(value=v) for v in values],
+                                      arrow_stream=arrow)
+    parsed, views = split_bytes_field(with_messages.SerializeToString(), pb.PublishRequest,
+                                      "arrow_stream", bail_on="messages")
+    assert parsed.stream == stream and [m.value for m in parsed.messages] == values
+    assert [bytes(v) for v in views] == ([arrow] if arrow else [])
+
+
+def test_split_bytes_field_rejects_a_field_running_past_the_end():
+    raw = pb.PublishRequest(stream="s", arrow_stream=b"x" * 10).SerializeToString()[:-3]
+    with pytest.raises(DecodeError):
+        split_bytes_field(raw, pb.PublishRequest, "arrow_stream")

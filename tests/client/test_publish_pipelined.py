@@ -206,3 +206,18 @@ def test_publish_batch_generator_of_dicts_still_publishes_messages(client, strea
                                                 for i in range(3)))
     assert result.offsets == [0, 1, 2]
     assert client.fetch(stream_name, 0).column("id").to_pylist() == ["g0", "g1", "g2"]
+
+
+def test_publish_stream_rpc_malformed_or_conflicting_request_is_invalid_argument(
+        client, stream_name):
+    truncated = pb.PublishRequest(stream=stream_name).SerializeToString() + b"\x1a\xff\xff\x7f"
+    call = client._conn.stream_serialized("StreamService.PublishStream", iter([truncated]),
+                                          pb.PublishResponse, timeout=30)
+    with pytest.raises(InvalidArgument, match="malformed PublishRequest on PublishStream"):
+        next(call)
+    both = pb.PublishRequest(stream=stream_name, messages=[pb.Message(value=b"m")],
+                             arrow_stream=b"not arrow")
+    call = client.stream("StreamService.PublishStream", iter([both]), timeout=30)
+    with pytest.raises(InvalidArgument, match="sets both messages and arrow_stream"):
+        next(call)
+    assert stream_name not in [s.name for s in client.list_streams(prefix=stream_name)]
