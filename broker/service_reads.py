@@ -59,12 +59,12 @@ class StreamReadServicer:
                context: grpc.ServicerContext) -> pb.LocateResponse:
         stream, end = check_fetch_request(request)
         stream_log = self._registry.get(stream)
+        spans, stop = stream_log.locate(  # also the range checks Fetch makes
+            request.offset, max_messages=request.max_messages or DEFAULT_FETCH_MESSAGES,
+            end_offset=end,
+        )
         reply = pb.LocateResponse(host_id=self._host_id, next_offset=request.offset)
         if self._host_id:
-            spans, stop = stream_log.locate(
-                request.offset, max_messages=request.max_messages or DEFAULT_FETCH_MESSAGES,
-                end_offset=end,
-            )
             for span in spans:
                 try:
                     stat = os.stat(span.path)
@@ -77,8 +77,6 @@ class StreamReadServicer:
                                 inode=stat.st_ino)
             reply.next_offset = stop
             self._metrics.located_messages.inc(stop - request.offset)
-        else:
-            stream_log.locate(request.offset, max_messages=0, end_offset=end)  # range checks
         reply.start_offset = stream_log.start_offset
         reply.end_offset = stream_log.end_offset
         return reply

@@ -10,6 +10,7 @@ record-batch messages without touching rows), and every transport concern
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -385,8 +386,7 @@ class Client:
         tally = PublishTally()
         try:
             for index, response in enumerate(pipelined(
-                lambda it: self._conn.stream_serialized(
-                    "StreamService.PublishStream", it, pb.PublishResponse, timeout=None),
+                functools.partial(self._open_publish_stream, timeout=None),
                 iter(plan),
             )):
                 start, stop = plan.ranges[index]
@@ -399,6 +399,12 @@ class Client:
         log.debug("published %d message(s) to '%s' in %d request(s) from an iterator",
                   tally.rows_done, name, len(plan.ranges))
         return tally.result()
+
+    def _open_publish_stream(self, requests: Iterable[bytes], *,
+                             timeout: float | None) -> StreamingCall:
+        """A PublishStream call sending ``requests`` (PublishRequest wire bytes)."""
+        return self._conn.stream_serialized("StreamService.PublishStream", requests,
+                                            pb.PublishResponse, timeout=timeout)
 
     def _publish_one_by_one(
         self, name: str, table: pa.Table, ranges: list[tuple[int, int]], ack_mode: int,
@@ -428,9 +434,8 @@ class Client:
         done = 0
         try:
             for response in pipelined(
-                lambda it: self._conn.stream_serialized(
-                    "StreamService.PublishStream", it, pb.PublishResponse,
-                    timeout=self.timeout * len(ranges)),
+                functools.partial(self._open_publish_stream,
+                                  timeout=self.timeout * len(ranges)),
                 requests,
             ):
                 start, stop = ranges[done]

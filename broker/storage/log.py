@@ -238,11 +238,7 @@ class StreamLog:
                 self._fail(exc)
                 raise
             self._last_timestamp = now
-            if self._dedup is not None:
-                for batch in flagged:
-                    base = batch.column(0)[0].as_py()
-                    self._dedup.remember(now, batch.column(1).to_pylist(),
-                                         list(range(base, base + batch.num_rows)))
+            self._remember_ids_locked(flagged, now)
             self._written_seq += 1
             sequence = self._written_seq
             self._publish_view_locked()
@@ -300,11 +296,16 @@ class StreamLog:
             self._fail(exc)
             raise
         self._last_timestamp = now
-        if self._dedup is not None:
-            for part in flagged:
-                base = part.column(0)[0].as_py()
-                self._dedup.remember(now, part.column(1).to_pylist(),
-                                     list(range(base, base + part.num_rows)))
+        self._remember_ids_locked(flagged, now)
+
+    def _remember_ids_locked(self, flagged: list[pa.RecordBatch], now: int) -> None:
+        """Enter the producer ids of just-written batches (offset, id columns) in the window."""
+        if self._dedup is None:
+            return
+        for part in flagged:
+            base = part.column(0)[0].as_py()
+            self._dedup.remember(now, part.column(1).to_pylist(),
+                                 list(range(base, base + part.num_rows)))
 
     # ------------------------------------------------------------------ durability
 
