@@ -32,6 +32,11 @@ written and fsynced. So when recovery finds a 'committing' marker:
   staging files: same rows with the same ids at the same offsets (ids missing
   at Stage were filled there, see sink_frames).
 
+An append that fails on a disk error (fsync, or undoing a partial write)
+leaves the log refusing writes until the broker restarts, with the rows
+possibly in its files: the marker stays 'committing' and the restart settles
+it as above. Any other failure wrote nothing, and the marker is deleted.
+
 Markers and the pending row must be durable before the log bytes they
 describe. With ``metadata_sync = "normal"`` SQLite does not fsync its WAL on
 commit (a process crash keeps it, a power loss may not), so the sink forces a
@@ -372,6 +377,9 @@ class SinkCommitter:
             return marker.first_offset, marker.first_offset + marker.row_count
         stream_log = self._streams.get(stream, create_if_missing=True)
         if marker is not None:  # 'committing': a crash (or error) interrupted this append
+            # After a disk error the append may be on disk but not durable: only a
+            # restart (which reopens the log and checks its files) can tell.
+            stream_log.check_writable()
             end = stream_log.end_offset
             if end >= marker.first_offset + marker.row_count:
                 self._mark_done(pending, stream)
@@ -412,9 +420,19 @@ class SinkCommitter:
                 combined = pa.concat_tables(tables, promote_options="default").combine_chunks()
                 result = stream_log.append_atomic([combined], before_write=before_write)
         except Exception:
-            # Both appends are all-or-nothing: none of these rows is in the log, and other
-            # writers may append at first_offset from now on, so the marker must go (a
-            # retried commit starts this stream afresh instead of truncating their data).
+            if stream_log.failed:
+                # A disk error after (or while undoing) the write: the rows may be in the
+                # files, and the log refuses every write until a restart reopens it. The
+                # 'committing' marker stays, so that recovery at the restart keeps or
+                # truncates them by the end offset it finds: never appended twice.
+                log.error("sink '%s' batch %d: append to '%s' hit a disk error; the commit "
+                          "finishes when the broker restarts", pending.sink_id,
+                          pending.batch_id, stream)
+                raise
+            # Otherwise the append failed before writing or undid its write: none of these
+            # rows is in the log, and other writers may append at first_offset from now
+            # on, so the marker must go (a retried commit starts this stream afresh
+            # instead of truncating their data).
             self._delete_marker(pending, stream)
             raise
         if result.stored_count != row_count:

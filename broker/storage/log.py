@@ -148,6 +148,16 @@ class StreamLog:
     def directory(self) -> Path:
         return self._directory
 
+    @property
+    def failed(self) -> bool:
+        """True after a disk error (a failed fsync or undo): writes are refused until the
+        log is reopened, and bytes of the failed write may be in the files."""
+        return self._failure is not None
+
+    def check_writable(self) -> None:
+        """Raise the error a write would get now (closed, or failed after a disk error)."""
+        self._check_usable()
+
     # ------------------------------------------------------------------ appends
 
     def append(self, data: pa.Table | MessageRows,
