@@ -21,10 +21,14 @@ and a free port). Measured for each configuration:
   segment files itself, as any client here would by default) and with
   ``local_reads=False`` (one server-streaming ReadRange call, what a remote client gets);
 * publish-to-fetch latency p50/p99 at --latency-rate msg/s (bench/latency_probe.py), the
-  median over --latency-repeats runs for every system.
+  median over --latency-repeats runs for every system;
+* the same latency probe against a trivial Python gRPC server (bench/transport_floor.py:
+  same grpcio, no storage, unary long-poll Fetch), after our broker has stopped: the
+  floor any Python gRPC broker has on this machine (--skip-floor leaves it out).
 
 Prints one table of throughput (with ratios vs Redis and vs JetStream measured in this
-run), one of latency, and PASS/FAIL lines for the issue's goals. See docs/benchmarks.md.
+run), one of latency, PASS/FAIL lines for the issue's goals and an INFO line with the gRPC
+floor under each latency goal. See docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ from bench_common import (
 )
 from latency_probe import measure_fetch_latency
 from peer_runner import peer_running, run_peer_script
-from report import Goal, fmt, ratio, render_table, run_comparison
+from report import Goal, Info, fmt, ratio, render_table, run_comparison
+from transport_floor import FloorServer, floor_info, measure_floor_latency
 
 # ---------------------------------------------------------------- tuning / run sizes
 # (messages, payload bytes, batch): the peers' anchor configurations (run_all.sh). The
@@ -92,6 +97,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--phase-timeout", type=float, default=PHASE_TIMEOUT_S)
     p.add_argument("--quick", action="store_true", help="small counts for a smoke run")
     p.add_argument("--skip-peers", action="store_true", help="measure npstream only")
+    p.add_argument("--skip-floor", action="store_true",
+                   help="leave out the trivial-gRPC-server latency rows")
     p.add_argument("--peers", default="redis,nats", help="comma list (default redis,nats)")
     p.add_argument("--json", metavar="PATH", help="also write the raw results here")
     a = p.parse_args(argv)
@@ -286,6 +293,14 @@ def run_npstream(a: argparse.Namespace) -> dict[str, Any]:
                 client.delete_stream(lat_stream)
             cfg["latency_runs"] = runs
             out["configs"].append(cfg)
+    if not a.skip_floor:
+        with FloorServer() as floor:
+            for cfg in out["configs"]:
+                print(f"# grpc-floor latency, size {cfg['size']}", file=sys.stderr)
+                cfg["floor_latency_runs"] = [measure_floor_latency(
+                    floor, "fetch", size=cfg["size"], filler=os.urandom(cfg["size"]),
+                    messages=a.latency_messages, rate_hz=a.latency_rate)
+                    for _ in range(a.latency_repeats)]
     return out
 
 
@@ -332,11 +347,11 @@ def _best(system: dict[str, Any] | None, i: int, keys: list[str]) -> float | Non
 
 
 def build_report(a: argparse.Namespace, ours: dict[str, Any],
-                 peers: dict[str, dict[str, Any]]) -> tuple[str, list[Goal]]:
+                 peers: dict[str, dict[str, Any]]) -> tuple[str, list[Goal | Info]]:
     redis, nats = peers.get("redis"), peers.get("nats")
     tp_rows: list[list[str]] = []
     lat_rows: list[list[str]] = []
-    goals: list[Goal] = []
+    goals: list[Goal | Info] = []
     for i, (n, size, batch) in enumerate(a.configs):
         shape = f"{n:,} x {size} B"
         redis_pub = _best(redis, i, ["produce"])
@@ -421,6 +436,8 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
         lat_sets = [
             ("npstream", f"size {size}, fetch long-poll, ack={a.ack}",
              _runs(ours, i, "latency_runs")),
+            ("grpc-floor", f"size {size}, trivial Python gRPC server, fetch long-poll",
+             _runs(ours, i, "floor_latency_runs")),
             ("redis-streams", f"size {size}, XREAD BLOCK", _runs(redis, i, "latency_runs")),
             ("nats-jetstream", f"size {size}, push consumer", _runs(nats, i, "latency_runs")),
             ("nats-jetstream", f"size {size}, pull consumer",
@@ -443,6 +460,9 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
             goals.append(Goal(name, our_p99 <= nats_p99,
                               f"{our_p99:.2f} ms vs {nats_p99:.2f} ms (median of "
                               f"{a.latency_repeats} runs)"))
+        if not a.skip_floor:
+            goals.append(floor_info(median_of(_runs(ours, i, "floor_latency_runs"), "p99_ms"),
+                                    nats_p99))
 
     text = [
         render_table(["system", "config", "msg/s", "MB/s", "vs Redis", "vs JetStream"],

@@ -8,7 +8,11 @@
    msg/s: npstream ``Client.subscribe`` (handler acks every lease) vs a JetStream durable
    push consumer in a deliver group (AckExplicit, ack each) vs Redis ``XREADGROUP BLOCK``
    (+ XACK). Every system runs alone; the peer side is bench/peer_groups.py, run with the
-   peers' interpreter. The median over --latency-repeats runs is reported.
+   peers' interpreter. The median over --latency-repeats runs is reported. The same
+   probe also runs against a trivial Python gRPC server (bench/transport_floor.py: same
+   grpcio, no storage, a server-streaming Tail, no acks) after our broker has stopped: the
+   floor any Python gRPC broker has on this machine, printed as a row and an INFO line
+   under the latency goal (--skip-floor leaves it out).
 2. Shared-group throughput: --messages messages are published once; then 1, 2 and 4
    consumer processes join a fresh group on that stream and ack every message; msg/s is
    messages over the time from the start signal until the last ack was handled, with the
@@ -40,7 +44,8 @@ from bench_common import (
     stamped,
 )
 from peer_runner import peer_running, run_peer_script
-from report import Goal, fmt, render_table, run_comparison
+from report import Goal, Info, fmt, render_table, run_comparison
+from transport_floor import FloorServer, floor_info, measure_floor_latency
 
 # ---------------------------------------------------------------- tuning / run sizes
 MESSAGES = 200_000             # shared-group throughput: messages drained per consumer count
@@ -78,6 +83,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--latency-repeats", type=int)
     p.add_argument("--quick", action="store_true", help="small counts for a smoke run")
     p.add_argument("--skip-peers", action="store_true", help="measure npstream only")
+    p.add_argument("--skip-floor", action="store_true",
+                   help="leave out the trivial-gRPC-server latency row")
     p.add_argument("--peers", default="redis,nats")
     p.add_argument("--json", metavar="PATH", help="also write the raw results here")
     a = p.parse_args(argv)
@@ -265,6 +272,14 @@ def run_npstream(a: argparse.Namespace) -> dict[str, Any]:
                   file=sys.stderr)
             out["throughput"].append(shared_throughput(
                 client, broker, stream, a.messages, a.size, consumers, a.max_in_flight))
+    out["floor_latency_runs"] = []
+    if not a.skip_floor:
+        with FloorServer() as floor:
+            for _ in range(a.latency_repeats):
+                print("# grpc-floor latency, server-streaming", file=sys.stderr)
+                out["floor_latency_runs"].append(measure_floor_latency(
+                    floor, "tail", size=a.size, filler=filler,
+                    messages=a.latency_messages, rate_hz=a.latency_rate))
     return out
 
 
@@ -289,10 +304,13 @@ def run_peer(name: str, a: argparse.Namespace) -> dict[str, Any]:
 # ---------------------------------------------------------------- report
 
 def build_report(a: argparse.Namespace, ours: dict[str, Any],
-                 peers: dict[str, dict[str, Any]]) -> tuple[str, list[Goal]]:
-    goals: list[Goal] = []
+                 peers: dict[str, dict[str, Any]]) -> tuple[str, list[Goal | Info]]:
+    goals: list[Goal | Info] = []
     lat_rows = []
     sets = [("npstream", "subscribe(), ack each, publish ack=fsync", ours["latency_runs"])]
+    if not a.skip_floor:
+        sets.append(("grpc-floor", "trivial Python gRPC server, server-streaming push",
+                     ours["floor_latency_runs"]))
     if "nats" in peers:
         sets.append(("nats-jetstream", "push consumer, deliver group, AckExplicit",
                      peers["nats"]["latency_runs"]))
@@ -319,6 +337,9 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
     else:
         goals.append(Goal(name, our_p99 <= nats_p99, f"{our_p99:.2f} ms vs {nats_p99:.2f} ms "
                           f"(median of {a.latency_repeats} runs)"))
+    if not a.skip_floor:
+        floor_ok = [r for r in ours["floor_latency_runs"] if r and r.get("p99_ms") is not None]
+        goals.append(floor_info(median_of(floor_ok, "p99_ms"), nats_p99))
 
     tp_rows = []
     runs = [r for r in ours["throughput"] if "msgs_per_s" in r]

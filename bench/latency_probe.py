@@ -4,17 +4,21 @@ A consumer process (own interpreter, own connection) long-polls ``Client.fetch_b
 from the stream's end; the producer (this process) publishes single stamped messages with
 ``Client.publish`` at a fixed rate. Latency = consumer's monotonic clock on receipt minus
 the stamp in the value's first 8 bytes.
+
+``probe_latency`` is the producer side and the consumer handshake, shared with
+bench/transport_floor.py, which runs the same probe against a trivial gRPC server.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bench_common import latency_summary, pct, stamp_of, stamped
 
-__all__ = ["measure_fetch_latency"]
+__all__ = ["measure_fetch_latency", "probe_latency"]
 
 # Long-poll length of each fetch (Redis' peer uses BLOCK 200 ms, JetStream's pull 1 s);
 # it bounds how often an idle consumer re-asks, not the latency of a message that arrives.
@@ -42,13 +46,20 @@ def _consumer(address: str, stream: str, n: int, limit_s: float, ready: Any, q: 
     q.put(lat)
 
 
-def measure_fetch_latency(client: Any, address: str, stream: str, *, size: int, filler: bytes,
-                          messages: int, rate_hz: float, ack: str) -> dict[str, Any]:
-    """Run one latency phase on ``stream`` (created empty by the caller)."""
+def probe_latency(publish: Callable[[bytes], object], consumer: Callable[..., None],
+                  consumer_args: tuple[Any, ...], *, size: int, filler: bytes, messages: int,
+                  rate_hz: float, method: str) -> dict[str, Any]:
+    """Publish ``messages`` stamped values at ``rate_hz``; a consumer process receives them.
+
+    ``consumer`` runs in a spawned process as ``consumer(*consumer_args, n, limit_s,
+    ready, q)``: it sets ``ready`` once it is positioned at the end of the log, then puts
+    the list of latencies (ns) it measured on ``q``. ``publish`` sends one value and
+    returns once it is acknowledged; its round trips are reported as ``produce_ack``.
+    """
     ctx = mp.get_context("spawn")
     ready, q = ctx.Event(), ctx.Queue()
     limit = messages / rate_hz + 15
-    proc = ctx.Process(target=_consumer, args=(address, stream, messages, limit, ready, q),
+    proc = ctx.Process(target=consumer, args=(*consumer_args, messages, limit, ready, q),
                        daemon=True)
     proc.start()
     if not ready.wait(60):
@@ -63,7 +74,7 @@ def measure_fetch_latency(client: Any, address: str, stream: str, *, size: int, 
             time.sleep(delay)
         value = stamped(size, filler)
         s = time.monotonic_ns()
-        client.publish(stream, value, ack=ack)
+        publish(value)
         acks.append(time.monotonic_ns() - s)
         if time.monotonic() - t0 > limit:
             break
@@ -75,12 +86,19 @@ def measure_fetch_latency(client: Any, address: str, stream: str, *, size: int, 
     proc.join(10)
     if proc.is_alive():
         proc.terminate()
-    res = latency_summary(
-        lat, len(acks), send_s,
-        f"consumer process long-polling fetch (wait {FETCH_WAIT_S:g} s, max "
-        f"{FETCH_MAX_MESSAGES}); producer single publish(ack={ack})")
+    res = latency_summary(lat, len(acks), send_s, method)
     ack_ms = sorted(x / 1e6 for x in acks)
     if ack_ms:
         res["produce_ack"] = {"p50_ms": round(pct(ack_ms, 50) or 0.0, 3),
                               "p99_ms": round(pct(ack_ms, 99) or 0.0, 3)}
     return res
+
+
+def measure_fetch_latency(client: Any, address: str, stream: str, *, size: int, filler: bytes,
+                          messages: int, rate_hz: float, ack: str) -> dict[str, Any]:
+    """Run one latency phase on ``stream`` (created empty by the caller)."""
+    return probe_latency(
+        lambda value: client.publish(stream, value, ack=ack), _consumer, (address, stream),
+        size=size, filler=filler, messages=messages, rate_hz=rate_hz,
+        method=f"consumer process long-polling fetch (wait {FETCH_WAIT_S:g} s, max "
+               f"{FETCH_MAX_MESSAGES}); producer single publish(ack={ack})")

@@ -1,14 +1,15 @@
-"""Plain-text tables and PASS/FAIL goal lines for the benchmark scripts."""
+"""Plain-text tables, PASS/FAIL goal lines and INFO lines for the benchmark scripts."""
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Goal", "fmt", "ratio", "render_goals", "render_table", "write_json"]
+__all__ = ["Goal", "Info", "fmt", "ratio", "render_goals", "render_table", "write_json"]
 
 
 def fmt(value: object, digits: int = 1) -> str:
@@ -63,12 +64,23 @@ class Goal:
         return f"{state}  {self.name}: {self.detail}"
 
 
-def render_goals(goals: list[Goal]) -> str:
+@dataclass
+class Info:
+    """A figure printed among the goal lines to help judge them; never a verdict."""
+
+    name: str
+    detail: str
+
+    def line(self) -> str:
+        return f"INFO  {self.name}: {self.detail}"
+
+
+def render_goals(goals: Sequence[Goal | Info]) -> str:
     return "\n".join(g.line() for g in goals)
 
 
-def write_json(path: str | Path, result: dict[str, Any], goals: list[Goal]) -> None:
-    payload = {**result, "goals": [asdict(g) for g in goals]}
+def write_json(path: str | Path, result: dict[str, Any], goals: Sequence[Goal | Info]) -> None:
+    payload = {**result, "goals": [{**asdict(g), "info": isinstance(g, Info)} for g in goals]}
     Path(path).write_text(json.dumps(payload, indent=2, default=str) + "\n")
 
 

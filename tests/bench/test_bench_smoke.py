@@ -1,8 +1,9 @@
 """Smoke test of bench/broker.py: the benchmark code must keep running against the real broker.
 
 Not a performance test: it runs the quick configuration without peers and checks that the
-table has our publish, replay and latency rows with sane numbers, so a contract change in
-the client or the broker shows up here instead of on the next benchmark day.
+table has our publish, replay and latency rows (and the gRPC floor's) with sane numbers, so
+a contract change in the client or the broker shows up here instead of on the next
+benchmark day.
 """
 
 from __future__ import annotations
@@ -61,6 +62,17 @@ def test_broker_bench_quick_without_peers_prints_our_rows(tmp_path: Path) -> Non
     assert [(size, got, sent) for size, got, sent, _p50, _p99 in latency] == [
         ("100", "200", "200"), ("1000", "200", "200")]
     assert all(0 < float(p50) <= float(p99) for *_x, p50, p99 in latency)
+    # The transport floor: the same probe against a trivial Python gRPC server, one row
+    # per size, and an INFO line (never a verdict) under each latency goal.
+    floor = re.findall(r"^grpc-floor\s+size (\d+), trivial Python gRPC server, fetch "
+                       r"long-poll\s+1\s+(\d+)/(\d+)\s+([\d.]+)\s+([\d.]+)", out, re.M)
+    assert [(size, got, sent) for size, got, sent, _p50, _p99 in floor] == [
+        ("100", "200", "200"), ("1000", "200", "200")]
+    assert all(0 < float(p50) <= float(p99) for *_x, p50, p99 in floor)
+    info = re.findall(r"^INFO  latency floor of Python gRPC on this machine \(trivial server, "
+                      r"no storage, same probe\): p99 ([\d.]+) ms vs JetStream push not "
+                      r"measured in this run$", out, re.M)
+    assert [float(p99) for p99 in info] == [float(p99) for *_x, p99 in floor]
     # Goals that need peers are reported as not measured, never as passed; our own
     # integrity check passes for both configurations.
     assert "FAIL" not in out
@@ -88,3 +100,4 @@ def test_broker_bench_quick_without_peers_prints_our_rows(tmp_path: Path) -> Non
                for c in configs for key in ("consume", "consume_grpc"))
     assert [(c["consume"]["local_reads"], c["consume_grpc"]["local_reads"])
             for c in configs] == [(True, False), (True, False)]
+    assert [[r["received"] for r in c["floor_latency_runs"]] for c in configs] == [[200], [200]]
