@@ -6,7 +6,8 @@ are joined in wire format straight from the read buffers, and PublishStream
 requests are split so that their Arrow data is never copied out of the
 received message (npstream.wire). This registers every method of a service as
 the generated code would, except that the named methods get bytes instead of
-messages on that side.
+messages on that side (and methods hidden by a test hook, fault_hooks.py, are
+not registered at all).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from npstream.broker.fault_hooks import hidden_rpcs
 from npstream.proto import pb
 
 __all__ = ["add_service"]
@@ -37,7 +39,10 @@ def add_service(server: grpc.Server, service: str, servicer: Any, *,
     """
     descriptor = pb.DESCRIPTOR.services_by_name[service]
     handlers: dict[str, grpc.RpcMethodHandler] = {}
+    hidden = hidden_rpcs()
     for method in descriptor.methods:
+        if f"{service}.{method.name}" in hidden:  # test hook: act as an older broker
+            continue
         request_type = getattr(pb, method.input_type.name)
         response_type = getattr(pb, method.output_type.name)
         make = _HANDLER_FACTORIES[(method.client_streaming, method.server_streaming)]

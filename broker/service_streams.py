@@ -26,6 +26,7 @@ from npstream.broker.errors import (
     InvalidArgumentError,
     StreamNeedsRepairError,
 )
+from npstream.broker.fault_hooks import PublishFault
 from npstream.broker.grpc_errors import rpc_method
 from npstream.broker.grpc_registration import add_service
 from npstream.broker.publish_stream import serve_publish_stream
@@ -152,6 +153,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         self._registry = ctx.registry
         self._metrics = ctx.metrics
         self._stopping = stopping
+        self._publish_fault = PublishFault.from_env()
 
     def _on_log(self, stream: str, action: Callable[[], T]) -> T:
         return on_log(self._registry, stream, action)
@@ -291,6 +293,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
             return lambda: empty
         started = time.perf_counter()
         result, sequence = self._on_log(stream, lambda: stream_log.append_unsynced(rows))
+        self._publish_fault.written()
 
         def reply() -> pb.PublishResponse:
             if ack is AckMode.FSYNC:

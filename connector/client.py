@@ -393,7 +393,18 @@ class Client:
                 tally.add(start, stop - start, response)
             if plan.error is not None:
                 raise plan.error
-        except Exception as exc:  # a broker error, or the caller's iterator failed
+        except NpstreamError as exc:
+            if exc.code == grpc.StatusCode.UNIMPLEMENTED and not tally.rows_done:
+                # An older broker: nothing was stored, and the tables already taken
+                # from the caller's iterator cannot be given back for unary calls.
+                raise NpstreamError(
+                    f"the broker at {self.address} has no StreamService.PublishStream (it "
+                    "predates it), which publish_batch needs for an iterator of tables; "
+                    "nothing was stored: pass one Table (sent with unary calls) or upgrade "
+                    "the broker", code=exc.code) from exc
+            tally.note_failure(exc)
+            raise
+        except Exception as exc:  # the caller's iterator failed
             tally.note_failure(exc)
             raise
         log.debug("published %d message(s) to '%s' in %d request(s) from an iterator",

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from npstream import Client, InvalidArgument
-from npstream.batching import split_rows
+from npstream.batching import row_sizes, split_rows
 from npstream.errors import NpstreamError
 from npstream.proto import pb
 
@@ -221,3 +221,81 @@ def test_publish_stream_rpc_malformed_or_conflicting_request_is_invalid_argument
     with pytest.raises(InvalidArgument, match="sets both messages and arrow_stream"):
         next(call)
     assert stream_name not in [s.name for s in client.list_streams(prefix=stream_name)]
+
+
+# ---------------------------------------------------------------- fallbacks to unary Publish
+# Real broker processes made to act as an older broker (no PublishStream) or to die in the
+# middle of a PublishStream call, through the test-only hooks of npstream.broker.fault_hooks.
+
+
+def _read_all(client: Client, stream: str) -> pa.Table:
+    end = client.stream_info(stream).end_offset
+    return pa.Table.from_batches(list(client.read_range(stream, 0, end)))
+
+
+def test_publish_batch_falls_back_to_unary_on_a_broker_without_publish_stream(
+        broker_factory, small_requests):
+    from npstream.broker.fault_hooks import HIDE_RPCS_ENV
+
+    broker = broker_factory(env={HIDE_RPCS_ENV: "StreamService.PublishStream"})
+    values = _values(20_000)
+    with Client(broker.address) as client:
+        call = client._open_publish_stream(iter([_arrow_request(
+            "old", [b"x"]).SerializeToString()]), timeout=10)
+        with pytest.raises(NpstreamError) as refused:
+            list(call)
+        assert refused.value.code.name == "UNIMPLEMENTED"
+
+        # An iterator of tables cannot be resent with unary calls: a clear error, nothing stored.
+        tables = (pa.table({"value": pa.array(values[i:i + 5_000], pa.binary())})
+                  for i in range(0, 20_000, 5_000))
+        with pytest.raises(NpstreamError, match=(
+                rf"the broker at {broker.address} has no StreamService.PublishStream .*"
+                r"nothing was stored: pass one Table")) as old_broker:
+            client.publish_batch("old", tables)
+        assert old_broker.value.code.name == "UNIMPLEMENTED"
+        assert client.list_streams() == []  # nothing stored, not even an auto-created stream
+
+        result = client.publish_batch("old", pa.table({"value": pa.array(values, pa.binary())}))
+        assert (result.first_offset, result.stored_count) == (0, 20_000)
+        assert result.offsets == list(range(20_000))
+        back = _read_all(client, "old")
+        assert back.column("offset").to_pylist() == list(range(20_000))
+        assert back.column("value").to_pylist() == values
+
+
+def test_publish_batch_with_ids_resumes_unary_after_the_broker_dies_mid_stream(
+        broker_factory, small_requests):
+    """The broker dies after writing request 5 (rows in the page cache, no reply): the
+    client resends from that request with unary calls once the broker is back, and the ids
+    make the resent rows that were already stored duplicates: every row once, in order."""
+    import threading
+
+    from npstream.broker.fault_hooks import FAULT_EXIT_CODE, PUBLISH_FAULT_ENV
+
+    broker = broker_factory(env={PUBLISH_FAULT_ENV: "exit_after_write:5"})
+    values = _values(20_000)
+    ids = [f"row-{i}" for i in range(20_000)]
+    table = pa.table({"value": pa.array(values, pa.binary()), "id": pa.array(ids, pa.string())})
+    assert len(split_rows(row_sizes(table))) > 8  # the fault hits the middle of the call
+
+    def restart_when_dead() -> None:
+        assert broker.proc.wait(60) == FAULT_EXIT_CODE
+        broker.extra_env.pop(PUBLISH_FAULT_ENV)
+        broker.start()
+
+    restarter = threading.Thread(target=restart_when_dead)
+    restarter.start()
+    try:
+        with Client(broker.address, retry_deadline=60.0) as client:
+            result = client.publish_batch("resumed", table)
+    finally:
+        restarter.join(90)
+    assert "exiting after writing PublishStream request 5" in broker.log_text()
+    assert result.duplicates  # request 5 was stored before the crash and sent again
+    assert result.stored_count + len(result.duplicates) == 20_000
+    assert result.offsets == list(range(20_000))
+    with Client(broker.address) as client:
+        back = _read_all(client, "resumed")
+    assert back.column("id").to_pylist() == ids
+    assert back.column("value").to_pylist() == values
