@@ -1,13 +1,13 @@
 """Registering a servicer from the proto's service descriptor, with raw bytes where wanted.
 
 The generated ``add_*Servicer_to_server`` functions fix every method's
-(de)serializers. Two hot methods do better with raw bytes: ReadRange replies
+(de)serializers. Three hot methods do better with raw bytes: ReadRange replies
 are joined in wire format straight from the read buffers, and PublishStream
-requests are split so that their Arrow data is never copied out of the
-received message (npstream.wire). This registers every method of a service as
-the generated code would, except that the named methods get bytes instead of
-messages on that side (and methods hidden by a test hook, fault_hooks.py, are
-not registered at all).
+and SinkService.Stage requests are split so that their Arrow data is never
+copied out of the received message (npstream.wire). This registers every
+method of a service as the generated code would, except that the named
+methods get bytes instead of messages on that side (and methods hidden by a
+test hook, fault_hooks.py, are not registered at all).
 """
 
 from __future__ import annotations

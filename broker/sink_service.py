@@ -1,10 +1,11 @@
 """SinkService: the gRPC face of exactly-once writes (Stage, CommitBatch, AbortBatch, SinkState).
 
 The protocol lives in sink_commit (commit, recovery, GC) and sink_staging
-(what a Stage stores); this module decodes requests, maps them onto those,
-counts what happened in metrics, and runs the staging sweep thread. Sink
-recovery runs inside ``add_to_server``, before the server starts, so no client
-ever sees a half-finished commit of a previous run.
+(what a Stage stores); this module decodes requests (Stage's from its wire
+bytes, its Arrow data used in place), maps them onto those, counts what
+happened in metrics, and runs the staging sweep thread. Sink recovery runs
+inside ``add_to_server``, before the server starts, so no client ever sees a
+half-finished commit of a previous run.
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import grpc
 import pyarrow as pa
+from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
 from npstream.broker.errors import InvalidArgumentError, StreamNotFoundError
 from npstream.broker.grpc_errors import rpc_method
+from npstream.broker.grpc_registration import add_service
 from npstream.broker.sink_commit import FAULT_ENV, SinkCommitter, parse_fault
 from npstream.broker.sink_staging import (
     StagingArea,
@@ -29,6 +32,7 @@ from npstream.broker.sink_staging import (
     prepare_stage,
 )
 from npstream.proto import pb, pb_grpc
+from npstream.wire import split_bytes_field
 
 if TYPE_CHECKING:
     from npstream.broker.context import BrokerContext
@@ -69,13 +73,29 @@ class SinkMetrics:
                                        registry=registry)
 
 
-def _decode(request: pb.StageRequest) -> pa.Table:
-    if not request.arrow_stream:
+def _split_stage_request(raw: bytes) -> tuple[pb.StageRequest, memoryview]:
+    """The request's small fields, and its Arrow data as a view into ``raw`` (not copied).
+
+    Stage is registered with raw requests: parsing the message would copy its
+    arrow_stream (up to stageBytes) into it, and reading the field copies it
+    again. An empty view when the field is unset; the last value when it
+    occurs twice (protobuf's merge rule for a singular field).
+    """
+    try:
+        request, arrow = split_bytes_field(raw, pb.StageRequest, "arrow_stream")
+    except DecodeError as exc:
+        raise InvalidArgumentError(f"malformed StageRequest: {exc}") from None
+    return cast(pb.StageRequest, request), arrow[-1] if arrow else memoryview(b"")
+
+
+def _decode(request: pb.StageRequest, arrow_stream: memoryview) -> pa.Table:
+    """The Arrow table of ``arrow_stream``; its buffers stay views into the received bytes."""
+    if not arrow_stream:
         raise InvalidArgumentError(
             f"stage for sink '{request.sink_id}' batch {request.batch_id} has an empty "
             "arrow_stream; send an Arrow IPC stream with at least a 'value' column")
     try:
-        return pa.ipc.open_stream(pa.py_buffer(request.arrow_stream)).read_all()
+        return pa.ipc.open_stream(pa.py_buffer(arrow_stream)).read_all()
     except (pa.ArrowInvalid, OSError) as exc:
         raise InvalidArgumentError(
             f"arrow_stream of sink '{request.sink_id}' batch {request.batch_id} staging "
@@ -100,11 +120,13 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
             return self._registry.effective_config({}).max_message_bytes
 
     @rpc_method
-    def Stage(self, request: pb.StageRequest, context: grpc.ServicerContext) -> pb.StageResponse:
+    def Stage(self, raw: bytes, context: grpc.ServicerContext) -> pb.StageResponse:
+        """Store one task's rows; ``raw`` is the StageRequest's wire bytes (add_to_server)."""
+        request, arrow_stream = _split_stage_request(raw)
         sink_id = check_sink_id(request.sink_id)
         batch_id = check_batch_id(request.batch_id)
         staging_id = check_staging_id(request.staging_id)
-        data = _decode(request)
+        data = _decode(request, arrow_stream)
         if self._committer.is_committed(sink_id, batch_id):
             # A restarted query re-runs its last batch before learning it was committed:
             # accept (the task must not fail) and keep nothing; the commit will be a no-op.
@@ -194,7 +216,8 @@ def add_to_server(server: grpc.Server, ctx: BrokerContext) -> StagingSweeper:
         log.warning("sink recovery finished %d interrupted commit(s)", finished)
     ctx.on_stream_deleted.append(committer.on_stream_deleted)
     metrics = SinkMetrics(ctx)
-    pb_grpc.add_SinkServiceServicer_to_server(SinkServicer(ctx, committer, metrics), server)
+    add_service(server, "SinkService", SinkServicer(ctx, committer, metrics),
+                raw_requests={"Stage"})
     ttl_ms = int(getattr(config, "sink_staging_ttl_ms", DEFAULT_STAGING_TTL_MS))
     sweeper = StagingSweeper(committer, ttl_ms, metrics).start()
     log.info("sink service ready: staging in %s, staging ttl %d ms, sweep every %.1fs",

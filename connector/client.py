@@ -184,6 +184,18 @@ class Client:
         """Send a unary RPC such as ``"StreamService.Fetch"`` (auth, retries, error mapping)."""
         return self._conn.call(rpc, request, timeout=timeout, idempotent=idempotent)
 
+    def call_serialized(
+        self, rpc: str, request: bytes, response_type: Any, *,
+        timeout: float | None = None, idempotent: bool = True,
+    ) -> Any:
+        """``call`` with a request already in protobuf wire bytes (npstream.wire builds them).
+
+        Saves copying a big bytes field into a message and out again; the
+        reply is a ``response_type`` message.
+        """
+        return self._conn.call_serialized(rpc, request, response_type, timeout=timeout,
+                                          idempotent=idempotent)
+
     def stream(
         self, rpc: str, request_iterator: Iterable[Any], *, timeout: float | None = None
     ) -> StreamingCall:

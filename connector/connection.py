@@ -1,7 +1,8 @@
 """The gRPC channel to one broker: address, TLS, auth metadata, and retry with backoff.
 
-Everything that crosses the wire goes through ``Connection.call`` (unary) or
-``Connection.stream`` (bidirectional), so the retry rules live in one place:
+Everything that crosses the wire goes through ``Connection.call`` (unary; also
+``call_serialized`` for requests already in wire bytes) or ``Connection.stream``
+(bidirectional), so the retry rules live in one place:
 
 * ``UNAVAILABLE`` is retried with exponential backoff and full jitter until
   ``retry_deadline`` seconds have passed, then ``BrokerUnavailable`` is raised
@@ -133,6 +134,7 @@ class Connection:
             self._channel = grpc.insecure_channel(self.address, options=options)
         self._stubs = {name: make(self._channel) for name, make in _SERVICES.items()}
         self._raw_streams: dict[str, Any] = {}
+        self._raw_unaries: dict[str, Any] = {}
         self._closed = False
 
     # ------------------------------------------------------------ calls
@@ -160,13 +162,18 @@ class Connection:
         """Send one unary call; retry UNAVAILABLE as the module docstring says."""
         method = self._method(rpc)
         per_call = self.timeout if timeout is None else timeout
+        return self._retrying(
+            rpc, lambda: method(request, timeout=per_call, metadata=self._metadata), idempotent)
+
+    def _retrying(self, rpc: str, send: Callable[[], Any], idempotent: bool) -> Any:
+        """``send()`` until it succeeds, retrying UNAVAILABLE; the retry rules of ``call``."""
         deadline = time.monotonic() + self.retry_deadline
         backoff = RETRY_INITIAL_BACKOFF_S
         attempt = 0
         while True:
             attempt += 1
             try:
-                return method(request, timeout=per_call, metadata=self._metadata)
+                return send()
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise from_rpc_error(exc, self.address) from None
@@ -211,6 +218,28 @@ class Connection:
             method(request, timeout=timeout, metadata=self._metadata), self.address
         )
 
+    def call_serialized(
+        self, rpc: str, request: bytes, response_type: Any, *,
+        timeout: float | None = None, idempotent: bool = True,
+    ) -> Any:
+        """Like ``call`` for a request that is already protobuf wire bytes (same retries).
+
+        For unary hot paths whose request carries a big bytes field
+        (SinkClient.stage: the Arrow data appended by npstream.wire), so it
+        is not copied into a message and serialized again. ``response_type``
+        is the response message class.
+        """
+        self._method(rpc)  # same checks: known rpc, open client
+        unary = self._raw_unaries.get(rpc)
+        if unary is None:
+            unary = self._channel.unary_unary(
+                self._path(rpc), request_serializer=None,
+                response_deserializer=response_type.FromString)
+            self._raw_unaries[rpc] = unary
+        per_call = self.timeout if timeout is None else timeout
+        return self._retrying(
+            rpc, lambda: unary(request, timeout=per_call, metadata=self._metadata), idempotent)
+
     def stream_serialized(
         self, rpc: str, request_iterator: Iterable[bytes], response_type: Any, *,
         timeout: float | None = None,
@@ -222,18 +251,22 @@ class Connection:
         ``response_type`` is the response message class.
         """
         self._method(rpc)  # same checks: known rpc, open client
-        service, _, method = rpc.partition(".")
         multi = self._raw_streams.get(rpc)
         if multi is None:
             multi = self._channel.stream_stream(
-                f"/{_PROTO_PACKAGE}.{service}/{method}",
-                request_serializer=None,
+                self._path(rpc), request_serializer=None,
                 response_deserializer=response_type.FromString,
             )
             self._raw_streams[rpc] = multi
         return StreamingCall(
             multi(request_iterator, timeout=timeout, metadata=self._metadata), self.address
         )
+
+    @staticmethod
+    def _path(rpc: str) -> str:
+        """The gRPC method path of ``"Service.Method"``."""
+        service, _, method = rpc.partition(".")
+        return f"/{_PROTO_PACKAGE}.{service}/{method}"
 
     def close(self) -> None:
         if not self._closed:

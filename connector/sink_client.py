@@ -17,19 +17,29 @@ nothing. So all of them use the client's retry on UNAVAILABLE.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import pyarrow as pa
 
 from npstream.errors import NpstreamError, StreamNeedsRepair
 from npstream.proto import pb
+from npstream.wire import encode_with_bytes
 
 if TYPE_CHECKING:
     from npstream.client import Client
 
-__all__ = ["CommitResult", "SinkClient", "SinkConflict", "StageResult", "encode_arrow_stream"]
+__all__ = [
+    "CommitResult",
+    "SinkClient",
+    "SinkConflict",
+    "StageResult",
+    "arrow_stream_buffer",
+    "encode_arrow_stream",
+    "encode_stage_request",
+]
 
 
 class SinkConflict(NpstreamError):
@@ -55,15 +65,36 @@ class CommitResult:
     written: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
-def encode_arrow_stream(table: pa.Table | pa.RecordBatch) -> bytes:
-    """An Arrow IPC stream (schema + batches), the format of every ``arrow_stream`` field."""
+def arrow_stream_buffer(table: pa.Table | pa.RecordBatch) -> pa.Buffer:
+    """An Arrow IPC stream (schema + batches), the format of every ``arrow_stream`` field.
+
+    The table's buffers are copied once, into the returned Arrow buffer;
+    nothing copies it into a ``bytes`` object.
+    """
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         if isinstance(table, pa.RecordBatch):
             writer.write_batch(table)
         else:
             writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    return sink.getvalue()
+
+
+def encode_arrow_stream(table: pa.Table | pa.RecordBatch) -> bytes:
+    """``arrow_stream_buffer`` as bytes, for building a message with protobuf."""
+    return arrow_stream_buffer(table).to_pybytes()
+
+
+def encode_stage_request(sink_id: str, batch_id: int, staging_id: str, stream: str | None,
+                         table: pa.Table | pa.RecordBatch) -> bytes:
+    """StageRequest wire bytes, the Arrow data appended with one copy (npstream.wire).
+
+    A Stage request holds up to stageBytes of Arrow data; building the message
+    with protobuf would copy it into the message and again when serializing.
+    """
+    head = pb.StageRequest(sink_id=sink_id, batch_id=batch_id, staging_id=staging_id,
+                           stream=stream or "")
+    return encode_with_bytes(head, "arrow_stream", [arrow_stream_buffer(table)])
 
 
 def _sink_error(exc: NpstreamError) -> NpstreamError:
@@ -79,9 +110,15 @@ class SinkClient:
     def __init__(self, client: Client) -> None:
         self._client = client
 
-    def _call(self, rpc: str, request: object) -> object:
+    def _call(self, rpc: str, request: object) -> Any:
+        return self._converted(
+            lambda: self._client.call(f"SinkService.{rpc}", request, idempotent=True))
+
+    @staticmethod
+    def _converted(send: Callable[[], Any]) -> Any:
+        """``send()``'s reply; a conflict the broker reports is raised as SinkConflict."""
         try:
-            return self._client.call(f"SinkService.{rpc}", request, idempotent=True)
+            return send()
         except NpstreamError as exc:
             converted = _sink_error(exc)
             if converted is exc:
@@ -96,28 +133,27 @@ class SinkClient:
         ``stream`` (per-row target; rows with a null ``stream`` go to ``stream``).
         A bad row rejects the whole call (InvalidArgument naming the row).
         """
-        reply = self._call("Stage", pb.StageRequest(
-            sink_id=sink_id, batch_id=batch_id, staging_id=staging_id, stream=stream or "",
-            arrow_stream=encode_arrow_stream(table)))
-        return StageResult(rows=reply.staged_rows, bytes=reply.staged_bytes)  # type: ignore[attr-defined]
+        request = encode_stage_request(sink_id, batch_id, staging_id, stream, table)
+        reply = self._converted(lambda: self._client.call_serialized(
+            "SinkService.Stage", request, pb.StageResponse, idempotent=True))
+        return StageResult(rows=reply.staged_rows, bytes=reply.staged_bytes)
 
     def commit(self, sink_id: str, batch_id: int, staging_ids: list[str]) -> CommitResult:
         """Make the listed stagings visible at once (per stream) and record the batch."""
         reply = self._call("CommitBatch", pb.CommitBatchRequest(
             sink_id=sink_id, batch_id=batch_id, staging_ids=list(staging_ids)))
         return CommitResult(
-            already_committed=reply.already_committed,  # type: ignore[attr-defined]
-            written={w.stream: (w.start_offset, w.end_offset)
-                     for w in reply.written},  # type: ignore[attr-defined]
+            already_committed=reply.already_committed,
+            written={w.stream: (w.start_offset, w.end_offset) for w in reply.written},
         )
 
     def abort(self, sink_id: str, batch_id: int, staging_ids: list[str] | None = None) -> int:
         """Drop the batch's staging (only the listed ids when given); returns files dropped."""
         reply = self._call("AbortBatch", pb.AbortBatchRequest(
             sink_id=sink_id, batch_id=batch_id, staging_ids=list(staging_ids or [])))
-        return int(reply.dropped)  # type: ignore[attr-defined]
+        return int(reply.dropped)
 
     def last_batch_id(self, sink_id: str) -> int:
         """The sink's last committed batch id, -1 when none."""
         reply = self._call("SinkState", pb.SinkStateRequest(sink_id=sink_id))
-        return int(reply.last_batch_id)  # type: ignore[attr-defined]
+        return int(reply.last_batch_id)

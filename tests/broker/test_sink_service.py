@@ -15,7 +15,12 @@ from npstream import Client
 from npstream.errors import InvalidArgument, StreamNotFound
 from npstream.proto import pb
 from npstream.schema import MESSAGE_SCHEMA
-from npstream.sink_client import SinkClient, SinkConflict
+from npstream.sink_client import (
+    SinkClient,
+    SinkConflict,
+    encode_arrow_stream,
+    encode_stage_request,
+)
 
 
 def rows(client: Client, stream: str, start: int = 0) -> pa.Table:
@@ -227,6 +232,58 @@ def test_stage_malformed_arrow_stream_is_invalid_argument(client):
     empty = pb.StageRequest(sink_id="s-garbage", batch_id=0, staging_id="0-0", stream="x")
     with pytest.raises(InvalidArgument, match=r"has an empty arrow_stream"):
         client.call("SinkService.Stage", empty)
+
+
+def _mixed_table() -> pa.Table:
+    """Rows using every staged column: ids, keys, headers, nulls, binary and text values."""
+    headers = pa.array([[("h", b"1")], None, [], [("a", b""), ("b", b"2")]],
+                       type=pa.map_(pa.string(), pa.binary()))
+    return pa.table({"value": [b"v0", b"", b"v2" * 1000, b"v3"],
+                     "id": ["i0", None, "i2", None],
+                     "key": [b"k0", None, b"", b"k3"],
+                     "headers": headers})
+
+
+def test_stage_wire_bytes_are_what_protobuf_serializes():
+    table = _mixed_table()
+    plain = pb.StageRequest(sink_id="s", batch_id=3, staging_id="3-0", stream="orders",
+                            arrow_stream=encode_arrow_stream(table))
+    assert encode_stage_request("s", 3, "3-0", "orders", table) == plain.SerializeToString()
+
+
+def test_stage_raw_client_and_plain_generated_request_commit_the_same_rows(
+        client, sink, stream_name):
+    raw_stream, plain_stream = f"{stream_name}-raw", f"{stream_name}-pln"  # same length
+    table = _mixed_table()
+    staged = sink.stage("s-raw", 0, "0-0", raw_stream, table)
+    request = pb.StageRequest(sink_id="s-plain", batch_id=0, staging_id="0-0",
+                              stream=plain_stream, arrow_stream=encode_arrow_stream(table))
+    reply = client.call("SinkService.Stage", request)  # an older client: the generated stub
+    assert (staged.rows, reply.staged_rows) == (4, 4)
+    assert reply.staged_bytes == staged.bytes > 0  # the same staging file
+
+    assert sink.commit("s-raw", 0, ["0-0"]).written == {raw_stream: (0, 4)}
+    assert sink.commit("s-plain", 0, ["0-0"]).written == {plain_stream: (0, 4)}
+
+    raw_rows, plain_rows = rows(client, raw_stream), rows(client, plain_stream)
+    for column in ("value", "key", "headers"):
+        assert raw_rows.column(column).to_pylist() == table.column(column).to_pylist()
+        assert plain_rows.column(column).to_pylist() == table.column(column).to_pylist()
+    for ids in (raw_rows.column("id").to_pylist(), plain_rows.column("id").to_pylist()):
+        assert (ids[0], ids[2]) == ("i0", "i2")
+        assert len(ids[1]) == len(ids[3]) == 32  # assigned by the broker
+
+
+@pytest.mark.parametrize(("raw", "detail"), [
+    (b"\x0a\xff", "truncated or overlong varint"),
+    (pb.StageRequest(sink_id="s-wire", staging_id="0-0").SerializeToString()
+     + b"\x2a\xff\xff\x7f" + b"arrow", "field arrow_stream runs past the end"),
+    (b"\x0b", "unsupported wire type 3"),
+], ids=["bad-varint", "truncated-arrow", "group"])
+def test_stage_malformed_wire_bytes_is_invalid_argument(broker, client, raw, detail):
+    with pytest.raises(InvalidArgument, match=rf"malformed StageRequest: {detail}"):
+        client.call_serialized("SinkService.Stage", raw, pb.StageResponse)
+    assert staging_files(broker, "s-wire") == []
 
 
 def test_commit_listing_a_staging_id_twice_is_invalid_argument(client, sink, stream_name):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pyarrow as pa
 import pytest
 
 from npstream import BrokerUnavailable, Client
@@ -35,6 +36,21 @@ def test_calls_during_broker_restart_are_retried_and_succeed(broker_factory):
         assert info.end_offset == 1
         assert result.offset == 1
         assert client.fetch("orders", 0).column("value").to_pylist() == [b"before", b"after"]
+
+
+def test_stage_during_broker_restart_is_retried_and_commits(broker_factory):
+    broker = broker_factory()
+    with Client(broker.address, retry_deadline=30) as client:
+        sink = client.sink()
+        broker.stop()
+        thread = _restart_after(broker, 0.5)
+        try:  # Stage sends wire bytes (call_serialized): retried like any idempotent call
+            staged = sink.stage("s-retry", 0, "0-0", "orders", pa.table({"value": ["a", "b"]}))
+        finally:
+            thread.join()
+        assert staged.rows == 2
+        assert sink.commit("s-retry", 0, ["0-0"]).written == {"orders": (0, 2)}
+        assert client.fetch("orders", 0).column("value").to_pylist() == [b"a", b"b"]
 
 
 def test_long_poll_in_flight_when_broker_dies_is_retried_after_restart(broker_factory):
