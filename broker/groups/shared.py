@@ -220,6 +220,12 @@ class SharedGroup:
         # Refill until the request is covered, so one Subscribe batch (or Receive) takes
         # everything ready that fits, not just what was left of the last read.
         while self._buffered < limit and self._buffer_next < stream_log.end_offset:
+            recent = stream_log.recent_batch(self._buffer_next)
+            if recent is not None:  # what the last write stored: no file read, no decoding
+                self._buffer.append(recent)
+                self._buffered += recent.num_rows
+                self._buffer_next += recent.num_rows
+                continue
             try:
                 result = stream_log.read(self._buffer_next, max_messages=FRESH_READ_CHUNK,
                                          max_bytes=FRESH_READ_BYTES)
@@ -321,13 +327,19 @@ class SharedGroup:
         """(acked count, committed offset, writer ticket for durability)."""
         with self._cond:
             self._check_open_locked()
+            blocked = self._fresh_budget_locked() <= 0
             count = self._table.ack(offsets, member, self._clock())
             if count:
                 # Pop the acked leases' expiry entries now, while the heap is small,
                 # instead of a second's worth in one upkeep pass (a stall under the lock).
                 self._table.next_due_ms()
                 self._metrics.acks.inc(count)
-                self._changed_locked()  # the fresh budget may have grown
+                if blocked:
+                    # The fresh budget grew from nothing: waiters may deliver again. An
+                    # ack wakes nobody otherwise (a waiter with budget waits for data,
+                    # and an ack makes no redelivery due sooner): a wake-up per ack
+                    # would cost the Subscribe senders a spurious look under the lock.
+                    self._changed_locked()
             return count, self._table.committed, self._persist_locked()
 
     def nack(self, offsets: list[int], member: str | None, delay_ms: int) -> int:

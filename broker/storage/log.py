@@ -82,6 +82,10 @@ __all__ = ["StreamLog"]
 log = logging.getLogger(__name__)
 
 _READ_TABLE_BYTES = 8 << 20  # per read() of read_table: bounds the buffer, no slower
+# A written batch up to this size stays in memory with the view it made (LogView.recent)
+# until the next write: tail readers take it from there instead of reading the file
+# back. Bounded so that an idle stream holds at most this much.
+RECENT_MAX_BYTES = 1 << 20
 
 
 class StreamLog:
@@ -279,15 +283,18 @@ class StreamLog:
                     request.payload.before_write(first)
             if not planned:
                 return self._written_seq
-            self._write_rows_locked(planned, first, now)
+            batch = self._write_rows_locked(planned, first, now)
             self._written_seq += 1
             sequence = self._written_seq
-            self._publish_view_locked()
+            self._publish_view_locked(
+                recent=batch if batch.get_total_buffer_size() <= RECENT_MAX_BYTES else None)
         if self._on_dirty is not None and not all(request.fsync for request in group):
             self._on_dirty(self)
         return sequence
 
-    def _write_rows_locked(self, planned: list[PlannedRows], first: int, now: int) -> None:
+    def _write_rows_locked(self, planned: list[PlannedRows], first: int,
+                           now: int) -> pa.RecordBatch:
+        """Build and write the stored batch of a group; returns it."""
         table = planned[0].table if len(planned) == 1 else pa.concat_tables(
             [rows.table for rows in planned]
         )
@@ -307,6 +314,7 @@ class StreamLog:
             raise
         self._last_timestamp = now
         self._remember_ids_locked(flagged, now)
+        return batch
 
     def _remember_ids_locked(self, flagged: list[pa.RecordBatch], now: int) -> None:
         """Enter the producer ids of just-written batches (offset, id columns) in the window."""
@@ -358,6 +366,25 @@ class StreamLog:
         except FileNotFoundError:  # retention deleted the segment under the read
             view = self._view
             raise OffsetOutOfRangeError(self.name, offset, view.start, view.end) from None
+
+    def recent_batch(self, offset: int) -> pa.RecordBatch | None:
+        """Rows [offset, end) as a stored batch, if the last write holds them all (else None).
+
+        For readers that follow the tail: the batch the last write built, kept
+        with the current view (LogView.recent), so the rows a wake-up announced
+        need no file read and no decoding. None when that write was too large
+        to keep, when offset is outside it, or after a change that was not a
+        write (truncation, prebuilt appends): the caller reads the file then.
+        """
+        self._check_readable()
+        view = self._view  # one read: the batch and the offsets belong together
+        batch = view.recent
+        if batch is None:
+            return None
+        first = view.end - batch.num_rows
+        if offset < max(first, view.start) or offset >= view.end:
+            return None
+        return batch if offset == first else batch.slice(offset - first)
 
     def locate(self, offset: int, *, max_messages: int = 10000,
                end_offset: int | None = None) -> tuple[list[FileSpan], int]:
@@ -545,13 +572,20 @@ class StreamLog:
                 self._state.notify_all()
         self._cache.forget_under(self._directory)
 
-    def _publish_view_locked(self, start: int | None = None) -> None:
+    def _publish_view_locked(self, start: int | None = None,
+                             recent: pa.RecordBatch | None = None) -> None:
+        """Make the current segments visible; ``recent``: the batch a write just stored.
+
+        A new ``start`` alone (deletions) keeps the previous view's recent batch
+        (its rows did not change); every other change replaces it.
+        """
         tail = self._segments.tail
         view = LogView(
             self._view.start if start is None else start,
             tail.next_offset if tail is not None else self._view.end,
             tuple(self._segments.segments),
             tail.size if tail is not None else 0,
+            self._view.recent if start is not None else recent,
         )
         with self._state:
             self._view = view

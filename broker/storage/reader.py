@@ -22,6 +22,7 @@ from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from npstream.broker.errors import CorruptRecordError, OffsetOutOfRangeError
 from npstream.broker.storage.batch_builder import decode_payload, reencode_rows
@@ -48,12 +49,21 @@ _max_timestamp = attrgetter("max_timestamp")
 
 @dataclass(frozen=True, slots=True)
 class LogView:
-    """What readers may see: offsets [start, end) stored in ``segments``."""
+    """What readers may see: offsets [start, end) stored in ``segments``.
+
+    ``recent`` is the stored batch of the write that made this view (rows
+    [end - recent.num_rows, end)), when it was small enough to keep: a reader
+    that follows the tail (a shared group woken by that write) takes the rows
+    from memory instead of reading back and decoding the frame just written.
+    It lives in the view so that one read of ``StreamLog._view`` gives rows
+    and offsets that belong together.
+    """
 
     start: int
     end: int
     segments: tuple[Segment, ...]
     tail_size: int  # bytes of the last segment covered by this view
+    recent: pa.RecordBatch | None = None
 
     def limit(self, number: int) -> int:
         """Readable bytes of segment ``number``."""
