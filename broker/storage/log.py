@@ -67,7 +67,15 @@ from npstream.broker.storage.retention import plan_retention
 from npstream.broker.storage.segment import FaultHook
 from npstream.broker.storage.segment_list import SegmentList, UndoFailedError
 from npstream.broker.storage.settings import AckMode, StorageSettings, StreamConfig
-from npstream.broker.storage.small_append import MessageRows, build_stored_batch, prepare_rows
+from npstream.broker.storage.small_append import (
+    LoneMessage,
+    MessageRows,
+    build_stored_batch,
+    lone_message,
+    lone_payload,
+    prepare_rows,
+    remember_lone_template,
+)
 from npstream.broker.storage.stream_files import (
     CleanShutdown,
     read_retention_config,
@@ -170,6 +178,9 @@ class StreamLog:
         small-append path); see docs/internals.md."""
         self._check_usable()
         pending = self._prepare(data)
+        if isinstance(pending, LoneMessage):
+            request = CommitRequest(pending, len(pending.value), fsync=ack is AckMode.FSYNC)
+            return self._queue.submit(request)  # type: ignore[return-value]
         if pending.table.num_rows == 0:
             return AppendResult(self.end_offset, 0, [], max(self._clock(), self._last_timestamp))
         request = CommitRequest(pending, pending.table.get_total_buffer_size(),
@@ -187,6 +198,10 @@ class StreamLog:
         """
         self._check_usable()
         pending = self._prepare(data)
+        if isinstance(pending, LoneMessage):
+            request = CommitRequest(pending, len(pending.value), fsync=False)
+            result = self._queue.submit(request)
+            return result, max(request.sequence, 0)  # type: ignore[return-value]
         if pending.table.num_rows == 0:
             result = AppendResult(self.end_offset, 0, [],
                                   max(self._clock(), self._last_timestamp))
@@ -195,10 +210,13 @@ class StreamLog:
         result = self._queue.submit(request)
         return result, max(request.sequence, 0)  # type: ignore[return-value]
 
-    def _prepare(self, data: pa.Table | MessageRows) -> PendingAppend:
+    def _prepare(self, data: pa.Table | MessageRows) -> PendingAppend | LoneMessage:
         """Checked, completed rows of an append, from a table or from Python values."""
         config = self._config
         if isinstance(data, MessageRows):
+            lone = lone_message(data, self.name, config.max_message_bytes)
+            if lone is not None:
+                return lone
             return prepare_rows(data, self.name, config.max_message_bytes,
                                 find_repeats=config.dedup_window_ms > 0)
         return prepare_append(data, self.name, config.max_message_bytes,
@@ -259,19 +277,33 @@ class StreamLog:
         self._sync_through(sequence)
         return AppendResult(first, count, [], now)
 
-    def _write_group(self, group: list[CommitRequest[PendingAppend]]) -> int:
+    def _write_group(self, group: list[CommitRequest[PendingAppend | LoneMessage]]) -> int:
         """Leader: plan, frame and write one group; returns its write sequence number."""
         with self._append_lock:
-            self._check_usable()
-            now = max(self._clock(), self._last_timestamp)
-            window = self._dedup
-            if window is not None:
-                window.expire(now)
-            first = self._view.end
+            sequence = self._write_group_locked(group)
+        if sequence and self._on_dirty is not None and not all(r.fsync for r in group):
+            self._on_dirty(self)
+        return sequence or self._written_seq
+
+    def _write_group_locked(self, group: list[CommitRequest[PendingAppend | LoneMessage]]
+                            ) -> int:
+        """The group's write sequence number; 0 when nothing was written (all duplicates)."""
+        self._check_usable()
+        now = max(self._clock(), self._last_timestamp)
+        window = self._dedup
+        if window is not None:
+            window.expire(now)
+        first = self._view.end
+        if len(group) == 1 and isinstance(group[0].payload, LoneMessage):
+            group[0].result = AppendResult(first, 1, [], now)
+            batch = self._write_lone_locked(group[0].payload.value, first, now)
+        else:
             next_offset = first
             pending_ids: dict[str, int] | None = {} if len(group) > 1 else None
             planned: list[PlannedRows] = []
             for request in group:
+                if isinstance(request.payload, LoneMessage):  # written with others: as rows
+                    request.payload = request.payload.pending()
                 rows = plan_append(request.payload, next_offset, window, pending_ids)
                 request.result = AppendResult(next_offset, rows.table.num_rows,
                                               rows.duplicates, now)
@@ -282,15 +314,33 @@ class StreamLog:
                 if request.payload.before_write is not None:
                     request.payload.before_write(first)
             if not planned:
-                return self._written_seq
+                return 0
             batch = self._write_rows_locked(planned, first, now)
-            self._written_seq += 1
-            sequence = self._written_seq
-            self._publish_view_locked(
-                recent=batch if batch.get_total_buffer_size() <= RECENT_MAX_BYTES else None)
-        if self._on_dirty is not None and not all(request.fsync for request in group):
-            self._on_dirty(self)
-        return sequence
+        self._written_seq += 1
+        self._publish_view_locked(
+            recent=batch if batch.get_total_buffer_size() <= RECENT_MAX_BYTES else None)
+        return self._written_seq
+
+    def _write_lone_locked(self, value: bytes, first: int, now: int) -> pa.RecordBatch:
+        """Write a lone message from its template (small_append.lone_payload); returns its batch.
+
+        Without a template for its value length yet, the payload is built the
+        usual way and becomes the template for the next ones.
+        """
+        payload = lone_payload(value, first, now, self._id_prefix)
+        if payload is None:
+            built = build_stored_batch(LoneMessage(value).pending().table, first, now,
+                                       self._id_prefix).serialize()
+            remember_lone_template(built)
+            payload = built
+        self._segments.ensure_active(first, self._config)
+        try:
+            self._segments.write_payload(payload, first, 1, now)
+        except UndoFailedError as exc:
+            self._fail(exc)
+            raise
+        self._last_timestamp = now
+        return decode_payload(payload)
 
     def _write_rows_locked(self, planned: list[PlannedRows], first: int,
                            now: int) -> pa.RecordBatch:
