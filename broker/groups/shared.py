@@ -140,8 +140,9 @@ class SharedGroup:
         self._wake = threading.Condition()
         self._wake_seq = 0
         self._table = LeaseTable(committed, config)
-        # Read from the log, not handed out yet: offsets [next_fresh, _buffer_next).
-        self._buffer: deque[pa.RecordBatch] = deque()
+        # Read from the log, not handed out yet: offsets [next_fresh, _buffer_next), as
+        # stored batches, or rows the log already had as Python values (a lone message).
+        self._buffer: deque[pa.RecordBatch | list[DeliveryRow]] = deque()
         self._buffered = 0  # rows in _buffer
         self._buffer_next = committed
         self._dead_lettered = dead_lettered
@@ -220,11 +221,11 @@ class SharedGroup:
         # Refill until the request is covered, so one Subscribe batch (or Receive) takes
         # everything ready that fits, not just what was left of the last read.
         while self._buffered < limit and self._buffer_next < stream_log.end_offset:
-            recent = stream_log.recent_batch(self._buffer_next)
+            recent = stream_log.recent_rows(self._buffer_next)
             if recent is not None:  # what the last write stored: no file read, no decoding
                 self._buffer.append(recent)
-                self._buffered += recent.num_rows
-                self._buffer_next += recent.num_rows
+                self._buffered += len(recent)
+                self._buffer_next += len(recent)
                 continue
             try:
                 result = stream_log.read(self._buffer_next, max_messages=FRESH_READ_CHUNK,
@@ -241,13 +242,13 @@ class SharedGroup:
             self._buffer_next = result.next_offset
         taken: list[DeliveryRow] = []
         while len(taken) < limit and self._buffer:
-            batch = self._buffer.popleft()
+            part = self._buffer.popleft()
             wanted = limit - len(taken)
-            if batch.num_rows > wanted:
-                self._buffer.appendleft(batch.slice(wanted))
-                batch = batch.slice(0, wanted)
-            taken += rows_from_batch(batch)
-            self._buffered -= batch.num_rows
+            if len(part) > wanted:
+                self._buffer.appendleft(part[wanted:])
+                part = part[:wanted]
+            taken += part if isinstance(part, list) else rows_from_batch(part)
+            self._buffered -= len(part)
         return taken
 
     # ------------------------------------------------------------ delivering

@@ -62,7 +62,7 @@ from npstream.broker.storage.reader import (
     read_range,
     timestamp_at,
 )
-from npstream.broker.storage.results import AppendResult, LogStats, ReadResult
+from npstream.broker.storage.results import AppendResult, LogStats, ReadResult, StoredRow
 from npstream.broker.storage.retention import plan_retention
 from npstream.broker.storage.segment import FaultHook
 from npstream.broker.storage.segment_list import SegmentList, UndoFailedError
@@ -133,7 +133,8 @@ class StreamLog:
         self._queue: CommitQueue[PendingAppend] = CommitQueue(
             settings.max_batch_bytes, self._write_group, self._sync_through
         )
-        self._id_prefix = secrets.token_hex(8).encode()
+        self._id_prefix_text = secrets.token_hex(8)
+        self._id_prefix = self._id_prefix_text.encode()
         self._closed: BrokerError | None = None
         self._failure: OSError | None = None
         self._first_timestamp: tuple[int, int] = (-1, 0)  # (start offset, its timestamp)
@@ -294,9 +295,10 @@ class StreamLog:
         if window is not None:
             window.expire(now)
         first = self._view.end
+        recent: pa.RecordBatch | StoredRow | None
         if len(group) == 1 and isinstance(group[0].payload, LoneMessage):
             group[0].result = AppendResult(first, 1, [], now)
-            batch = self._write_lone_locked(group[0].payload.value, first, now)
+            recent = self._write_lone_locked(group[0].payload.value, first, now)
         else:
             next_offset = first
             pending_ids: dict[str, int] | None = {} if len(group) > 1 else None
@@ -316,16 +318,18 @@ class StreamLog:
             if not planned:
                 return 0
             batch = self._write_rows_locked(planned, first, now)
+            recent = batch if batch.get_total_buffer_size() <= RECENT_MAX_BYTES else None
         self._written_seq += 1
-        self._publish_view_locked(
-            recent=batch if batch.get_total_buffer_size() <= RECENT_MAX_BYTES else None)
+        self._publish_view_locked(recent=recent)
         return self._written_seq
 
-    def _write_lone_locked(self, value: bytes, first: int, now: int) -> pa.RecordBatch:
-        """Write a lone message from its template (small_append.lone_payload); returns its batch.
+    def _write_lone_locked(self, value: bytes, first: int, now: int) -> StoredRow:
+        """Write a lone message from its template (small_append.lone_payload); returns its row.
 
         Without a template for its value length yet, the payload is built the
-        usual way and becomes the template for the next ones.
+        usual way and becomes the template for the next ones. The row, as
+        Python values, is what a shared group following the tail hands out
+        (LogView.recent): no decoding on either side.
         """
         payload = lone_payload(value, first, now, self._id_prefix)
         if payload is None:
@@ -340,7 +344,7 @@ class StreamLog:
             self._fail(exc)
             raise
         self._last_timestamp = now
-        return decode_payload(payload)
+        return StoredRow(first, f"{self._id_prefix_text}{first:016x}", None, value, {}, now)
 
     def _write_rows_locked(self, planned: list[PlannedRows], first: int,
                            now: int) -> pa.RecordBatch:
@@ -417,24 +421,28 @@ class StreamLog:
             view = self._view
             raise OffsetOutOfRangeError(self.name, offset, view.start, view.end) from None
 
-    def recent_batch(self, offset: int) -> pa.RecordBatch | None:
-        """Rows [offset, end) as a stored batch, if the last write holds them all (else None).
+    def recent_rows(self, offset: int) -> pa.RecordBatch | list[StoredRow] | None:
+        """Rows [offset, end) if the last write holds them all, else None.
 
-        For readers that follow the tail: the batch the last write built, kept
-        with the current view (LogView.recent), so the rows a wake-up announced
-        need no file read and no decoding. None when that write was too large
-        to keep, when offset is outside it, or after a change that was not a
-        write (truncation, prebuilt appends): the caller reads the file then.
+        For readers that follow the tail: what the last write built, kept with
+        the current view (LogView.recent), so the rows a wake-up announced need
+        no file read and no decoding: its stored batch (sliced from offset), or
+        for a lone message a list with its one row as Python values. None when
+        that write was too large to keep, when offset is outside it, or after a
+        change that was not a write (truncation, prebuilt appends): the caller
+        reads the file then.
         """
         self._check_readable()
-        view = self._view  # one read: the batch and the offsets belong together
-        batch = view.recent
-        if batch is None:
+        view = self._view  # one read: the rows and the offsets belong together
+        recent = view.recent
+        if recent is None:
             return None
-        first = view.end - batch.num_rows
+        if isinstance(recent, StoredRow):
+            return [recent] if offset == recent.offset == view.end - 1 >= view.start else None
+        first = view.end - recent.num_rows
         if offset < max(first, view.start) or offset >= view.end:
             return None
-        return batch if offset == first else batch.slice(offset - first)
+        return recent if offset == first else recent.slice(offset - first)
 
     def locate(self, offset: int, *, max_messages: int = 10000,
                end_offset: int | None = None) -> tuple[list[FileSpan], int]:
@@ -623,11 +631,11 @@ class StreamLog:
         self._cache.forget_under(self._directory)
 
     def _publish_view_locked(self, start: int | None = None,
-                             recent: pa.RecordBatch | None = None) -> None:
-        """Make the current segments visible; ``recent``: the batch a write just stored.
+                             recent: pa.RecordBatch | StoredRow | None = None) -> None:
+        """Make the current segments visible; ``recent``: the rows a write just stored.
 
-        A new ``start`` alone (deletions) keeps the previous view's recent batch
-        (its rows did not change); every other change replaces it.
+        A new ``start`` alone (deletions) keeps the previous view's recent rows
+        (they did not change); every other change replaces them.
         """
         tail = self._segments.tail
         view = LogView(
