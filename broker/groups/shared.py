@@ -8,7 +8,9 @@ stream's log, waiting, persistence and dead letters:
   record batches, and turned into Python rows only as they are handed out, in
   offset order: a stored batch of 10,000 rows is read once, not once per
   Receive. Redeliveries that are due go first, so no member idles while work
-  waits.
+  waits. Rows the log's last write stored come from memory instead
+  (StreamLog.recent_rows): a member following the tail gets a new message
+  without it being read back from the file or decoded.
 * Everything in flight lives in memory. Only the committed offset (lowest not
   acked) and the dead-lettered count are persisted, through the batching
   PositionWriter. After a restart, unacked messages are delivered again.
@@ -18,8 +20,9 @@ stream's log, waiting, persistence and dead letters:
   retention and delete_before leave no lease, pending entry or blocked
   committed offset behind.
 
-Waiting members sleep until the group's wake-up counter moves; acks, nacks and
-resets move it, and so do appends to the log: the group registers an append
+Waiting members sleep until the group's wake-up counter moves; nacks, resets,
+and acks that give the group budget for new messages again move it, and so do
+appends to the log: the group registers an append
 listener on the log the first time a member waits, so the thread that wrote a
 message wakes the waiting member itself (no watcher thread in between: one
 thread hand-off less on every delivery's path). The counter has its own lock,
