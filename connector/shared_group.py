@@ -508,7 +508,10 @@ class _Dispatcher:
             if feed is not None:
                 lease = self._read(feed)
             if lease is not None:
-                self._run(lease)
+                try:
+                    self._run(lease)
+                except Exception:  # a bug past _handle's guard: keep the thread (a reader)
+                    log.exception("subscription thread failed on offset %d", lease.offset)
 
     def _read(self, feed: _Feed) -> Lease | None:
         """Read one batch; queue its leases and return the oldest queued one, to run here."""
