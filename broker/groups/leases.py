@@ -25,22 +25,16 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from npstream.broker.groups.shared_config import SharedConfig
+from npstream.broker.storage.results import StoredRow
 
 __all__ = ["DeliveryRow", "LeaseTable", "MemberState", "Pending"]
 
 
-class DeliveryRow(NamedTuple):
-    """One message as handed to a member (the columns of MESSAGE_SCHEMA)."""
-
-    offset: int
-    id: str
-    key: bytes | None
-    value: bytes
-    headers: dict[str, bytes]
-    timestamp_ms: int
+# One message as handed to a member: the storage's row type, so rows the log hands
+# over as Python values (StreamLog.recent_rows) need no conversion.
+DeliveryRow = StoredRow
 
 
 @dataclass(slots=True)

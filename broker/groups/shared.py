@@ -8,7 +8,9 @@ stream's log, waiting, persistence and dead letters:
   record batches, and turned into Python rows only as they are handed out, in
   offset order: a stored batch of 10,000 rows is read once, not once per
   Receive. Redeliveries that are due go first, so no member idles while work
-  waits.
+  waits. Rows the log's last write stored come from memory instead
+  (StreamLog.recent_rows): a member following the tail gets a new message
+  without it being read back from the file or decoded.
 * Everything in flight lives in memory. Only the committed offset (lowest not
   acked) and the dead-lettered count are persisted, through the batching
   PositionWriter. After a restart, unacked messages are delivered again.
@@ -18,8 +20,9 @@ stream's log, waiting, persistence and dead letters:
   retention and delete_before leave no lease, pending entry or blocked
   committed offset behind.
 
-Waiting members sleep until the group's wake-up counter moves; acks, nacks and
-resets move it, and so do appends to the log: the group registers an append
+Waiting members sleep until the group's wake-up counter moves; nacks, resets,
+and acks that give the group budget for new messages again move it, and so do
+appends to the log: the group registers an append
 listener on the log the first time a member waits, so the thread that wrote a
 message wakes the waiting member itself (no watcher thread in between: one
 thread hand-off less on every delivery's path). The counter has its own lock,
@@ -140,8 +143,9 @@ class SharedGroup:
         self._wake = threading.Condition()
         self._wake_seq = 0
         self._table = LeaseTable(committed, config)
-        # Read from the log, not handed out yet: offsets [next_fresh, _buffer_next).
-        self._buffer: deque[pa.RecordBatch] = deque()
+        # Read from the log, not handed out yet: offsets [next_fresh, _buffer_next), as
+        # stored batches, or rows the log already had as Python values (a lone message).
+        self._buffer: deque[pa.RecordBatch | list[DeliveryRow]] = deque()
         self._buffered = 0  # rows in _buffer
         self._buffer_next = committed
         self._dead_lettered = dead_lettered
@@ -220,6 +224,12 @@ class SharedGroup:
         # Refill until the request is covered, so one Subscribe batch (or Receive) takes
         # everything ready that fits, not just what was left of the last read.
         while self._buffered < limit and self._buffer_next < stream_log.end_offset:
+            recent = stream_log.recent_rows(self._buffer_next)
+            if recent is not None:  # what the last write stored: no file read, no decoding
+                self._buffer.append(recent)
+                self._buffered += len(recent)
+                self._buffer_next += len(recent)
+                continue
             try:
                 result = stream_log.read(self._buffer_next, max_messages=FRESH_READ_CHUNK,
                                          max_bytes=FRESH_READ_BYTES)
@@ -235,13 +245,13 @@ class SharedGroup:
             self._buffer_next = result.next_offset
         taken: list[DeliveryRow] = []
         while len(taken) < limit and self._buffer:
-            batch = self._buffer.popleft()
+            part = self._buffer.popleft()
             wanted = limit - len(taken)
-            if batch.num_rows > wanted:
-                self._buffer.appendleft(batch.slice(wanted))
-                batch = batch.slice(0, wanted)
-            taken += rows_from_batch(batch)
-            self._buffered -= batch.num_rows
+            if len(part) > wanted:
+                self._buffer.appendleft(part[wanted:])
+                part = part[:wanted]
+            taken += part if isinstance(part, list) else rows_from_batch(part)
+            self._buffered -= len(part)
         return taken
 
     # ------------------------------------------------------------ delivering
@@ -321,13 +331,19 @@ class SharedGroup:
         """(acked count, committed offset, writer ticket for durability)."""
         with self._cond:
             self._check_open_locked()
+            blocked = self._fresh_budget_locked() <= 0
             count = self._table.ack(offsets, member, self._clock())
             if count:
                 # Pop the acked leases' expiry entries now, while the heap is small,
                 # instead of a second's worth in one upkeep pass (a stall under the lock).
                 self._table.next_due_ms()
                 self._metrics.acks.inc(count)
-                self._changed_locked()  # the fresh budget may have grown
+                if blocked:
+                    # The fresh budget grew from nothing: waiters may deliver again. An
+                    # ack wakes nobody otherwise (a waiter with budget waits for data,
+                    # and an ack makes no redelivery due sooner): a wake-up per ack
+                    # would cost the Subscribe senders a spurious look under the lock.
+                    self._changed_locked()
             return count, self._table.committed, self._persist_locked()
 
     def nack(self, offsets: list[int], member: str | None, delay_ms: int) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 __all__ = ["CommitQueue", "CommitRequest"]
@@ -40,7 +40,9 @@ class CommitRequest(Generic[T]):
     sequence: int = 0  # write sequence number of the group that wrote it (for a later sync)
     error: BaseException | None = None
     done: bool = False
-    wake: threading.Event = field(default_factory=threading.Event)
+    # Set when the request must wait (a leader is active), under the queue lock: an
+    # uncontended append, its own leader, never builds one (~2 us each).
+    wake: threading.Event | None = None
 
     def outcome(self) -> object:
         if self.error is not None:
@@ -75,7 +77,9 @@ class CommitQueue(Generic[T]):
             self._queue.append(request)
             leader = not self._leader_active
             self._leader_active = True
-        if not leader:
+            if not leader:
+                request.wake = threading.Event()
+        if request.wake is not None:
             request.wake.wait()
             if request.done:
                 return request.outcome()
@@ -112,7 +116,7 @@ class CommitQueue(Generic[T]):
             for _ in group:
                 self._queue.popleft()
             if self._queue:
-                self._queue[0].wake.set()  # promote the next request to leader
+                self._queue[0].wake.set()  # type: ignore[union-attr]  # a follower: promote it
             else:
                 self._leader_active = False
         for member in group:
@@ -122,5 +126,6 @@ class CommitQueue(Generic[T]):
             elif write_error is None:
                 member.sequence = sequence
             member.done = True
-            member.wake.set()
+            if member.wake is not None:  # None: the leader itself
+                member.wake.set()
         return request.outcome()

@@ -62,12 +62,20 @@ from npstream.broker.storage.reader import (
     read_range,
     timestamp_at,
 )
-from npstream.broker.storage.results import AppendResult, LogStats, ReadResult
+from npstream.broker.storage.results import AppendResult, LogStats, ReadResult, StoredRow
 from npstream.broker.storage.retention import plan_retention
 from npstream.broker.storage.segment import FaultHook
 from npstream.broker.storage.segment_list import SegmentList, UndoFailedError
 from npstream.broker.storage.settings import AckMode, StorageSettings, StreamConfig
-from npstream.broker.storage.small_append import MessageRows, build_stored_batch, prepare_rows
+from npstream.broker.storage.small_append import (
+    LoneMessage,
+    MessageRows,
+    build_stored_batch,
+    lone_message,
+    lone_payload,
+    prepare_rows,
+    remember_lone_template,
+)
 from npstream.broker.storage.stream_files import (
     CleanShutdown,
     read_retention_config,
@@ -82,6 +90,10 @@ __all__ = ["StreamLog"]
 log = logging.getLogger(__name__)
 
 _READ_TABLE_BYTES = 8 << 20  # per read() of read_table: bounds the buffer, no slower
+# A written batch up to this size stays in memory with the view it made (LogView.recent)
+# until the next write: tail readers take it from there instead of reading the file
+# back. Bounded so that an idle stream holds at most this much.
+RECENT_MAX_BYTES = 1 << 20
 
 
 class StreamLog:
@@ -121,7 +133,8 @@ class StreamLog:
         self._queue: CommitQueue[PendingAppend] = CommitQueue(
             settings.max_batch_bytes, self._write_group, self._sync_through
         )
-        self._id_prefix = secrets.token_hex(8).encode()
+        self._id_prefix_text = secrets.token_hex(8)
+        self._id_prefix = self._id_prefix_text.encode()
         self._closed: BrokerError | None = None
         self._failure: OSError | None = None
         self._first_timestamp: tuple[int, int] = (-1, 0)  # (start offset, its timestamp)
@@ -166,6 +179,9 @@ class StreamLog:
         small-append path); see docs/internals.md."""
         self._check_usable()
         pending = self._prepare(data)
+        if isinstance(pending, LoneMessage):
+            request = CommitRequest(pending, len(pending.value), fsync=ack is AckMode.FSYNC)
+            return self._queue.submit(request)  # type: ignore[return-value]
         if pending.table.num_rows == 0:
             return AppendResult(self.end_offset, 0, [], max(self._clock(), self._last_timestamp))
         request = CommitRequest(pending, pending.table.get_total_buffer_size(),
@@ -183,6 +199,10 @@ class StreamLog:
         """
         self._check_usable()
         pending = self._prepare(data)
+        if isinstance(pending, LoneMessage):
+            request = CommitRequest(pending, len(pending.value), fsync=False)
+            result = self._queue.submit(request)
+            return result, max(request.sequence, 0)  # type: ignore[return-value]
         if pending.table.num_rows == 0:
             result = AppendResult(self.end_offset, 0, [],
                                   max(self._clock(), self._last_timestamp))
@@ -191,10 +211,13 @@ class StreamLog:
         result = self._queue.submit(request)
         return result, max(request.sequence, 0)  # type: ignore[return-value]
 
-    def _prepare(self, data: pa.Table | MessageRows) -> PendingAppend:
+    def _prepare(self, data: pa.Table | MessageRows) -> PendingAppend | LoneMessage:
         """Checked, completed rows of an append, from a table or from Python values."""
         config = self._config
         if isinstance(data, MessageRows):
+            lone = lone_message(data, self.name, config.max_message_bytes)
+            if lone is not None:
+                return lone
             return prepare_rows(data, self.name, config.max_message_bytes,
                                 find_repeats=config.dedup_window_ms > 0)
         return prepare_append(data, self.name, config.max_message_bytes,
@@ -255,19 +278,34 @@ class StreamLog:
         self._sync_through(sequence)
         return AppendResult(first, count, [], now)
 
-    def _write_group(self, group: list[CommitRequest[PendingAppend]]) -> int:
+    def _write_group(self, group: list[CommitRequest[PendingAppend | LoneMessage]]) -> int:
         """Leader: plan, frame and write one group; returns its write sequence number."""
         with self._append_lock:
-            self._check_usable()
-            now = max(self._clock(), self._last_timestamp)
-            window = self._dedup
-            if window is not None:
-                window.expire(now)
-            first = self._view.end
+            sequence = self._write_group_locked(group)
+        if sequence and self._on_dirty is not None and not all(r.fsync for r in group):
+            self._on_dirty(self)
+        return sequence or self._written_seq
+
+    def _write_group_locked(self, group: list[CommitRequest[PendingAppend | LoneMessage]]
+                            ) -> int:
+        """The group's write sequence number; 0 when nothing was written (all duplicates)."""
+        self._check_usable()
+        now = max(self._clock(), self._last_timestamp)
+        window = self._dedup
+        if window is not None:
+            window.expire(now)
+        first = self._view.end
+        recent: pa.RecordBatch | StoredRow | None
+        if len(group) == 1 and isinstance(group[0].payload, LoneMessage):
+            group[0].result = AppendResult(first, 1, [], now)
+            recent = self._write_lone_locked(group[0].payload.value, first, now)
+        else:
             next_offset = first
             pending_ids: dict[str, int] | None = {} if len(group) > 1 else None
             planned: list[PlannedRows] = []
             for request in group:
+                if isinstance(request.payload, LoneMessage):  # written with others: as rows
+                    request.payload = request.payload.pending()
                 rows = plan_append(request.payload, next_offset, window, pending_ids)
                 request.result = AppendResult(next_offset, rows.table.num_rows,
                                               rows.duplicates, now)
@@ -278,16 +316,39 @@ class StreamLog:
                 if request.payload.before_write is not None:
                     request.payload.before_write(first)
             if not planned:
-                return self._written_seq
-            self._write_rows_locked(planned, first, now)
-            self._written_seq += 1
-            sequence = self._written_seq
-            self._publish_view_locked()
-        if self._on_dirty is not None and not all(request.fsync for request in group):
-            self._on_dirty(self)
-        return sequence
+                return 0
+            batch = self._write_rows_locked(planned, first, now)
+            recent = batch if batch.get_total_buffer_size() <= RECENT_MAX_BYTES else None
+        self._written_seq += 1
+        self._publish_view_locked(recent=recent)
+        return self._written_seq
 
-    def _write_rows_locked(self, planned: list[PlannedRows], first: int, now: int) -> None:
+    def _write_lone_locked(self, value: bytes, first: int, now: int) -> StoredRow:
+        """Write a lone message from its template (small_append.lone_payload); returns its row.
+
+        Without a template for its value length yet, the payload is built the
+        usual way and becomes the template for the next ones. The row, as
+        Python values, is what a shared group following the tail hands out
+        (LogView.recent): no decoding on either side.
+        """
+        payload = lone_payload(value, first, now, self._id_prefix)
+        if payload is None:
+            built = build_stored_batch(LoneMessage(value).pending().table, first, now,
+                                       self._id_prefix).serialize()
+            remember_lone_template(built)
+            payload = built
+        self._segments.ensure_active(first, self._config)
+        try:
+            self._segments.write_payload(payload, first, 1, now)
+        except UndoFailedError as exc:
+            self._fail(exc)
+            raise
+        self._last_timestamp = now
+        return StoredRow(first, f"{self._id_prefix_text}{first:016x}", None, value, {}, now)
+
+    def _write_rows_locked(self, planned: list[PlannedRows], first: int,
+                           now: int) -> pa.RecordBatch:
+        """Build and write the stored batch of a group; returns it."""
         table = planned[0].table if len(planned) == 1 else pa.concat_tables(
             [rows.table for rows in planned]
         )
@@ -307,6 +368,7 @@ class StreamLog:
             raise
         self._last_timestamp = now
         self._remember_ids_locked(flagged, now)
+        return batch
 
     def _remember_ids_locked(self, flagged: list[pa.RecordBatch], now: int) -> None:
         """Enter the producer ids of just-written batches (offset, id columns) in the window."""
@@ -358,6 +420,29 @@ class StreamLog:
         except FileNotFoundError:  # retention deleted the segment under the read
             view = self._view
             raise OffsetOutOfRangeError(self.name, offset, view.start, view.end) from None
+
+    def recent_rows(self, offset: int) -> pa.RecordBatch | list[StoredRow] | None:
+        """Rows [offset, end) if the last write holds them all, else None.
+
+        For readers that follow the tail: what the last write built, kept with
+        the current view (LogView.recent), so the rows a wake-up announced need
+        no file read and no decoding: its stored batch (sliced from offset), or
+        for a lone message a list with its one row as Python values. None when
+        that write was too large to keep, when offset is outside it, or after a
+        change that was not a write (truncation, prebuilt appends): the caller
+        reads the file then.
+        """
+        self._check_readable()
+        view = self._view  # one read: the rows and the offsets belong together
+        recent = view.recent
+        if recent is None:
+            return None
+        if isinstance(recent, StoredRow):
+            return [recent] if offset == recent.offset == view.end - 1 >= view.start else None
+        first = view.end - recent.num_rows
+        if offset < max(first, view.start) or offset >= view.end:
+            return None
+        return recent if offset == first else recent.slice(offset - first)
 
     def locate(self, offset: int, *, max_messages: int = 10000,
                end_offset: int | None = None) -> tuple[list[FileSpan], int]:
@@ -545,13 +630,20 @@ class StreamLog:
                 self._state.notify_all()
         self._cache.forget_under(self._directory)
 
-    def _publish_view_locked(self, start: int | None = None) -> None:
+    def _publish_view_locked(self, start: int | None = None,
+                             recent: pa.RecordBatch | StoredRow | None = None) -> None:
+        """Make the current segments visible; ``recent``: the rows a write just stored.
+
+        A new ``start`` alone (deletions) keeps the previous view's recent rows
+        (they did not change); every other change replaces them.
+        """
         tail = self._segments.tail
         view = LogView(
             self._view.start if start is None else start,
             tail.next_offset if tail is not None else self._view.end,
             tuple(self._segments.segments),
             tail.size if tail is not None else 0,
+            self._view.recent if start is not None else recent,
         )
         with self._state:
             self._view = view

@@ -22,13 +22,14 @@ from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from npstream.broker.errors import CorruptRecordError, OffsetOutOfRangeError
 from npstream.broker.storage.batch_builder import decode_payload, reencode_rows
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.frame_reader import BadFrame
 from npstream.broker.storage.record_batch import HEADER_SIZE, FrameHeader
-from npstream.broker.storage.results import ReadResult
+from npstream.broker.storage.results import ReadResult, StoredRow
 from npstream.broker.storage.segment import Segment
 from npstream.broker.storage.settings import MIN_READ_BYTES
 
@@ -48,12 +49,22 @@ _max_timestamp = attrgetter("max_timestamp")
 
 @dataclass(frozen=True, slots=True)
 class LogView:
-    """What readers may see: offsets [start, end) stored in ``segments``."""
+    """What readers may see: offsets [start, end) stored in ``segments``.
+
+    ``recent`` holds the rows of the write that made this view (rows [end -
+    count, end)), when they were few enough to keep: its stored batch, or for
+    a lone message (small_append.py) the one row as Python values. A reader
+    that follows the tail (a shared group woken by that write) takes them from
+    memory instead of reading back and decoding the frame just written. They
+    live in the view so that one read of ``StreamLog._view`` gives rows and
+    offsets that belong together.
+    """
 
     start: int
     end: int
     segments: tuple[Segment, ...]
     tail_size: int  # bytes of the last segment covered by this view
+    recent: pa.RecordBatch | StoredRow | None = None
 
     def limit(self, number: int) -> int:
         """Readable bytes of segment ``number``."""

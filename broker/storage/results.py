@@ -3,8 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
-__all__ = ["AppendResult", "LogStats", "ReadResult"]
+__all__ = ["AppendResult", "LogStats", "ReadResult", "StoredRow"]
+
+
+class StoredRow(NamedTuple):
+    """One stored message as Python values (the columns of MESSAGE_SCHEMA); read-only.
+
+    ``headers`` is ``{}`` when the message has none. Shared groups hand these
+    out as they are (groups.leases.DeliveryRow is this type).
+    """
+
+    offset: int
+    id: str
+    key: bytes | None
+    value: bytes
+    headers: dict[str, bytes]
+    timestamp_ms: int
 
 
 @dataclass(frozen=True)

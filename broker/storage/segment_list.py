@@ -102,6 +102,16 @@ class SegmentList:
         self._write_frames(frames, timestamp)
         return flagged
 
+    def write_payload(self, payload: pa.Buffer | bytes, first: int, count: int,
+                      timestamp: int) -> None:
+        """Write one frame whose payload is already serialized (a lone message); all or nothing.
+
+        Its rows carry no producer ids (no flags), so nothing enters the dedup window.
+        """
+        header_bytes, header = encode_frame(payload, base_offset=first, count=count,
+                                            min_timestamp=timestamp, max_timestamp=timestamp)
+        self._write_frames([(payload, header_bytes, header)], timestamp)
+
     def write_prebuilt(
         self, frames: list[PrebuiltFrame], first: int, timestamp: int
     ) -> list[pa.RecordBatch]:
@@ -130,7 +140,7 @@ class SegmentList:
         self._write_frames(ready, timestamp)
         return flagged
 
-    def _write_frames(self, frames: list[tuple[pa.Buffer, bytes, FrameHeader]],
+    def _write_frames(self, frames: list[tuple[pa.Buffer | bytes, bytes, FrameHeader]],
                       timestamp: int) -> None:
         """Write encoded frames at the end of the log, rolling when due; all or nothing.
 

@@ -182,3 +182,43 @@ def test_append_listener_runs_once_data_is_visible_until_removed(make_storage, c
     log.append(table_of(1))
     assert seen == [2, 5, 5]
     assert log.end_offset == 6
+
+
+def test_lone_messages_alone_and_grouped_with_others_store_every_row(make_storage, config,
+                                                                     table_of, clock):
+    """Client.publish's one-value appends: written from a template when alone in a commit
+    group, as rows when grouped with other appends; the stored rows are the same."""
+    from npstream.broker.storage.small_append import MessageRows
+
+    log = make_storage().open_log("lone", config)
+    expected: dict[int, bytes] = {}
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def publish(thread: int) -> None:
+        try:
+            for round_ in range(30):
+                value = f"t{thread}-r{round_}".encode() * (round_ % 3 + 1)
+                if round_ % 5 == 4:  # a table append in between
+                    result = log.append(table_of([value]), AckMode.WRITE)
+                else:
+                    result = log.append(MessageRows([value], [""], [None], [None]),
+                                        AckMode.FSYNC if round_ % 2 else AckMode.WRITE)
+                assert result.stored_count == 1
+                with lock:
+                    expected[result.first_offset] = value
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    run_threads(8, publish)
+    assert errors == []
+    assert sorted(expected) == list(range(240))
+    table = log.read_table(0, 240)
+    assert table.column("offset").to_pylist() == list(range(240))
+    assert table.column("value").to_pylist() == [expected[o] for o in range(240)]
+    ids = table.column("id").to_pylist()
+    assert [int(i[16:], 16) for i in ids] == list(range(240))  # generated: prefix + offset
+    assert len({i[:16] for i in ids}) == 1
+    assert set(table.column("key").to_pylist()) == {None}
+    assert set(table.column("headers").to_pylist()) == {None}
+    assert {t.timestamp() * 1000 for t in table.column("timestamp").to_pylist()} == {clock.now}

@@ -9,10 +9,15 @@ from npstream.broker.errors import MessageTooLargeError
 from npstream.broker.storage.append_plan import prepare_append
 from npstream.broker.storage.batch_builder import build_message_batch
 from npstream.broker.storage.small_append import (
+    LONE_TEMPLATE_MAX_BYTES,
     SMALL_BATCH_MAX_ROWS,
+    LoneMessage,
     MessageRows,
     build_stored_batch,
+    lone_message,
+    lone_payload,
     prepare_rows,
+    remember_lone_template,
 )
 from npstream.schema import HEADERS_TYPE
 
@@ -78,3 +83,36 @@ def test_too_large_message_names_its_index_and_size():
         prepare_rows(rows, "s", 5, find_repeats=False)
     assert "message 1 for stream 's' is 8 bytes" in str(caught.value)
     prepare_rows(rows, "s", 8, find_repeats=False)  # exactly the limit is accepted
+
+
+@pytest.mark.parametrize("length", [0, 1, 7, 8, 9, 63, 64, 100, 1000, 4096])
+def test_lone_payload_is_byte_identical_to_the_built_batch(length):
+    def built(value: bytes, offset: int, timestamp: int) -> bytes:
+        table = prepare_rows(MessageRows([value], [""], [None], [None]), "s", 0,
+                             find_repeats=False).table
+        return build_stored_batch(table, offset, timestamp, PREFIX).serialize()
+
+    # The template comes from another message of the same length at another place.
+    remember_lone_template(built(b"\xff" * length, 3, 1_600_000_000_000))
+    value = bytes(range(256)) * (length // 256) + bytes(range(length % 256))
+    for offset, timestamp in ((0, 1), (4096, 1_700_000_000_123), (2**40 + 17, 2**45)):
+        assert lone_payload(value, offset, timestamp, PREFIX) == built(value, offset, timestamp)
+
+
+def test_lone_payload_needs_a_template_of_its_length():
+    assert lone_payload(b"x" * (LONE_TEMPLATE_MAX_BYTES + 1), 0, 0, PREFIX) is None
+    table = prepare_rows(MessageRows([b"y" * (LONE_TEMPLATE_MAX_BYTES + 1)], [""], [None],
+                                     [None]), "s", 0, find_repeats=False).table
+    remember_lone_template(build_stored_batch(table, 0, 0, PREFIX).serialize())
+    assert lone_payload(b"x" * (LONE_TEMPLATE_MAX_BYTES + 1), 0, 0, PREFIX) is None  # too big
+
+
+def test_lone_message_is_only_a_bare_single_value():
+    assert lone_message(MessageRows([b"v"], [""], [None], [None]), "s", 0) == LoneMessage(b"v")
+    for rows in (MessageRows([b"v"], ["id"], [None], [None]),
+                 MessageRows([b"v"], [""], [b""], [None]),
+                 MessageRows([b"v"], [""], [None], [{"h": b"1"}]),
+                 MessageRows([b"v", b"w"], ["", ""], [None, None], [None, None])):
+        assert lone_message(rows, "s", 0) is None
+    with pytest.raises(MessageTooLargeError):
+        lone_message(MessageRows([b"v" * 11], [""], [None], [None]), "s", 10)
