@@ -29,6 +29,7 @@ import secrets
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -88,6 +89,8 @@ from npstream.schema import MESSAGE_SCHEMA
 __all__ = ["StreamLog"]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 _READ_TABLE_BYTES = 8 << 20  # per read() of read_table: bounds the buffer, no slower
 # A written batch up to this size stays in memory with the view it made (LogView.recent)
@@ -264,13 +267,8 @@ class StreamLog:
             count = sum(frame.count for frame in frames)
             if not count:
                 return AppendResult(first, 0, [], now)
-            self._segments.ensure_active(first, self._config)
-            try:
-                flagged = self._segments.write_prebuilt(frames, first, now)
-            except UndoFailedError as exc:
-                self._fail(exc)
-                raise
-            self._last_timestamp = now
+            flagged = self._write_locked(
+                first, now, lambda: self._segments.write_prebuilt(frames, first, now))
             self._remember_ids_locked(flagged, now)
             self._written_seq += 1
             sequence = self._written_seq
@@ -337,13 +335,8 @@ class StreamLog:
                                        self._id_prefix).serialize()
             remember_lone_template(built)
             payload = built
-        self._segments.ensure_active(first, self._config)
-        try:
-            self._segments.write_payload(payload, first, 1, now)
-        except UndoFailedError as exc:
-            self._fail(exc)
-            raise
-        self._last_timestamp = now
+        self._write_locked(first, now,
+                           lambda: self._segments.write_payload(payload, first, 1, now))
         return StoredRow(first, f"{self._id_prefix_text}{first:016x}", None, value, {}, now)
 
     def _write_rows_locked(self, planned: list[PlannedRows], first: int,
@@ -360,15 +353,26 @@ class StreamLog:
                 for rows in planned
             ])
         batch = build_stored_batch(table, first, now, self._id_prefix)
+        flagged = self._write_locked(
+            first, now, lambda: self._segments.write_batch(batch, supplied, now))
+        self._remember_ids_locked(flagged, now)
+        return batch
+
+    def _write_locked(self, first: int, now: int, write: Callable[[], _T]) -> _T:
+        """Run ``write`` at the tail (rolling the segment first when due).
+
+        A write whose undo failed leaves bytes of unknown state in the file,
+        so the log refuses writes from then on (``failed``); any other error
+        left nothing behind.
+        """
         self._segments.ensure_active(first, self._config)
         try:
-            flagged = self._segments.write_batch(batch, supplied, now)
+            result = write()
         except UndoFailedError as exc:
             self._fail(exc)
             raise
         self._last_timestamp = now
-        self._remember_ids_locked(flagged, now)
-        return batch
+        return result
 
     def _remember_ids_locked(self, flagged: list[pa.RecordBatch], now: int) -> None:
         """Enter the producer ids of just-written batches (offset, id columns) in the window."""
