@@ -44,9 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     logging.basicConfig(level=config.log_level, format=LOG_FORMAT, stream=sys.stderr)
+    from npstream.broker.cpu_affinity import apply_cpu_affinity
     from npstream.broker.heap import retain_freed_memory
 
     retain_freed_memory(config.retain_freed_memory)
+    try:
+        apply_cpu_affinity(config.cpu_affinity)
+    except (ValueError, OSError) as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     from npstream.broker.server import run
 
     return run(config, ready_file=args.ready_file)

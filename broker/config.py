@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from npstream.broker.cpu_affinity import parse_cpu_affinity
 from npstream.units import parse_duration_ms, parse_size
 
 __all__ = ["KEYS", "SECTIONS", "BrokerConfig", "ConfigError", "ConfigKey", "load_config"]
@@ -120,6 +121,7 @@ KEYS: tuple[ConfigKey, ...] = (
     _key("tls_key_file", "server", _parse_str, ""),
     _key("local_reads", "server", _parse_bool, True),
     _key("retain_freed_memory", "server", parse_size, "256MiB"),
+    _key("cpu_affinity", "server", parse_cpu_affinity, "auto"),
     # [metrics]
     _key("metrics_host", "metrics", _parse_str, "127.0.0.1"),
     _key("metrics_port", "metrics", _parse_optional_port, 7071),
@@ -163,6 +165,7 @@ class BrokerConfig:
     tls_key_file: str
     local_reads: bool
     retain_freed_memory: int
+    cpu_affinity: str
     metrics_host: str
     metrics_port: int | None
     metrics_stream_gauges_max: int
