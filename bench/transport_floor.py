@@ -10,7 +10,9 @@ the transport and which part is ours.
 
 The server runs in a spawned child process: ``grpc.server`` on a ThreadPoolExecutor (as
 our broker), generic handlers on raw bytes (no protobuf), no storage, bound to 127.0.0.1
-on an ephemeral port. Its three methods:
+on an ephemeral port, pinned to CPUs as our broker pins itself (``[server]
+cpu_affinity``, default one CPU; ``NPSTREAM_CPU_AFFINITY`` applies to both). Its three
+methods:
 
 * ``Publish`` (unary): append the value to an in-memory list, wake the waiters, reply.
 * ``Fetch`` (unary long-poll): from an offset, wait up to the request's wait for data,
@@ -111,6 +113,10 @@ class _Log:
 def _serve(port_q: Any, stop: Any) -> None:
     import grpc
 
+    from npstream.broker.config import load_config
+    from npstream.broker.cpu_affinity import apply_cpu_affinity
+
+    apply_cpu_affinity(load_config(None).cpu_affinity)  # before the server's threads start
     log = _Log()
     server = grpc.server(ThreadPoolExecutor(max_workers=SERVER_WORKERS,
                                             thread_name_prefix="rpc"))

@@ -35,7 +35,7 @@ def test_default_is_auto_and_env_overrides():
 
 @pytest.mark.parametrize("raw", ["x", "1-", "-1", "3-1", "1,,2", "0.5"])
 def test_bad_values_are_refused_naming_the_key(raw):
-    with pytest.raises(ConfigError, match="bad value for 'cpu_affinity'.*cpu_affinity"):
+    with pytest.raises(ConfigError, match=r"bad value for 'cpu_affinity'.*cpu_affinity"):
         load_config(None, env={"NPSTREAM_CPU_AFFINITY": raw})
 
 
