@@ -80,6 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     producing = threading.Thread(target=lambda: published.append(producer.run(
         args.broker, source, args.rate, args.seconds, 0.02, 0.02, None, producer.SENSORS)))
     try:
+        # The JVM first, before the producer thread keeps a gRPC channel busy: Spark
+        # starts it with subprocess.Popen(preexec_fn=...), and grpcio >= 1.80 can crash
+        # such a forked child while a channel is busy in another thread
+        # (grpc/grpc#43055): "Java gateway process exited before sending its port number".
+        from pyspark.sql import SparkSession
+
+        spark = (SparkSession.builder.master("local[2]").appName("npstream-demo")
+                 .config("spark.ui.enabled", "false")
+                 .config("spark.sql.session.timeZone", "UTC")
+                 .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
         with Client(args.broker) as client:
             client.create_stream(source, exist_ok=True)
         producing.start()
@@ -90,13 +101,6 @@ def main(argv: list[str] | None = None) -> int:
             "--checkpoint-dir", str(out_dir / "checkpoints"),
             "--run-seconds", str(args.seconds + 20),
         ])
-        from pyspark.sql import SparkSession
-
-        spark = (SparkSession.builder.master("local[2]").appName("npstream-demo")
-                 .config("spark.ui.enabled", "false")
-                 .config("spark.sql.session.timeZone", "UTC")
-                 .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
         try:
             pipeline.run(spark, spark_args)
         finally:
