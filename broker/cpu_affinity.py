@@ -41,7 +41,7 @@ def parse_cpu_affinity(value: object) -> str:
         return text
     if text in {"", "off", "false"}:
         return NONE
-    return ",".join(str(cpu) for cpu in sorted(_parse_cpu_list(text)))
+    return _format(_parse_cpu_list(text))
 
 
 def _parse_cpu_list(text: str) -> set[int]:
