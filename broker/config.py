@@ -143,6 +143,7 @@ KEYS: tuple[ConfigKey, ...] = (
     _key("metadata_sync", "storage", _parse_sync, "normal"),
     # [sink]
     _duration("sink_staging_ttl", "sink", "1d"),
+    _key("sink_adopt_min_bytes", "sink", parse_size, "4MiB"),
 )
 KEYS_BY_NAME: dict[str, ConfigKey] = {k.name: k for k in KEYS}
 
@@ -183,6 +184,7 @@ class BrokerConfig:
     index_interval_bytes: int
     metadata_sync: str
     sink_staging_ttl_ms: int
+    sink_adopt_min_bytes: int
 
     @property
     def max_message_bytes_limit(self) -> int:

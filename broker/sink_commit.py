@@ -52,7 +52,11 @@ the broker ``os._exit(FAULT_EXIT_CODE)`` in the middle of the first commit:
   back to its size before the commit plus N bytes, as if the broker had died
   after writing N bytes of the commit;
 * ``done:K``  after K streams of the commit are done (partial multi-stream
-  commit).
+  commit);
+* ``stamped:K`` after the K-th staged file adopted by this broker process is
+  stamped and fsynced, before its rename;
+* ``adopted:K`` after the K-th staged file is renamed into its stream, before
+  the stream's append has finished.
 
 Never set it in production: it exists so tests can kill the broker at exact
 points of the protocol.
@@ -66,7 +70,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -81,12 +85,15 @@ from npstream.broker.sink_staging import (
     check_batch_id,
     check_sink_id,
     check_staging_id,
+    remove_staging,
 )
 
 if TYPE_CHECKING:
     from npstream.broker.metadata import Metadata
     from npstream.broker.registry import StreamRegistry
+    from npstream.broker.storage.log import StreamLog
     from npstream.broker.storage.prebuilt import PrebuiltFrame
+    from npstream.broker.storage.staged_segment import StagedSegment
 
 __all__ = [
     "FAULT_ENV",
@@ -101,6 +108,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 FAULT_ENV = "NPSTREAM_SINK_FAULT"
+# A staged file whose rows for its one target stream take at least this many bytes
+# becomes a segment in place (storage/staged_segment.py); smaller ones are copied, so
+# that small micro-batches do not leave a trail of small segments. [sink]
+# sink_adopt_min_bytes in broker.toml.
+DEFAULT_ADOPT_MIN_BYTES = 4 << 20
 FAULT_EXIT_CODE = 86
 
 SCHEMA = """
@@ -123,6 +135,7 @@ CREATE TABLE IF NOT EXISTS sink_markers (
     first_offset INTEGER NOT NULL,
     row_count    INTEGER NOT NULL,
     state        TEXT NOT NULL CHECK (state IN ('committing', 'done')),
+    timestamp_ms INTEGER,           -- the append's timestamp, reused if it is resumed
     PRIMARY KEY (sink_id, batch_id, stream)
 ) WITHOUT ROWID;
 """
@@ -159,6 +172,7 @@ class _Marker:
     first_offset: int
     row_count: int
     state: str
+    timestamp: int | None  # the append's timestamp (None: recorded by an older broker)
 
 
 # ---------------------------------------------------------------- fault hook (tests only)
@@ -166,8 +180,8 @@ class _Marker:
 
 @dataclass(frozen=True)
 class Fault:
-    point: str        # "marker" | "append" | "torn" | "done"
-    amount: int = 0   # bytes kept for "torn", streams done for "done"
+    point: str        # "marker" | "append" | "torn" | "done" | "stamped" | "adopted"
+    amount: int = 0   # bytes kept for "torn", streams done for "done", files for the others
 
 
 def parse_fault(text: str | None) -> Fault | None:
@@ -177,10 +191,11 @@ def parse_fault(text: str | None) -> Fault | None:
     point, _, amount = text.partition(":")
     if point in ("marker", "append") and not amount:
         return Fault(point)
-    if point in ("torn", "done") and amount.isdigit():
+    if point in ("torn", "done", "stamped", "adopted") and amount.isdigit():
         return Fault(point, int(amount))
     raise ValueError(
-        f"invalid {FAULT_ENV}={text!r}: use marker, append, torn:<bytes> or done:<streams>"
+        f"invalid {FAULT_ENV}={text!r}: use marker, append, torn:<bytes>, done:<streams>, "
+        "stamped:<files> or adopted:<files>"
     )
 
 
@@ -228,6 +243,7 @@ class SinkCommitter:
         streams_dir: Path | None = None,
         durable_metadata: bool = True,
         fault: Fault | None = None,
+        adopt_min_bytes: int = DEFAULT_ADOPT_MIN_BYTES,
         clock: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         self._metadata = metadata
@@ -239,7 +255,12 @@ class SinkCommitter:
         self._clock = clock
         self._locks_guard = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
+        self._adopt_min_bytes = adopt_min_bytes
+        self._events = 0
         metadata.executescript(SCHEMA)
+        columns = {row[1] for row in metadata.execute("PRAGMA table_info(sink_markers)")}
+        if "timestamp_ms" not in columns:  # created by an older broker
+            metadata.execute("ALTER TABLE sink_markers ADD COLUMN timestamp_ms INTEGER")
 
     def _lock(self, sink_id: str) -> threading.Lock:
         with self._locks_guard:
@@ -276,10 +297,13 @@ class SinkCommitter:
 
     def _marker(self, pending: _Pending, stream: str) -> _Marker | None:
         rows = self._metadata.execute(
-            "SELECT first_offset, row_count, state FROM sink_markers "
+            "SELECT first_offset, row_count, state, timestamp_ms FROM sink_markers "
             "WHERE sink_id = ? AND batch_id = ? AND stream = ?",
             (pending.sink_id, pending.batch_id, stream))
-        return _Marker(int(rows[0][0]), int(rows[0][1]), rows[0][2]) if rows else None
+        if not rows:
+            return None
+        return _Marker(int(rows[0][0]), int(rows[0][1]), rows[0][2],
+                       None if rows[0][3] is None else int(rows[0][3]))
 
     def is_committed(self, sink_id: str, batch_id: int) -> bool:
         """True when the batch is committed: staging for it would never be appended."""
@@ -364,46 +388,32 @@ class SinkCommitter:
     def _commit_stream(self, pending: _Pending, stream: str,
                        staged: list[StagedFrames | StagedTable]) -> tuple[int, int]:
         """Append one stream's rows of the commit exactly once; returns [start, end)."""
-        frames: list[PrebuiltFrame] | None = None
+        frames = [s for s in staged if isinstance(s, StagedFrames)]
         tables: list[pa.Table] = []
-        if all(isinstance(s, StagedFrames) for s in staged):
-            frames = [f for s in staged for f in s.frames_for(stream)]  # type: ignore[union-attr]
-            row_count = sum(frame.count for frame in frames)
+        if len(frames) == len(staged):
+            counts = [s.count_for(stream) for s in frames]
         else:  # staging written by an older broker: rows, not frames
             tables = [t for t in (s.rows_for(stream) for s in staged) if t.num_rows]
-            row_count = sum(t.num_rows for t in tables)
+            counts = [t.num_rows for t in tables]
+        row_count = sum(counts)
         marker = self._marker(pending, stream)
         if marker is not None and marker.state == "done":
             return marker.first_offset, marker.first_offset + marker.row_count
         stream_log = self._streams.get(stream, create_if_missing=True)
-        if marker is not None:  # 'committing': a crash (or error) interrupted this append
-            # After a disk error the append may be on disk but not durable: only a
-            # restart (which reopens the log and checks its files) can tell.
-            stream_log.check_writable()
-            end = stream_log.end_offset
-            if end >= marker.first_offset + marker.row_count:
-                self._mark_done(pending, stream)
-                log.warning("sink '%s' batch %d: append to '%s' at [%d,%d) had completed; "
-                            "marked done", pending.sink_id, pending.batch_id, stream,
-                            marker.first_offset, marker.first_offset + marker.row_count)
+        resume = 0  # stagings already in the log (a crash interrupted this append)
+        if marker is not None:
+            resume = self._settle(pending, stream, stream_log, marker,
+                                  counts if not tables else [row_count])
+            if resume < 0:
                 return marker.first_offset, marker.first_offset + marker.row_count
-            if end > marker.first_offset:
-                stream_log.truncate_to(marker.first_offset)
-                log.warning("sink '%s' batch %d: append to '%s' at offset %d was torn (%d of %d "
-                            "rows on disk); truncated to offset %d and writing it again",
-                            pending.sink_id, pending.batch_id, stream, marker.first_offset,
-                            end - marker.first_offset, marker.row_count, marker.first_offset)
-            else:
-                log.warning("sink '%s' batch %d: append to '%s' at offset %d had no complete "
-                            "row on disk; writing it again", pending.sink_id, pending.batch_id,
-                            stream, marker.first_offset)
         if not row_count:
             self._record_marker(pending, stream, stream_log.end_offset, 0, "done")
             return stream_log.end_offset, stream_log.end_offset
         before: dict[Path, int] = {}
 
-        def before_write(first_offset: int) -> None:
-            self._record_marker(pending, stream, first_offset, row_count, "committing")
+        def before_write(first_offset: int, timestamp: int | None = None) -> None:
+            self._record_marker(pending, stream, first_offset, row_count, "committing",
+                                timestamp)
             if self._fault is None:
                 return
             if self._fault.point == "marker":
@@ -412,20 +422,30 @@ class SinkCommitter:
                 before.update(_segment_sizes(self._streams_dir / stream))
 
         try:
-            if frames is not None:
-                result = stream_log.append_prebuilt(frames, before_write=before_write)
+            if not tables:
+                parts = self._parts(pending, stream, frames[resume:])
+                if resume:  # the marker stays as recorded: the append continues
+                    assert marker is not None
+                    result = stream_log.append_prebuilt(
+                        parts, timestamp=marker.timestamp,
+                        expect_first=marker.first_offset + sum(counts[:resume]))
+                else:
+                    result = stream_log.append_prebuilt(
+                        parts, before_write=before_write,
+                        timestamp=marker.timestamp if marker is not None else None)
             else:
                 # One contiguous table: the storage engine frames it about twice as fast
                 # as the same rows in many chunks (measured), and copies it anyway.
                 combined = pa.concat_tables(tables, promote_options="default").combine_chunks()
                 result = stream_log.append_atomic([combined], before_write=before_write)
         except Exception:
-            if stream_log.failed:
-                # A disk error after (or while undoing) the write: the rows may be in the
-                # files, and the log refuses every write until a restart reopens it. The
-                # 'committing' marker stays, so that recovery at the restart keeps or
-                # truncates them by the end offset it finds: never appended twice.
-                log.error("sink '%s' batch %d: append to '%s' hit a disk error; the commit "
+            if stream_log.failed or resume:
+                # A disk error after (or while undoing) the write, or an adoption that
+                # cannot be undone: the rows may be in the files, and the log refuses
+                # every write until a restart reopens it. The 'committing' marker stays,
+                # so that recovery at the restart settles them by the end offset it
+                # finds: never appended twice.
+                log.error("sink '%s' batch %d: append to '%s' failed part way; the commit "
                           "finishes when the broker restarts", pending.sink_id,
                           pending.batch_id, stream)
                 raise
@@ -435,23 +455,97 @@ class SinkCommitter:
             # instead of truncating their data).
             self._delete_marker(pending, stream)
             raise
-        if result.stored_count != row_count:
-            log.error("sink '%s' batch %d: '%s' stored %d of %d rows; append_atomic must store "
-                      "all", pending.sink_id, pending.batch_id, stream, result.stored_count,
-                      row_count)
         if self._fault is not None and self._fault.point in ("append", "torn"):
             if self._fault.point == "torn" and self._streams_dir is not None:
                 _tear(self._streams_dir / stream, before, self._fault.amount)
             _die(f"appended '{stream}' at offset {result.first_offset}, marker not done")
         self._mark_done(pending, stream)
-        return result.first_offset, result.first_offset + result.stored_count
+        first = marker.first_offset if resume and marker is not None else result.first_offset
+        return first, first + row_count
+
+    def _settle(self, pending: _Pending, stream: str, stream_log: StreamLog, marker: _Marker,
+                counts: list[int]) -> int:
+        """After an interrupted append: -1 when it completed, else the staging to go on from.
+
+        Each staging's rows start at a known offset (the marker's first offset
+        plus the rows before it), and a staging is written whole (adopted by a
+        rename, or copied frame by frame and cut back at a torn frame), so the
+        log's end shows how far the append got: the log is cut back to the
+        start of the staging it ends in, and the append goes on from there.
+        """
+        # After a disk error the append may be on disk but not durable: only a
+        # restart (which reopens the log and checks its files) can tell.
+        stream_log.check_writable()
+        end = stream_log.end_offset
+        first, rows = marker.first_offset, marker.row_count
+        if end >= first + rows:
+            self._mark_done(pending, stream)
+            log.warning("sink '%s' batch %d: append to '%s' at [%d,%d) had completed; "
+                        "marked done", pending.sink_id, pending.batch_id, stream, first,
+                        first + rows)
+            return -1
+        if end <= first:
+            log.warning("sink '%s' batch %d: append to '%s' at offset %d had no complete "
+                        "row on disk; writing it again", pending.sink_id, pending.batch_id,
+                        stream, first)
+            return 0
+        resume, start = 0, first
+        while resume + 1 < len(counts) and start + counts[resume] <= end:
+            start += counts[resume]
+            resume += 1
+        if end > start:
+            stream_log.truncate_to(start)
+        log.warning("sink '%s' batch %d: append to '%s' at offset %d was torn (%d of %d rows "
+                    "on disk); truncated to offset %d and writing it again from there",
+                    pending.sink_id, pending.batch_id, stream, first, end - first, rows, start)
+        return resume
+
+    def _parts(self, pending: _Pending, stream: str,
+               staged: list[StagedFrames]) -> list[PrebuiltFrame | StagedSegment]:
+        """What to append for one stream: large single-stream files adopted, others copied."""
+        parts: list[PrebuiltFrame | StagedSegment] = []
+        for item in staged:
+            if not item.count_for(stream):
+                continue
+            if not item.path.exists():
+                raise StagingNotFoundError(
+                    f"cannot finish sink '{pending.sink_id}' batch {pending.batch_id}: the data "
+                    f"of staging '{item.staging_id}' for '{stream}' is gone (moved into the "
+                    "stream, whose log no longer holds it)")
+            segment = (item.segment_for(stream) if self._same_filesystem()
+                       and item.bytes_for(stream) >= self._adopt_min_bytes else None)
+            if segment is None:
+                parts.extend(item.frames_for(stream))
+            elif self._fault is not None and self._fault.point in ("stamped", "adopted"):
+                parts.append(replace(segment, on_event=self._count_event))
+            else:
+                parts.append(segment)
+        return parts
+
+    def _same_filesystem(self) -> bool:
+        """Whether staging and streams share a filesystem (a rename cannot cross one)."""
+        if self._streams_dir is None:
+            return False
+        try:
+            return os.stat(self.staging.root).st_dev == os.stat(self._streams_dir).st_dev
+        except FileNotFoundError:
+            return False
+
+    def _count_event(self, name: str) -> None:
+        """Test crash points stamped:K / adopted:K (module doc)."""
+        assert self._fault is not None
+        if name == self._fault.point:
+            self._events += 1
+            if self._events >= self._fault.amount:
+                _die(f"{self._events} staging file(s) {name}")
 
     def _record_marker(self, pending: _Pending, stream: str, first_offset: int,
-                       row_count: int, state: str) -> None:
+                       row_count: int, state: str, timestamp: int | None = None) -> None:
         self._metadata.execute(
-            "INSERT OR REPLACE INTO sink_markers "
-            "(sink_id, batch_id, stream, first_offset, row_count, state) VALUES (?, ?, ?, ?, ?, ?)",
-            (pending.sink_id, pending.batch_id, stream, first_offset, row_count, state))
+            "INSERT OR REPLACE INTO sink_markers (sink_id, batch_id, stream, first_offset, "
+            "row_count, state, timestamp_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (pending.sink_id, pending.batch_id, stream, first_offset, row_count, state,
+             timestamp))
         if state == "committing":
             self._sync_metadata()
 
@@ -523,6 +617,8 @@ class SinkCommitter:
                 self.staging.drop_up_to(sink_id, last)
         for tmp in list(self.staging.temp_files()):  # no Stage is in flight before serving
             tmp.unlink(missing_ok=True)
+        for orphan in list(self.staging.orphan_indexes()):  # no commit is pending any more
+            orphan.path.unlink(missing_ok=True)
         self.staging.remove_empty_dirs()
         return finished
 
@@ -546,11 +642,13 @@ class SinkCommitter:
                     if (item.sink_id, item.batch_id) in {
                         (p.sink_id, p.batch_id) for p in self._all_pending()}:
                         continue
-                    item.path.unlink(missing_ok=True)
+                    remove_staging(item.path)
                 dropped += 1
                 log.info("sink '%s' batch %d: dropped %s staging '%s'", item.sink_id,
                          item.batch_id, "committed" if committed else "expired", item.staging_id)
-        for tmp in list(self.staging.temp_files()):
+        for tmp in [*self.staging.temp_files(),
+                    *(orphan.path for orphan in self.staging.orphan_indexes()
+                      if (orphan.sink_id, orphan.batch_id) not in protected)]:
             try:
                 if now - int(tmp.stat().st_mtime * 1000) > ttl_ms:
                     tmp.unlink(missing_ok=True)
@@ -579,7 +677,7 @@ class SinkCommitter:
             except (FileNotFoundError, pa.ArrowInvalid):
                 continue
             if targets == [stream]:
-                item.path.unlink(missing_ok=True)
+                remove_staging(item.path)
                 dropped += 1
         self.staging.remove_empty_dirs()
         if dropped:

@@ -1,37 +1,42 @@
-"""The staging file format: a stage's rows as ready-to-append frame payloads, per stream.
+"""The staging file format: a stage's rows as ready-to-append frames, per stream.
 
 A commit used to re-read every staged row, complete its columns, generate ids,
 build and serialize stored batches and write them: the rows were encoded twice
 and copied several times, all while every Spark task of the micro-batch
 waited. Now Stage does that work once, in parallel with the tasks, and stores
-the result: for each target stream, MESSAGE_SCHEMA record-batch messages (the
-payload bytes a segment frame holds) with placeholder offsets (0..) and
-timestamps (0), and final ids (rows staged without an id get one here: 16
-random hex characters chosen per staging file and stream, then the row's index
-as 16 hex digits, the shape of the broker's generated ids). The commit maps
-the file copy-on-write and hands the payloads to
-``StreamLog.append_prebuilt``, which stamps offsets and timestamps in place
-and writes them (storage/prebuilt.py).
+the result: for each target stream, frames in the segment layout
+(storage/record_batch.py) whose payloads are MESSAGE_SCHEMA record-batch
+messages with placeholder offsets (0..) and timestamps (0), and final ids
+(rows staged without an id get one here: 16 random hex characters chosen per
+staging file and stream, then the row's index as 16 hex digits, the shape of
+the broker's generated ids). Each frame starts with a placeholder header
+(storage/staged_segment.py): right length, count and flags, no offsets, no
+CRC.
 
-Layout (integers little-endian)::
+A file whose rows all go to one stream is therefore a segment once stamped:
+a large one is adopted by the commit (stamped in place, renamed into the
+stream directory: no copy, ``StreamLog.append_prebuilt`` with a
+StagedSegment); a small one, or one routed to several streams, is mapped
+copy-on-write and its payloads stamped and appended to the active segment.
 
-    an Arrow IPC stream in MESSAGE_SCHEMA: the schema, an empty batch, then the
-        stored batches, per target stream in name order, each stream's rows in
-        staged order; every batch message is one frame payload
-    index (JSON, padded with spaces to 8 bytes):
-        {"rows": N, "streams": [sorted targets],
-         "frames": [[stream, count, flags, position, length, largest message bytes], ...]}
-    trailer (16 bytes): u64 byte position of the index, then the magic b"NPSTG\x00\x00\x01"
+Files (the data file appears last, so its presence means the staging exists)::
 
-The batches are written straight from their Arrow buffers by the IPC writer
-(no serialized copy in memory); the empty batch forces the schema out first
-so that every batch's position is known. The bytes of a batch message are
-those of ``RecordBatch.serialize()``, i.e. a frame payload.
+    <staging_id>.arrow   the frames, from byte 0, per target stream in name order,
+                         each stream's rows in staged order
+    <staging_id>.index   JSON: {"format": 2, "rows": N, "bytes": size of the data file,
+                         "streams": [sorted targets], "frames": [[stream, count, flags,
+                         payload position, payload length, largest message bytes], ...]}
 
-Listing what a staging targets reads the trailer and the index only. Files
-written by older brokers (an Arrow IPC stream with a ``stream`` column, ending
-with the IPC end-of-stream marker) are still read: ``is_frames_file`` tells
-them apart by the trailer's magic.
+The index stays a separate file because an adopted data file must hold
+frames and nothing else; it outlives the data file until the batch is
+dropped, so that a commit resumed after a crash still knows how many rows an
+adopted staging held.
+
+Two older formats are still read (files staged by older brokers): format 1,
+an Arrow IPC stream of the payloads with the same index in a trailer (the
+index's JSON padded to 8 bytes, then u64 position of the index and the magic
+b"NPSTG\x00\x00\x01"), and format 0, an Arrow IPC stream with a ``stream``
+column (sink_staging.py).
 """
 
 from __future__ import annotations
@@ -57,14 +62,17 @@ from npstream.broker.storage.batch_builder import (
     producer_id_mask,
 )
 from npstream.broker.storage.prebuilt import PrebuiltFrame
-from npstream.broker.storage.record_batch import FLAG_PRODUCER_IDS
-from npstream.schema import MESSAGE_SCHEMA
+from npstream.broker.storage.record_batch import FLAG_PRODUCER_IDS, HEADER_SIZE
+from npstream.broker.storage.segment import pwrite_all
+from npstream.broker.storage.staged_segment import FrameSlot, StagedSegment, placeholder_header
 
-__all__ = ["MAGIC", "StagedFrames", "is_frames_file", "read_index", "write_staging"]
+__all__ = ["FORMAT", "INDEX_SUFFIX", "MAGIC", "StagedFrames", "index_path", "read_index",
+           "write_staging"]
 
-MAGIC = b"NPSTG\x00\x00\x01"
+FORMAT = 2
+INDEX_SUFFIX = ".index"
+MAGIC = b"NPSTG\x00\x00\x01"  # format 1's trailer
 _TRAILER = struct.Struct("<Q8s")
-_EMPTY_BATCH = pa.RecordBatch.from_pylist([], MESSAGE_SCHEMA)
 # Chunks smaller than this are grouped (one copy) so that frames are not tiny;
 # bigger chunks become stored batches without being copied.
 _MIN_PART_BYTES = 256 << 10
@@ -81,43 +89,43 @@ class _Frame:
     max_message_bytes: int
 
 
-def write_staging(sink: pa.NativeFile, table: pa.Table, max_frame_bytes: int) -> None:
-    """Write the staging file of ``table`` (prepare_stage output) to ``sink`` (at position 0).
+def write_staging(fd: int, table: pa.Table, max_frame_bytes: int) -> dict[str, object]:
+    """Write the frames of ``table`` (prepare_stage output) to ``fd`` from byte 0; the index.
 
     Stored batches are cut into payloads of about ``max_frame_bytes`` (the
     broker's max_batch_bytes), as an append would cut them.
     """
     streams = sorted(json.loads(table.schema.metadata[b"npstream.streams"]))
     frames: list[list[object]] = []
-    with pa.ipc.new_stream(sink, MESSAGE_SCHEMA) as writer:
-        writer.write_batch(_EMPTY_BATCH)
-        for stream in streams:
-            rows = table
-            if len(streams) > 1:
-                rows = table.filter(pc.equal(table.column("stream"), stream))
-            id_prefix = secrets.token_hex(_ID_PREFIX_BYTES).encode()
-            first = 0
-            for part in _parts(rows.drop_columns(["stream"])):
-                part = complete_publish_table(part)
-                ids = part.column("id").chunk(0)
-                supplied = producer_id_mask(ids) if ids.null_count < len(ids) else None
-                sizes = message_sizes(part)
-                # Placeholder offsets first.. keep the generated ids unique within the file.
-                batch = build_message_batch(part, first, 0, id_prefix)
-                for start, count in _frame_slices(batch, max_frame_bytes):
-                    piece = batch if count == batch.num_rows else batch.slice(start, count)
-                    flags = 0
-                    if supplied is not None and pc.any(supplied.slice(start, count)).as_py():
-                        flags = FLAG_PRODUCER_IDS
-                    position = sink.tell()
-                    writer.write_batch(piece)
-                    frames.append([stream, count, flags, position, sink.tell() - position,
-                                   int(sizes[start:start + count].max())])
-                first += part.num_rows
-    index_position = sink.tell()
-    text = json.dumps({"rows": table.num_rows, "streams": streams, "frames": frames}).encode()
-    sink.write(text + b" " * (-len(text) % 8))
-    sink.write(_TRAILER.pack(index_position, MAGIC))
+    position = 0
+    for stream in streams:
+        rows = table
+        if len(streams) > 1:
+            rows = table.filter(pc.equal(table.column("stream"), stream))
+        id_prefix = secrets.token_hex(_ID_PREFIX_BYTES).encode()
+        first = 0
+        for part in _parts(rows.drop_columns(["stream"])):
+            part = complete_publish_table(part)
+            ids = part.column("id").chunk(0)
+            supplied = producer_id_mask(ids) if ids.null_count < len(ids) else None
+            sizes = message_sizes(part)
+            # Placeholder offsets first.. keep the generated ids unique within the file.
+            batch = build_message_batch(part, first, 0, id_prefix)
+            for start, count in _frame_slices(batch, max_frame_bytes):
+                piece = batch if count == batch.num_rows else batch.slice(start, count)
+                flags = 0
+                if supplied is not None and pc.any(supplied.slice(start, count)).as_py():
+                    flags = FLAG_PRODUCER_IDS
+                payload = piece.serialize()
+                pwrite_all(fd, [placeholder_header(payload.size, count, flags), payload],
+                           position)
+                position += HEADER_SIZE
+                frames.append([stream, count, flags, position, payload.size,
+                               int(sizes[start:start + count].max())])
+                position += payload.size
+            first += part.num_rows
+    return {"format": FORMAT, "rows": table.num_rows, "bytes": position, "streams": streams,
+            "frames": frames}
 
 
 def _parts(rows: pa.Table) -> Iterator[pa.Table]:
@@ -147,7 +155,7 @@ def _frame_slices(batch: pa.RecordBatch, max_frame_bytes: int) -> list[tuple[int
 
 
 def _index_position(handle: BinaryIO) -> int | None:
-    """Where the index starts, from the trailer; None when the file has no trailer."""
+    """Where a format-1 file's index starts, from its trailer; None without one."""
     size = handle.seek(0, os.SEEK_END)
     if size < _TRAILER.size:
         return None
@@ -156,44 +164,79 @@ def _index_position(handle: BinaryIO) -> int | None:
     return position if magic == MAGIC and position <= size - _TRAILER.size else None
 
 
-def is_frames_file(path: Path) -> bool:
-    """True for a staging file in this format (False: an older Arrow IPC stream file)."""
-    with open(path, "rb") as handle:
-        return _index_position(handle) is not None
+def index_path(path: Path) -> Path:
+    """The index file next to a staging data file."""
+    return path.with_suffix(INDEX_SUFFIX)
 
 
-def read_index(path: Path) -> dict[str, object]:
-    """The JSON index of a staging file in this format (a few hundred bytes read)."""
+def read_index(path: Path) -> dict[str, object] | None:
+    """The index of the staging whose data file is ``path``; None for a format-0 file.
+
+    Format 2 reads the index file (the data file may be gone: adopted);
+    format 1 the trailer. FileNotFoundError when neither file exists.
+    """
+    try:
+        return json.loads(index_path(path).read_bytes())
+    except FileNotFoundError:
+        pass
     with open(path, "rb") as handle:
         position = _index_position(handle)
         if position is None:
-            raise ValueError(f"{path} is not a staging file in the frames format")
+            return None
         handle.seek(position)
-        return json.loads(handle.read()[:-_TRAILER.size])
+        index = json.loads(handle.read()[:-_TRAILER.size])
+    index["format"] = 1
+    return index
 
 
 class StagedFrames:
-    """A staging file mapped copy-on-write: its payloads can be stamped without touching it."""
+    """A staging's frames: mapped copy-on-write to be stamped and copied, or adopted whole."""
 
-    def __init__(self, staging_id: str, path: Path) -> None:
+    def __init__(self, staging_id: str, path: Path, index: dict[str, object]) -> None:
         self.staging_id = staging_id
-        index = read_index(path)
+        self.path = path
+        self.format = int(index["format"])  # type: ignore[call-overload]
         self.streams: list[str] = list(index["streams"])  # type: ignore[call-overload]
         self.rows = int(index["rows"])  # type: ignore[call-overload]
         self._frames = [_Frame(*f) for f in index["frames"]]  # type: ignore[attr-defined]
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            size = os.fstat(fd).st_size
-            self._map = mmap.mmap(fd, size, access=mmap.ACCESS_COPY) if size else None
-        finally:
-            os.close(fd)
-        end = max((f.position + f.length for f in self._frames), default=0)
-        if end > size:
-            raise ValueError(f"staging file {path} is cut short ({size} of {end} bytes)")
+        self._map: mmap.mmap | None = None
+
+    def count_for(self, stream: str) -> int:
+        return sum(f.count for f in self._frames if f.stream == stream)
+
+    def bytes_for(self, stream: str) -> int:
+        return sum(f.length for f in self._frames if f.stream == stream)
+
+    def segment_for(self, stream: str) -> StagedSegment | None:
+        """The data file as a segment to adopt for ``stream`` if it can be one.
+
+        It can when it is in the segment layout (format 2) and holds rows of
+        ``stream`` only.
+        """
+        if self.format < FORMAT or self.streams != [stream]:
+            return None
+        return StagedSegment(self.path, tuple(
+            FrameSlot(f.position, f.length, f.count, f.flags, f.max_message_bytes)
+            for f in self._frames))
+
+    def _mapped(self) -> mmap.mmap | None:
+        if self._map is None:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                size = os.fstat(fd).st_size
+                end = max((f.position + f.length for f in self._frames), default=0)
+                if end > size:
+                    raise ValueError(f"staging file {self.path} is cut short "
+                                     f"({size} of {end} bytes)")
+                self._map = mmap.mmap(fd, size, access=mmap.ACCESS_COPY) if size else None
+            finally:
+                os.close(fd)
+        return self._map
 
     def frames_for(self, stream: str) -> list[PrebuiltFrame]:
         """This staging's frames for one stream, in staged order (writable views of the map)."""
-        view = memoryview(self._map) if self._map is not None else memoryview(b"")
+        mapped = self._mapped()
+        view = memoryview(mapped) if mapped is not None else memoryview(b"")
         return [PrebuiltFrame(view[f.position:f.position + f.length], f.count, f.flags,
                               f.max_message_bytes)
                 for f in self._frames if f.stream == stream]

@@ -23,7 +23,12 @@ from prometheus_client import Counter
 from npstream.broker.errors import InvalidArgumentError, StreamNotFoundError
 from npstream.broker.grpc_errors import rpc_method
 from npstream.broker.grpc_registration import add_service
-from npstream.broker.sink_commit import FAULT_ENV, SinkCommitter, parse_fault
+from npstream.broker.sink_commit import (
+    DEFAULT_ADOPT_MIN_BYTES,
+    FAULT_ENV,
+    SinkCommitter,
+    parse_fault,
+)
 from npstream.broker.sink_staging import (
     StagingArea,
     check_batch_id,
@@ -210,6 +215,7 @@ def add_to_server(server: grpc.Server, ctx: BrokerContext) -> StagingSweeper:
         streams_dir=config.data_dir / "streams",
         durable_metadata=getattr(config, "metadata_sync", "normal") != "full",
         fault=parse_fault(os.environ.get(FAULT_ENV)),
+        adopt_min_bytes=int(getattr(config, "sink_adopt_min_bytes", DEFAULT_ADOPT_MIN_BYTES)),
     )
     finished = committer.recover()
     if finished:

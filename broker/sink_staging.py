@@ -9,14 +9,17 @@ replaces the earlier file, and dropping a batch is deleting a directory.
 
 Layout::
 
-    <data_dir>/sink/<sink_id>/<batch_id>/<staging_id>.arrow
+    <data_dir>/sink/<sink_id>/<batch_id>/<staging_id>.arrow   the frames
+    <data_dir>/sink/<sink_id>/<batch_id>/<staging_id>.index   their JSON index
 
-Each file holds, per target stream, the rows as ready-to-append frame
-payloads (sink_frames.py has the format and the reason), behind a small JSON
-index listing the target streams and the row count, so listing what a staging
-targets reads a few hundred bytes, not the data. Files written by older
-brokers (an Arrow IPC stream with a ``stream`` column and the targets in the
-schema metadata) are still read.
+The data file holds, per target stream, the rows as ready-to-append frames
+(sink_frames.py has the format and the reason); the index lists the target
+streams, the row count and every frame, so listing what a staging targets
+reads a few hundred bytes, not the data. A commit may move a data file into
+a stream as a segment; its index stays until the batch is dropped. Files
+written by older brokers (an Arrow IPC stream with a ``stream`` column and
+the targets in the schema metadata, or the frames with the index in a
+trailer) are still read.
 
 Rows staged without an id get one here, in the shape of the broker's
 generated ids (16 random hex characters per file and stream, then the row's
@@ -47,7 +50,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from npstream.broker.errors import InvalidArgumentError
-from npstream.broker.sink_frames import StagedFrames, is_frames_file, read_index, write_staging
+from npstream.broker.sink_frames import (
+    INDEX_SUFFIX,
+    StagedFrames,
+    index_path,
+    read_index,
+    write_staging,
+)
 from npstream.names import NAME_RULE, STREAM_NAME_RE, validate_stream_name
 from npstream.schema import normalize_publish_table
 
@@ -60,6 +69,7 @@ __all__ = [
     "check_staging_id",
     "message_sizes",
     "prepare_stage",
+    "remove_staging",
 ]
 
 log = logging.getLogger(__name__)
@@ -261,18 +271,33 @@ class StagingArea:
             return self._write_once(target, table)
 
     def _write_once(self, target: Path, table: pa.Table) -> int:
+        """Data file and index file through temporary names; the data file is renamed last."""
         self._make_dirs(target.parent)
-        tmp = target.with_name(f"{target.name}.{uuid.uuid4().hex[:12]}{_TMP_SUFFIX}")
+        suffix = f".{uuid.uuid4().hex[:12]}{_TMP_SUFFIX}"
+        tmp = target.with_name(target.name + suffix)
+        tmp_index = target.with_name(index_path(target).name + suffix)
         try:
-            with pa.OSFile(str(tmp), "wb") as sink:
-                write_staging(sink, table, self.max_frame_bytes)
-                os.fsync(sink.fileno())
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                index = write_staging(fd, table, self.max_frame_bytes)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            with open(tmp_index, "wb") as handle:
+                handle.write(json.dumps(index).encode())
+                handle.flush()
+                os.fsync(handle.fileno())
+            # A re-sent staging id replaces the earlier files; without the old data file
+            # first, a crash between the two renames could pair old data with a new index.
+            target.unlink(missing_ok=True)
+            os.replace(tmp_index, index_path(target))
             os.replace(tmp, target)
         except BaseException:
             tmp.unlink(missing_ok=True)
+            tmp_index.unlink(missing_ok=True)
             raise
         _fsync_dir(target.parent)
-        return target.stat().st_size
+        return int(index["bytes"])  # type: ignore[call-overload]
 
     def _make_dirs(self, batch_dir: Path) -> None:
         """Create <sink_id>/<batch_id> and fsync each new directory's parent."""
@@ -294,10 +319,9 @@ class StagingArea:
         return _targets_of(self.path(sink_id, batch_id, staging_id))
 
     def read(self, sink_id: str, batch_id: int, staging_id: str) -> StagedTable:
-        """The staged rows as a table (either file format); for checks and old files."""
-        path = self.path(sink_id, batch_id, staging_id)
-        if is_frames_file(path):
-            frames = StagedFrames(staging_id, path)
+        """The staged rows as a table (any file format); for checks and old files."""
+        frames = self.open_frames(sink_id, batch_id, staging_id)
+        if frames is not None:
             parts = []
             for stream in frames.streams:
                 rows = frames.rows_for(stream)
@@ -306,14 +330,18 @@ class StagingArea:
             table = pa.concat_tables(parts) if parts else pa.table(
                 {"stream": pa.array([], pa.string()), "value": pa.array([], pa.binary())})
             return StagedTable(staging_id, table, frames.streams)
-        with pa.memory_map(str(path)) as source:
+        with pa.memory_map(str(self.path(sink_id, batch_id, staging_id))) as source:
             table = pa.ipc.open_stream(source).read_all()
         return StagedTable(staging_id, table, _streams_from_schema(table.schema))
 
     def open_frames(self, sink_id: str, batch_id: int, staging_id: str) -> StagedFrames | None:
-        """The staged frames, mapped copy-on-write; None for a file in the older format."""
+        """The staged frames (mapped only when copied); None for a file in format 0.
+
+        Opens a staging whose data file was adopted too (its index remains).
+        """
         path = self.path(sink_id, batch_id, staging_id)
-        return StagedFrames(staging_id, path) if is_frames_file(path) else None
+        index = read_index(path)
+        return StagedFrames(staging_id, path, index) if index is not None else None
 
     def drop(self, sink_id: str, batch_id: int, staging_ids: list[str] | None = None) -> int:
         """Delete the listed stagings of a batch (all when None); returns files deleted."""
@@ -329,8 +357,8 @@ class StagingArea:
         for staging_id in staging_ids:
             path = self.path(sink_id, batch_id, staging_id)
             if path.is_file():
-                path.unlink(missing_ok=True)
                 dropped += 1
+            remove_staging(path)
         self._remove_if_empty(batch_dir)
         self._remove_if_empty(batch_dir.parent)
         return dropped
@@ -364,6 +392,18 @@ class StagingArea:
             for batch_dir in _subdirs(sink_dir):
                 yield from (p for p in batch_dir.iterdir() if p.name.endswith(_TMP_SUFFIX))
 
+    def orphan_indexes(self) -> Iterator[StagingFile]:
+        """Index files without their data file: adopted by a commit, or a Stage cut short."""
+        for sink_dir in _subdirs(self.root):
+            for batch_dir in _subdirs(sink_dir):
+                if not batch_dir.name.isdigit():
+                    continue
+                for path in batch_dir.iterdir():
+                    data = path.with_suffix(STAGING_SUFFIX)
+                    if path.name.endswith(INDEX_SUFFIX) and not data.exists():
+                        yield StagingFile(sink_dir.name, int(batch_dir.name),
+                                          path.name[: -len(INDEX_SUFFIX)], path)
+
     def sinks(self) -> list[str]:
         return [p.name for p in _subdirs(self.root)]
 
@@ -392,10 +432,17 @@ def _streams_from_schema(schema: pa.Schema) -> list[str]:
 
 
 def _targets_of(path: Path) -> list[str]:
-    if is_frames_file(path):
-        return list(read_index(path)["streams"])  # type: ignore[call-overload]
+    index = read_index(path)
+    if index is not None:
+        return list(index["streams"])  # type: ignore[call-overload]
     with pa.memory_map(str(path)) as source:
         return _streams_from_schema(pa.ipc.open_stream(source).schema)
+
+
+def remove_staging(path: Path) -> None:
+    """Delete a staging's data file and its index file (either may be gone already)."""
+    path.unlink(missing_ok=True)
+    index_path(path).unlink(missing_ok=True)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -27,9 +27,9 @@ import errno
 import logging
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -54,7 +54,7 @@ from npstream.broker.storage.dedup import DedupWindow, rebuild_window
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.group_commit import CommitQueue, CommitRequest
 from npstream.broker.storage.loader import LoadedLog
-from npstream.broker.storage.prebuilt import PrebuiltFrame, check_prebuilt_sizes
+from npstream.broker.storage.prebuilt import PrebuiltFrame
 from npstream.broker.storage.reader import (
     FileSpan,
     LogView,
@@ -77,6 +77,7 @@ from npstream.broker.storage.small_append import (
     prepare_rows,
     remember_lone_template,
 )
+from npstream.broker.storage.staged_segment import StagedSegment, check_sizes
 from npstream.broker.storage.stream_files import (
     CleanShutdown,
     read_retention_config,
@@ -249,32 +250,79 @@ class StreamLog:
         return self._queue.submit(request)  # type: ignore[return-value]
 
     def append_prebuilt(
-        self, frames: list[PrebuiltFrame], before_write: Callable[[int], None] | None = None
+        self, parts: Sequence[PrebuiltFrame | StagedSegment],
+        before_write: Callable[[int, int], None] | None = None, *,
+        timestamp: int | None = None, expect_first: int | None = None,
     ) -> AppendResult:
-        """append_atomic for rows already framed (prebuilt.py): stamped in place, not rebuilt.
+        """append_atomic for rows already framed: stamped in place, not rebuilt.
 
-        Same promises: contiguous, nothing interleaved, no dedup, fsynced before
-        return, ``before_write(first_offset)`` under the append lock before any
-        byte is written; MessageTooLargeError (nothing stored) as append_atomic.
+        ``parts`` are frames to copy into the log (prebuilt.py) and staged files
+        to adopt as segments (staged_segment.py), in offset order. Same promises
+        as append_atomic: contiguous, nothing interleaved, no dedup, fsynced
+        before return, ``before_write(first_offset, timestamp)`` under the append
+        lock before any byte is written; MessageTooLargeError (nothing stored).
+        ``timestamp`` (sink recovery: the interrupted commit's) replaces the
+        clock if it is not older than the log's last timestamp. With
+        ``expect_first``, ValueError unless the log ends there.
+
+        A failure after some parts were written (an adoption cannot be undone:
+        the staged file has moved) leaves the log refusing writes until it is
+        reopened, like a disk error; a caller that recorded where the append
+        started finishes it from there.
         """
-        check_prebuilt_sizes(frames, self.name, self._config.max_message_bytes)
+        check_sizes(parts, self.name, self._config.max_message_bytes)
         with self._append_lock:
             self._check_usable()
-            now = max(self._clock(), self._last_timestamp)
+            now = max(self._clock() if timestamp is None else timestamp, self._last_timestamp)
             first = self._view.end
+            if expect_first is not None and first != expect_first:
+                raise ValueError(f"stream '{self.name}' ends at offset {first}, "
+                                 f"not {expect_first}")
             if before_write is not None:
-                before_write(first)
-            count = sum(frame.count for frame in frames)
+                before_write(first, now)
+            count = sum(part.count for part in parts)
             if not count:
                 return AppendResult(first, 0, [], now)
-            flagged = self._write_locked(
-                first, now, lambda: self._segments.write_prebuilt(frames, first, now))
+            flagged = self._write_parts_locked(parts, first, now)
             self._remember_ids_locked(flagged, now)
             self._written_seq += 1
             sequence = self._written_seq
             self._publish_view_locked()
         self._sync_through(sequence)
         return AppendResult(first, count, [], now)
+
+    def _write_parts_locked(self, parts: Sequence[PrebuiltFrame | StagedSegment], first: int,
+                            now: int) -> list[pa.RecordBatch]:
+        """Write runs of frames and adopt staged files in order; see append_prebuilt."""
+        flagged: list[pa.RecordBatch] = []
+        base, index, wrote = first, 0, False
+        try:
+            while index < len(parts):
+                part = parts[index]
+                if isinstance(part, StagedSegment):
+                    self._segments.ensure_active(base, self._config)
+                    flagged += self._segments.adopt(part, base, now)
+                    self._last_timestamp = now
+                    run_count, index = part.count, index + 1
+                else:
+                    stop = index
+                    while stop < len(parts) and isinstance(parts[stop], PrebuiltFrame):
+                        stop += 1
+                    run = cast(list[PrebuiltFrame], list(parts[index:stop]))
+                    flagged += self._write_locked(
+                        base, now, lambda run=run, base=base:
+                        self._segments.write_prebuilt(run, base, now))
+                    run_count, index = sum(frame.count for frame in run), stop
+                base += run_count
+                wrote = wrote or run_count > 0
+        except BaseException as exc:
+            if wrote:
+                failure = exc if isinstance(exc, OSError) else OSError(
+                    errno.EIO, f"append stopped at offset {base} after writing part of it: "
+                    f"{exc}")
+                self._fail(failure)
+            raise
+        return flagged
 
     def _write_group(self, group: list[CommitRequest[PendingAppend | LoneMessage]]) -> int:
         """Leader: plan, frame and write one group; returns its write sequence number."""

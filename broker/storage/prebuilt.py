@@ -19,11 +19,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from npstream.broker.errors import MessageTooLargeError
-from npstream.broker.storage.batch_builder import decode_payload, message_sizes
 from npstream.schema import MESSAGE_SCHEMA
 
-__all__ = ["PrebuiltFrame", "check_prebuilt_sizes", "stamp_payload"]
+__all__ = ["PrebuiltFrame", "stamp_payload", "stamp_payload_ranges"]
 
 _OFFSET_COLUMN = MESSAGE_SCHEMA.get_field_index("offset")
 _TIMESTAMP_COLUMN = MESSAGE_SCHEMA.get_field_index("timestamp")
@@ -52,12 +50,22 @@ def stamp_payload(payload: memoryview, base_offset: int, timestamp_ms: int) -> p
     payload is not a MESSAGE_SCHEMA batch whose offset and timestamp columns
     are plain non-null buffers (what build_message_batch + serialize produce).
     """
+    return stamp_payload_ranges(payload, base_offset, timestamp_ms)[0]
+
+
+def stamp_payload_ranges(payload: memoryview, base_offset: int, timestamp_ms: int
+                         ) -> tuple[pa.RecordBatch, list[tuple[int, int]]]:
+    """stamp_payload, plus the (position, length) in ``payload`` of the two stamped buffers.
+
+    Whoever stamps a copy writes only those ranges back (staged_segment.py).
+    """
     buffer = pa.py_buffer(payload)
     try:
         batch = ipc.read_record_batch(buffer, MESSAGE_SCHEMA)
     except (pa.ArrowInvalid, OSError, EOFError) as exc:  # EOFError: no message at all
         raise ValueError(f"not a stored-batch payload: {exc!r}") from None
     rows = batch.num_rows
+    ranges: list[tuple[int, int]] = []
     for column, values in ((_OFFSET_COLUMN, np.arange(base_offset, base_offset + rows,
                                                       dtype=np.int64)),
                            (_TIMESTAMP_COLUMN, np.int64(timestamp_ms))):
@@ -68,21 +76,5 @@ def stamp_payload(payload: memoryview, base_offset: int, timestamp_ms: int) -> p
                              "is not a plain int64 buffer")
         position = data.address - buffer.address
         np.frombuffer(payload, dtype=np.int64, count=rows, offset=position)[:] = values
-    return batch
-
-
-def check_prebuilt_sizes(frames: list[PrebuiltFrame], stream: str, limit: int) -> None:
-    """MessageTooLargeError for the first message over ``limit`` (0 = none), as append does.
-
-    The frames carry their largest message size, so only a frame over the
-    limit (the stream's limit was lowered after they were built) is decoded.
-    """
-    if limit <= 0:
-        return
-    index = 0
-    for frame in frames:
-        if frame.max_message_bytes > limit:
-            sizes = message_sizes(pa.Table.from_batches([decode_payload(frame.payload)]))
-            row = int(np.argmax(sizes > limit))
-            raise MessageTooLargeError(stream, index + row, int(sizes[row]), limit)
-        index += frame.count
+        ranges.append((position, 8 * rows))
+    return batch, ranges

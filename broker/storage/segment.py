@@ -30,7 +30,7 @@ from npstream.broker.storage.settings import SCAN_CHUNK_BYTES
 from npstream.broker.storage.sparse_index import IndexFileError, SegmentSeal
 from npstream.broker.storage.time_index import TimeIndex
 
-__all__ = ["FaultHook", "Segment"]
+__all__ = ["FaultHook", "Segment", "pwrite_all"]
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class Segment:
             try:
                 if fault_hook is not None:
                     fault_hook("write", self.path, position)
-                _pwrite_all(fd, [header_bytes, payload], position)
+                pwrite_all(fd, [header_bytes, payload], position)
             except OSError:
                 try:
                     os.ftruncate(fd, position)
@@ -233,7 +233,7 @@ class Segment:
                 yield frame
 
 
-def _pwrite_all(fd: int, buffers: list[object], position: int) -> None:
+def pwrite_all(fd: int, buffers: list[object], position: int) -> None:
     """pwritev until every byte is written (regular files rarely write short)."""
     views = [memoryview(buffer).cast("B") for buffer in buffers]  # type: ignore[arg-type]
     while views:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,12 +20,13 @@ import pyarrow.compute as pc
 from npstream.broker.errors import BrokerError, CorruptRecordError
 from npstream.broker.storage.batch_builder import decode_payload, reencode_rows, serialize_frames
 from npstream.broker.storage.file_cache import FileCache
-from npstream.broker.storage.files import fsync_dir
+from npstream.broker.storage.files import fsync_dir, segment_path
 from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload
 from npstream.broker.storage.reader import LogView, iter_frames
 from npstream.broker.storage.record_batch import FLAG_PRODUCER_IDS, FrameHeader, encode_frame
 from npstream.broker.storage.segment import FaultHook, Segment
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
+from npstream.broker.storage.staged_segment import StagedSegment
 from npstream.broker.storage.stream_files import write_retention_config, write_schema
 
 __all__ = ["SegmentList", "UndoFailedError"]
@@ -138,6 +140,44 @@ class SegmentList:
             )))
             base += frame.count
         self._write_frames(ready, timestamp)
+        return flagged
+
+    def adopt(self, staged: StagedSegment, first: int, timestamp: int) -> list[pa.RecordBatch]:
+        """Make a staged file the newest segment, at offset ``first`` (staged_segment.py).
+
+        The file is stamped and fsynced first, so a failure there leaves the log
+        as it was. Then the active segment is closed (an empty one is replaced,
+        since it has the same name) and the file renamed into the stream
+        directory; it becomes the active segment. Returns the (offset, id)
+        columns of frames carrying producer ids.
+        """
+        headers, flagged = staged.stamp(first, timestamp, self._fault_hook)
+        tail = self.segments[-1]
+        target = segment_path(self.directory, first)
+        if not tail.is_empty:
+            tail.sync(self._cache, self._fault_hook)
+            tail.seal()
+        try:
+            self._cache.forget(target)  # an empty tail's file is replaced: drop its open fd
+            os.replace(staged.path, target)
+            fsync_dir(self.directory)
+            fsync_dir(staged.path.parent)
+        except OSError:
+            if tail.sealed and not tail.is_empty:
+                tail.delete_index_files()  # it stays the active segment
+            raise
+        segment = Segment(self.directory, first)
+        for position, header in headers:
+            segment.record_frame(position, header, self._settings.index_interval_bytes)
+        if tail.is_empty:
+            self.segments[-1] = segment
+        else:
+            self.segments.append(segment)
+        log.info("stream %s: adopted staged file %s as segment %s (offsets [%d, %d), %d bytes)",
+                 self.name, staged.path.name, target.name, first, segment.next_offset,
+                 segment.size)
+        if staged.on_event is not None:
+            staged.on_event("adopted")
         return flagged
 
     def _write_frames(self, frames: list[tuple[pa.Buffer | bytes, bytes, FrameHeader]],

@@ -117,3 +117,96 @@ def test_orphaned_staging_older_than_ttl_is_garbage_collected(broker_factory):
         with pytest.raises(SinkConflict, match=r"staging '0-0' not found \(aborted, expired"):
             sink.commit("orphan", 0, ["0-0"])
     assert "dropped expired staging '0-0'" in proc.log_text()
+
+
+# ---------------------------------------------------------------- staged files adopted as segments
+
+BIG_ROWS, SMALL_ROWS = 400, 5
+ADOPT_ENV = {"NPSTREAM_SINK_ADOPT_MIN_BYTES": "16KiB"}  # the big stagings (~50 KB) are adopted
+
+
+def adoption_tables() -> list[pa.Table]:
+    """Three stagings of one stream: big (adopted), small (copied), big (adopted)."""
+    sizes = [BIG_ROWS, SMALL_ROWS, BIG_ROWS]
+    tables, first = [], 0
+    for size in sizes:
+        numbers = range(first, first + size)
+        tables.append(pa.table({"value": [f"{i:0100d}" for i in numbers],
+                                "id": [f"id-{i}" for i in numbers]}))
+        first += size
+    return tables
+
+
+def stream_segments(proc, stream: str) -> list[int]:
+    from npstream.broker.storage.files import list_segment_bases
+
+    return list_segment_bases(Path(proc.data_dir) / "streams" / stream)
+
+
+def test_large_single_stream_stagings_become_segments_without_a_copy(broker_factory):
+    proc = broker_factory("data", env=ADOPT_ENV)
+    total = 2 * BIG_ROWS + SMALL_ROWS
+    with Client(proc.address) as client:
+        client.publish(ORDERS, b"pre")
+        sink = client.sink()
+        for part, table in enumerate(adoption_tables()):
+            sink.stage("adopt", 0, f"0-{part}", ORDERS, table)
+        assert sink.commit("adopt", 0, ["0-0", "0-1", "0-2"]).written == {ORDERS: (1, 1 + total)}
+        orders = read(client, ORDERS)
+        assert orders.column("id").to_pylist()[1:] == [f"id-{i}" for i in range(total)]
+        assert orders.column("value").to_pylist()[:2] == [b"pre", f"{0:0100d}".encode()]
+        assert orders.column("offset").to_pylist() == list(range(1 + total))
+        assert len(set(orders.column("timestamp").to_pylist()[1:])) == 1
+        # Segments: the first publish's, then the first big staging (the small one was
+        # copied into it), then the second big staging.
+        assert stream_segments(proc, ORDERS) == [0, 1, 1 + BIG_ROWS + SMALL_ROWS]
+        # Small commits are copied into the active segment: no new segment.
+        sink.stage("adopt", 1, "1-0", ORDERS, pa.table({"value": ["tiny"]}))
+        assert sink.commit("adopt", 1, ["1-0"]).written == {ORDERS: (1 + total, 2 + total)}
+        assert stream_segments(proc, ORDERS) == [0, 1, 1 + BIG_ROWS + SMALL_ROWS]
+        assert client.publish(ORDERS, b"after").offset == 2 + total
+    assert "adopted staged file 0-0.arrow as segment" in proc.log_text()
+    assert not list((Path(proc.data_dir) / "sink").rglob("*.*"))
+    proc.restart(hard=True)  # the adopted segments load like any other
+    with Client(proc.address) as client:
+        assert read(client, ORDERS).column("value").to_pylist()[-2:] == [b"tiny", b"after"]
+
+
+@pytest.mark.parametrize(("fault", "recovery_log"), [
+    ("marker", r"append to 'orders' at offset 3 had no complete row on disk"),
+    ("stamped:1", r"append to 'orders' at offset 3 had no complete row on disk"),
+    ("adopted:1", rf"append to 'orders' at offset 3 was torn \({BIG_ROWS} of "
+                  rf"{2 * BIG_ROWS + SMALL_ROWS} rows on disk\); truncated to offset "
+                  rf"{3 + BIG_ROWS} and writing it again from there"),
+    ("stamped:2", rf"was torn \({BIG_ROWS + SMALL_ROWS} of {2 * BIG_ROWS + SMALL_ROWS} rows "
+                  rf"on disk\); truncated to offset {3 + BIG_ROWS + SMALL_ROWS}"),
+    ("adopted:2", r"append to 'orders' at \[3,808\) had completed; marked done"),
+])
+def test_commit_killed_while_adopting_stagings_is_finished_exactly_once(broker_factory, fault,
+                                                                         recovery_log):
+    proc = broker_factory("data", env={FAULT_ENV: fault, **ADOPT_ENV})
+    total = 2 * BIG_ROWS + SMALL_ROWS
+    with Client(proc.address, retry_deadline=1.0) as client:
+        client.publish_batch(ORDERS, [{"value": b"pre", "id": f"pre-{i}"} for i in range(3)])
+        sink = client.sink()
+        for part, table in enumerate(adoption_tables()):
+            sink.stage("crashy", 4, f"4-{part}", ORDERS, table)
+        with pytest.raises(BrokerUnavailable):
+            sink.commit("crashy", 4, ["4-0", "4-1", "4-2"])
+    assert proc.proc.wait(10) == FAULT_EXIT_CODE
+
+    proc.extra_env.pop(FAULT_ENV)
+    proc.start()
+    with Client(proc.address) as client:
+        orders = read(client, ORDERS)
+        assert orders.column("id").to_pylist() == [f"pre-{i}" for i in range(3)] + [
+            f"id-{i}" for i in range(total)]
+        assert orders.column("offset").to_pylist() == list(range(3 + total))
+        # One commit, one timestamp: a resumed append reuses the interrupted one's.
+        assert len(set(orders.column("timestamp").to_pylist()[3:])) == 1
+        sink = client.sink()
+        assert sink.commit("crashy", 4, ["4-0", "4-1", "4-2"]).already_committed is True
+        assert client.publish(ORDERS, b"after").offset == 3 + total
+    assert re.search(recovery_log, proc.log_text())
+    assert stream_segments(proc, ORDERS) == [0, 3, 3 + BIG_ROWS + SMALL_ROWS]
+    assert not list((Path(proc.data_dir) / "sink").rglob("*.*"))

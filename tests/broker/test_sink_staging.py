@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from npstream.broker.errors import InvalidArgumentError
+from npstream.broker.sink_frames import MAGIC
 from npstream.broker.sink_staging import (
     StagingArea,
     check_sink_id,
@@ -16,7 +20,9 @@ from npstream.broker.sink_staging import (
     message_sizes,
     prepare_stage,
 )
-from npstream.schema import HEADERS_TYPE
+from npstream.broker.storage.batch_builder import build_message_batch, complete_publish_table
+from npstream.broker.storage.record_batch import frame_crc, parse_header
+from npstream.schema import HEADERS_TYPE, MESSAGE_SCHEMA
 
 
 def limits(limit: int = 1 << 20):
@@ -139,7 +145,7 @@ def test_staging_area_rewrite_of_same_id_replaces_the_file(tmp_path: Path):
     area.write("k", 0, "st", staged(["old", "old"]))
     area.write("k", 0, "st", staged(["new"]))
     assert area.read("k", 0, "st").table.column("value").to_pylist() == [b"new"]
-    assert sorted(p.name for p in (tmp_path / "k" / "0").iterdir()) == ["st.arrow"]
+    assert sorted(p.name for p in (tmp_path / "k" / "0").iterdir()) == ["st.arrow", "st.index"]
 
 
 def test_staged_table_rows_for_filters_one_stream_in_order(tmp_path: Path):
@@ -181,7 +187,8 @@ def test_staging_area_failed_write_leaves_no_file(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(os, "fsync", broken_fsync)
     with pytest.raises(OSError, match="Input/output error"):
         area.write("k", 0, "st", staged(["x"]))
-    assert [p.name for p in (tmp_path / "k" / "0").iterdir()] == ["other.arrow"]
+    assert sorted(p.name for p in (tmp_path / "k" / "0").iterdir()) == ["other.arrow",
+                                                                         "other.index"]
 
 
 def test_staging_file_holds_frames_per_stream_with_final_ids_and_an_index(tmp_path: Path):
@@ -204,6 +211,77 @@ def test_staging_file_holds_frames_per_stream_with_final_ids_and_an_index(tmp_pa
     assert all(len(g) == 32 for g in generated) and len(set(generated)) == len(generated)
     # The same staging read again is the same rows, ids included (a rewritten commit keeps them).
     assert area.open_frames("k", 0, "st").rows_for("a").equals(rows)
+
+
+def test_staging_file_is_in_segment_layout_with_placeholder_headers(tmp_path: Path):
+    """Frames from byte 0, each header with its length and count but no offsets and no CRC."""
+    area = StagingArea(tmp_path, max_frame_bytes=1024)
+    area.write("k", 0, "st", staged([f"v{i}" for i in range(100)]))
+    frames = area.open_frames("k", 0, "st")
+    assert frames is not None and frames.format == 2
+    data = area.path("k", 0, "st").read_bytes()
+    position, counts = 0, []
+    while position < len(data):
+        header = parse_header(data, position)
+        assert (header.base_offset, header.min_timestamp, header.crc) == (0, 0, 0)
+        assert frame_crc(data, position, header) != header.crc  # invalid until stamped
+        counts.append(header.count)
+        position += header.frame_size
+    assert position == len(data) and len(counts) > 1 and sum(counts) == 100
+    slots = frames.segment_for("s").slots  # type: ignore[union-attr]
+    assert [slot.count for slot in slots] == counts
+    assert frames.segment_for("other") is None
+
+
+def test_staging_of_several_streams_is_not_a_segment_but_its_frames_are_copied(tmp_path: Path):
+    area = StagingArea(tmp_path)
+    data = pa.table({"value": ["1", "2"], "stream": ["a", "b"]})
+    area.write("k", 0, "st", prepare_stage(data, "", limits()))
+    frames = area.open_frames("k", 0, "st")
+    assert frames is not None
+    assert frames.segment_for("a") is None and frames.segment_for("b") is None
+    assert [f.count for f in frames.frames_for("b")] == [1]
+
+
+def test_index_outlives_an_adopted_data_file_and_is_an_orphan_then(tmp_path: Path):
+    area = StagingArea(tmp_path)
+    area.write("k", 2, "st", staged(["a", "b", "c"]))
+    area.path("k", 2, "st").rename(tmp_path / "elsewhere.log")  # what an adoption does
+    assert not area.exists("k", 2, "st")
+    frames = area.open_frames("k", 2, "st")
+    assert frames is not None and frames.count_for("s") == 3
+    assert [(o.batch_id, o.staging_id) for o in area.orphan_indexes()] == [(2, "st")]
+    assert area.drop("k", 2, ["st"]) == 0
+    assert not (tmp_path / "k").exists()
+
+
+def test_staging_file_in_format_1_is_still_read(tmp_path: Path):
+    """Before the segment layout, the payloads formed an Arrow IPC stream, index in a trailer."""
+    area = StagingArea(tmp_path)
+    table = prepare_stage(pa.table({"value": ["1", "2", "3"], "stream": ["a", "b", "a"]}), "",
+                          limits())
+    path = area.path("k", 1, "v1")
+    path.parent.mkdir(parents=True)
+    frames = []
+    with pa.OSFile(str(path), "wb") as sink:
+        with pa.ipc.new_stream(sink, MESSAGE_SCHEMA) as writer:
+            writer.write_batch(pa.RecordBatch.from_pylist([], MESSAGE_SCHEMA))
+            for stream in ("a", "b"):
+                rows = table.filter(pc.equal(table.column("stream"), stream))
+                batch = build_message_batch(
+                    complete_publish_table(rows.drop_columns(["stream"])), 0, 0, b"f" * 16)
+                position = sink.tell()
+                writer.write_batch(batch)
+                frames.append([stream, batch.num_rows, 0, position, sink.tell() - position, 1])
+        index_position = sink.tell()
+        text = json.dumps({"rows": 3, "streams": ["a", "b"], "frames": frames}).encode()
+        sink.write(text + b" " * (-len(text) % 8))
+        sink.write(struct.pack("<Q8s", index_position, MAGIC))
+    old = area.open_frames("k", 1, "v1")
+    assert old is not None and old.format == 1 and old.segment_for("a") is None
+    assert area.targets("k", 1, "v1") == ["a", "b"]
+    assert old.rows_for("a").column("value").to_pylist() == [b"1", b"3"]
+    assert [f.count for f in old.frames_for("b")] == [1]
 
 
 def test_staging_file_of_an_older_broker_is_still_read(tmp_path: Path):

@@ -47,7 +47,7 @@ def test_prebuilt_frames_get_contiguous_offsets_one_timestamp_and_keep_ids(
                       max_frame_bytes=1024)
     assert len(frames) > 1
     seen: list[int] = []
-    result = log.append_prebuilt(frames, before_write=seen.append)
+    result = log.append_prebuilt(frames, before_write=lambda first, _ts: seen.append(first))
     assert seen == [1]
     assert (result.first_offset, result.stored_count, result.duplicates) == (1, 50, [])
     assert result.timestamp_ms == clock.now

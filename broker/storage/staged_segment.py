@@ -1,0 +1,173 @@
+"""A staged file that becomes a segment in place: stamped, fsynced and renamed, never copied.
+
+The exactly-once sink's commit used to copy every staged frame into the
+stream's active segment. On a machine where fresh page cache is slow (the
+2-core benchmark VM fills it at ~400 MB/s), that copy was most of a large
+micro-batch's commit, and all Spark tasks waited for it. A staged file in the
+*segment layout* (frames with placeholder headers: right payload length,
+count and flags, base offset 0, timestamps 0, CRC 0, so it can never pass for
+a segment by accident) needs no copy: the commit writes each frame's offsets
+and timestamps (16 bytes a row, prebuilt.stamp_payload_ranges) and its header
+with the real CRC into the file itself, fsyncs it and renames it into the stream
+directory under its base offset (SegmentList.adopt). Only the pages holding
+those columns and the headers are dirtied; the payload bytes stay where
+Stage put them.
+
+Stamping is idempotent for a given base offset and timestamp, so a commit
+interrupted between stamping and the rename stamps the file again at the
+restart and gets the same bytes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from npstream.broker.errors import MessageTooLargeError
+from npstream.broker.storage.batch_builder import decode_payload, message_sizes
+from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload_ranges
+from npstream.broker.storage.record_batch import (
+    FLAG_PRODUCER_IDS,
+    FORMAT_VERSION,
+    HEADER_SIZE,
+    MAGIC,
+    FrameHeader,
+    encode_frame,
+)
+from npstream.broker.storage.segment import pwrite_all
+
+__all__ = ["FrameSlot", "StagedSegment", "check_sizes", "placeholder_header"]
+
+_ID_COLUMNS = [0, 1]  # offset, id: what the dedup window remembers of flagged frames
+
+
+def placeholder_header(payload_length: int, count: int, flags: int) -> bytes:
+    """The header a staged frame carries until its commit stamps it (see module doc)."""
+    return (MAGIC + bytes([FORMAT_VERSION, flags, 0, 0])
+            + payload_length.to_bytes(4, "little") + bytes(4)  # crc 0
+            + bytes(8) + count.to_bytes(4, "little") + bytes(20))
+
+
+@dataclass(frozen=True)
+class FrameSlot:
+    """One frame of a staged file: its payload's place, row count, flags, largest message."""
+
+    payload_position: int  # the header is the HEADER_SIZE bytes before it
+    payload_length: int
+    count: int
+    flags: int = 0
+    max_message_bytes: int = 0
+
+    @property
+    def header_position(self) -> int:
+        return self.payload_position - HEADER_SIZE
+
+
+@dataclass(frozen=True)
+class StagedSegment:
+    """A staged file in segment layout, holding ``slots`` back to back from byte 0.
+
+    ``on_event(name)`` (tests' crash points) is called with "stamped" once the
+    file is stamped and fsynced, and "adopted" once it is renamed into the stream.
+    """
+
+    path: Path
+    slots: tuple[FrameSlot, ...]
+    on_event: Callable[[str], None] | None = field(default=None, compare=False)
+
+    @property
+    def count(self) -> int:
+        return sum(slot.count for slot in self.slots)
+
+    @property
+    def size(self) -> int:
+        last = self.slots[-1]
+        return last.payload_position + last.payload_length
+
+    def read_payload(self, slot: FrameSlot) -> bytes:
+        """One frame's payload (for a size check that needs the rows)."""
+        with open(self.path, "rb") as handle:
+            handle.seek(slot.payload_position)
+            return handle.read(slot.payload_length)
+
+    def stamp(
+        self, first: int, timestamp: int, fault_hook: Callable[[str, Path, int], None] | None,
+    ) -> tuple[list[tuple[int, FrameHeader]], list[pa.RecordBatch]]:
+        """Stamp offsets first.. and ``timestamp`` into the file, fsync it.
+
+        Returns each frame's (position, header), and copies of the (offset, id)
+        columns of frames flagged as carrying producer ids. ValueError when a
+        slot does not hold a stored-batch payload of its count (nothing is
+        renamed then; the file may be half stamped, which a later stamp redoes).
+        """
+        headers: list[tuple[int, FrameHeader]] = []
+        flagged: list[pa.RecordBatch] = []
+        buffer = bytearray(max((slot.payload_length for slot in self.slots), default=0))
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            if os.fstat(fd).st_size != self.size:
+                raise ValueError(f"staged file {self.path} has {os.fstat(fd).st_size} bytes, "
+                                 f"its index says {self.size}")
+            base = first
+            for slot in self.slots:
+                payload = memoryview(buffer)[:slot.payload_length]
+                if os.preadv(fd, [payload], slot.payload_position) != slot.payload_length:
+                    raise ValueError(f"staged file {self.path} is cut short at byte "
+                                     f"{slot.payload_position}")
+                batch, stamped = stamp_payload_ranges(payload, base, timestamp)
+                if batch.num_rows != slot.count:
+                    raise ValueError(f"staged frame at byte {slot.payload_position} of "
+                                     f"{self.path} holds {batch.num_rows} rows, not {slot.count}")
+                if slot.flags & FLAG_PRODUCER_IDS:
+                    ids = batch.select(_ID_COLUMNS)
+                    flagged.append(ipc.read_record_batch(ids.serialize(), ids.schema))
+                del batch
+                header_bytes, header = encode_frame(
+                    pa.py_buffer(payload), base_offset=base, count=slot.count,
+                    min_timestamp=timestamp, max_timestamp=timestamp, flags=slot.flags)
+                if fault_hook is not None:
+                    fault_hook("write", self.path, slot.header_position)
+                # Only the header and the two stamped columns go back: the rest of the
+                # file's pages stay clean, so the fsync writes little.
+                pwrite_all(fd, [header_bytes], slot.header_position)
+                for position, length in stamped:
+                    pwrite_all(fd, [payload[position:position + length]],
+                               slot.payload_position + position)
+                headers.append((slot.header_position, header))
+                base += slot.count
+            if fault_hook is not None:
+                fault_hook("fsync", self.path, self.size)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        if self.on_event is not None:
+            self.on_event("stamped")
+        return headers, flagged
+
+
+def check_sizes(parts: Sequence[PrebuiltFrame | StagedSegment], stream: str, limit: int) -> None:
+    """MessageTooLargeError for the first message over ``limit`` (0 = none), as append does.
+
+    Frames carry their largest message size, so only a frame over the limit
+    (the stream's limit was lowered after they were staged) is decoded.
+    """
+    if limit <= 0:
+        return
+    index = 0
+    for part in parts:
+        pieces = ([(part.count, part.max_message_bytes, lambda part=part: part.payload)]
+                  if isinstance(part, PrebuiltFrame) else
+                  [(slot.count, slot.max_message_bytes,
+                    lambda part=part, slot=slot: part.read_payload(slot)) for slot in part.slots])
+        for count, largest, payload in pieces:
+            if largest > limit:
+                sizes = message_sizes(pa.Table.from_batches([decode_payload(payload())]))
+                row = int(np.argmax(sizes > limit))
+                raise MessageTooLargeError(stream, index + row, int(sizes[row]), limit)
+            index += count
