@@ -20,17 +20,25 @@ State in SQLite (through ``ctx.metadata``):
                   it returned (fsynced).
 
 Per stream, ``StreamLog.append_prebuilt`` (``append_atomic`` for staging files
-of older brokers) records the 'committing' marker from
-its ``before_write`` callback, under the log's append lock, before any byte
-is written; nothing else can append to the stream until the sink's rows are
-written and fsynced. So when recovery finds a 'committing' marker:
+of the oldest format) records the 'committing' marker, with the append's
+first offset and timestamp, from its ``before_write`` callback, under the
+log's append lock, before any byte is written; nothing else can append to
+the stream until the sink's rows are written and fsynced. Large staged files
+of one stream are adopted (stamped in place and renamed into the stream as a
+segment, storage/staged_segment.py), the others copied. So when recovery
+finds a 'committing' marker:
 
 * ``end_offset >= first_offset + row_count``: the append completed (later
   offsets, if any, are other writers' data appended after it); mark it done.
-* otherwise the crash tore the append: every offset from ``first_offset`` on
-  belongs to it, so ``truncate_to(first_offset)`` and append it again from the
-  staging files: same rows with the same ids at the same offsets (ids missing
-  at Stage were filled there, see sink_frames).
+* otherwise the crash interrupted it. Each staging's rows start at a known
+  offset (the first offset plus the rows of the stagings listed before it)
+  and every offset from ``first_offset`` on belongs to the append, so the log
+  is cut back to the start of the staging it ends in (an adopted staging is
+  whole or absent: only a copied one can be torn) and the append goes on from
+  that staging with the marker's timestamp: the same rows with the same ids
+  at the same offsets (ids missing at Stage were filled there, see
+  sink_frames). Adopted files cannot be written again (they moved), which is
+  why the append resumes rather than starting over.
 
 An append that fails on a disk error (fsync, or undoing a partial write)
 leaves the log refusing writes until the broker restarts, with the rows
