@@ -376,15 +376,8 @@ class StagingArea:
         return dropped
 
     def files(self) -> Iterator[StagingFile]:
-        """Every staging file, in no particular order (temp files excluded)."""
-        for sink_dir in _subdirs(self.root):
-            for batch_dir in _subdirs(sink_dir):
-                if not batch_dir.name.isdigit():
-                    continue
-                for path in batch_dir.iterdir():
-                    if path.name.endswith(STAGING_SUFFIX):
-                        yield StagingFile(sink_dir.name, int(batch_dir.name),
-                                          path.name[: -len(STAGING_SUFFIX)], path)
+        """Every staging data file, in no particular order (temp files excluded)."""
+        return self._entries(STAGING_SUFFIX)
 
     def temp_files(self) -> Iterator[Path]:
         """Leftovers of Stage calls interrupted before their rename."""
@@ -394,15 +387,18 @@ class StagingArea:
 
     def orphan_indexes(self) -> Iterator[StagingFile]:
         """Index files without their data file: adopted by a commit, or a Stage cut short."""
+        return (item for item in self._entries(INDEX_SUFFIX)
+                if not item.path.with_suffix(STAGING_SUFFIX).exists())
+
+    def _entries(self, suffix: str) -> Iterator[StagingFile]:
         for sink_dir in _subdirs(self.root):
             for batch_dir in _subdirs(sink_dir):
                 if not batch_dir.name.isdigit():
                     continue
                 for path in batch_dir.iterdir():
-                    data = path.with_suffix(STAGING_SUFFIX)
-                    if path.name.endswith(INDEX_SUFFIX) and not data.exists():
+                    if path.name.endswith(suffix):
                         yield StagingFile(sink_dir.name, int(batch_dir.name),
-                                          path.name[: -len(INDEX_SUFFIX)], path)
+                                          path.name[: -len(suffix)], path)
 
     def sinks(self) -> list[str]:
         return [p.name for p in _subdirs(self.root)]

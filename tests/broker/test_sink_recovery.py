@@ -47,6 +47,19 @@ def expected(stream: str) -> list[str]:
     return [f"id-{i}" for i in range(1200) if (AUDIT if i % 3 == 0 else ORDERS) == stream]
 
 
+def crash_mid_commit(proc, batch: int, tables: list[pa.Table], stream: str | None) -> None:
+    """Publish 3 rows to orders, stage ``tables`` for sink 'crashy', commit: the broker dies."""
+    with Client(proc.address, retry_deadline=1.0) as client:
+        client.publish_batch(ORDERS, [{"value": b"pre", "id": f"pre-{i}"} for i in range(3)])
+        sink = client.sink()
+        ids = [f"{batch}-{part}" for part in range(len(tables))]
+        for staging_id, table in zip(ids, tables, strict=True):
+            sink.stage("crashy", batch, staging_id, stream, table)
+        with pytest.raises(BrokerUnavailable):
+            sink.commit("crashy", batch, ids)
+    assert proc.proc.wait(10) == FAULT_EXIT_CODE
+
+
 @pytest.mark.parametrize(("fault", "env", "recovery_log"), [
     ("marker", {}, r"append to 'audit' at offset 0 had no complete row on disk"),
     ("append", {}, r"append to 'audit' at \[0,400\) had completed; marked done"),
@@ -61,14 +74,7 @@ def expected(stream: str) -> list[str]:
 def test_commit_killed_mid_commit_is_finished_exactly_once_at_restart(broker_factory, fault,
                                                                       env, recovery_log):
     proc = broker_factory("data", env={FAULT_ENV: fault, **env})
-    with Client(proc.address, retry_deadline=1.0) as client:
-        client.publish_batch(ORDERS, [{"value": b"pre", "id": f"pre-{i}"} for i in range(3)])
-        sink = client.sink()
-        for part, table in enumerate(staged_tables()):
-            sink.stage("crashy", 7, f"7-{part}", None, table)
-        with pytest.raises(BrokerUnavailable):
-            sink.commit("crashy", 7, ["7-0", "7-1"])
-    assert proc.proc.wait(10) == FAULT_EXIT_CODE
+    crash_mid_commit(proc, 7, staged_tables(), None)
     assert f"test fault hook {FAULT_ENV}" in proc.log_text()
 
     proc.extra_env.pop(FAULT_ENV)
@@ -186,14 +192,7 @@ def test_commit_killed_while_adopting_stagings_is_finished_exactly_once(broker_f
                                                                          recovery_log):
     proc = broker_factory("data", env={FAULT_ENV: fault, **ADOPT_ENV})
     total = 2 * BIG_ROWS + SMALL_ROWS
-    with Client(proc.address, retry_deadline=1.0) as client:
-        client.publish_batch(ORDERS, [{"value": b"pre", "id": f"pre-{i}"} for i in range(3)])
-        sink = client.sink()
-        for part, table in enumerate(adoption_tables()):
-            sink.stage("crashy", 4, f"4-{part}", ORDERS, table)
-        with pytest.raises(BrokerUnavailable):
-            sink.commit("crashy", 4, ["4-0", "4-1", "4-2"])
-    assert proc.proc.wait(10) == FAULT_EXIT_CODE
+    crash_mid_commit(proc, 4, adoption_tables(), ORDERS)
 
     proc.extra_env.pop(FAULT_ENV)
     proc.start()
