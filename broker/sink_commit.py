@@ -380,8 +380,11 @@ class SinkCommitter:
                      f"batch {pending.batch_id}")
         self._finish(pending)
         rows = sum(end - start for start, end in written.values())
-        log.info("sink '%s' committed batch %d: %d rows from %d staging(s) in %.0f ms: %s",
-                 pending.sink_id, pending.batch_id, rows, len(pending.staging_ids),
+        adopted = sum(1 for s in staged  # moved into a stream: adopted (format 2 only)
+                      if isinstance(s, StagedFrames) and s.format >= 2 and not s.path.exists())
+        log.info("sink '%s' committed batch %d: %d rows from %d staging(s) (%d adopted as "
+                 "segments) in %.0f ms: %s",
+                 pending.sink_id, pending.batch_id, rows, len(pending.staging_ids), adopted,
                  (time.perf_counter() - started) * 1000,
                  ", ".join(f"{s}[{a},{b})" for s, (a, b) in written.items()) or "(empty)")
         return written

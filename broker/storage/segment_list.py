@@ -173,7 +173,7 @@ class SegmentList:
             self.segments[-1] = segment
         else:
             self.segments.append(segment)
-        log.info("stream %s: adopted staged file %s as segment %s (offsets [%d, %d), %d bytes)",
+        log.debug("stream %s: adopted staged file %s as segment %s (offsets [%d, %d), %d bytes)",
                  self.name, staged.path.name, target.name, first, segment.next_offset,
                  segment.size)
         if staged.on_event is not None:

@@ -171,7 +171,8 @@ def test_large_single_stream_stagings_become_segments_without_a_copy(broker_fact
         assert sink.commit("adopt", 1, ["1-0"]).written == {ORDERS: (1 + total, 2 + total)}
         assert stream_segments(proc, ORDERS) == [0, 1, 1 + BIG_ROWS + SMALL_ROWS]
         assert client.publish(ORDERS, b"after").offset == 2 + total
-    assert "adopted staged file 0-0.arrow as segment" in proc.log_text()
+    assert re.search(rf"committed batch 0: {total} rows from 3 staging\(s\) \(2 adopted as "
+                     r"segments\)", proc.log_text())
     assert not list((Path(proc.data_dir) / "sink").rglob("*.*"))
     proc.restart(hard=True)  # the adopted segments load like any other
     with Client(proc.address) as client:

@@ -156,9 +156,16 @@ def test_consume_from_iso_time_and_latest(broker, client, stream_name):
 def test_consume_follow_prints_new_messages_and_ctrl_c_exits_130(broker, client, stream_name):
     client.create_stream(stream_name)
     env = {**os.environ, "NPSTREAM_BROKER": broker.address}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "npstream.cli", "consume", stream_name, "--follow"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # A suite started in the background by a shell without job control (`make test &`
+    # in a script) inherits SIGINT ignored, and so would the CLI, which then cannot be
+    # interrupted. A handler is reset to the default on exec, an ignore is not.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "npstream.cli", "consume", stream_name, "--follow"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         time.sleep(1.5)  # let it start and long-poll
         client.publish(stream_name, {"hello": "world"})
