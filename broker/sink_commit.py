@@ -378,10 +378,10 @@ class SinkCommitter:
             if self._fault and self._fault.point == "done" and done_streams >= self._fault.amount:
                 _die(f"after {done_streams} stream(s) of sink '{pending.sink_id}' "
                      f"batch {pending.batch_id}")
-        self._finish(pending)
-        rows = sum(end - start for start, end in written.values())
         adopted = sum(1 for s in staged  # moved into a stream: adopted (format 2 only)
                       if isinstance(s, StagedFrames) and s.format >= 2 and not s.path.exists())
+        self._finish(pending)
+        rows = sum(end - start for start, end in written.values())
         log.info("sink '%s' committed batch %d: %d rows from %d staging(s) (%d adopted as "
                  "segments) in %.0f ms: %s",
                  pending.sink_id, pending.batch_id, rows, len(pending.staging_ids), adopted,
