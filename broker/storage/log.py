@@ -28,8 +28,10 @@ import logging
 import secrets
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
+from itertools import groupby
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -295,28 +297,19 @@ class StreamLog:
                             now: int) -> list[pa.RecordBatch]:
         """Write runs of frames and adopt staged files in order; see append_prebuilt."""
         flagged: list[pa.RecordBatch] = []
-        base, index, wrote = first, 0, False
+        base = first
         try:
-            while index < len(parts):
-                part = parts[index]
-                if isinstance(part, StagedSegment):
-                    self._segments.ensure_active(base, self._config)
-                    flagged += self._segments.adopt(part, base, now)
-                    self._last_timestamp = now
-                    run_count, index = part.count, index + 1
-                else:
-                    stop = index
-                    while stop < len(parts) and isinstance(parts[stop], PrebuiltFrame):
-                        stop += 1
-                    run = cast(list[PrebuiltFrame], list(parts[index:stop]))
-                    flagged += self._write_locked(
-                        base, now, lambda run=run, base=base:
-                        self._segments.write_prebuilt(run, base, now))
-                    run_count, index = sum(frame.count for frame in run), stop
-                base += run_count
-                wrote = wrote or run_count > 0
+            for adopt, group in groupby(parts, key=lambda part: isinstance(part, StagedSegment)):
+                items = list(group)
+                # Each staged file is adopted alone; a run of frames is written at once.
+                steps = ([(item, item.count) for item in items] if adopt
+                         else [(items, sum(item.count for item in items))])
+                write = self._segments.adopt if adopt else self._segments.write_prebuilt
+                for what, count in steps:
+                    flagged += self._write_locked(base, now, partial(write, what, base, now))
+                    base += count
         except BaseException as exc:
-            if wrote:
+            if base > first:  # part of the append is in the log and cannot be undone
                 failure = exc if isinstance(exc, OSError) else OSError(
                     errno.EIO, f"append stopped at offset {base} after writing part of it: "
                     f"{exc}")
