@@ -47,7 +47,6 @@ import os
 import secrets
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -77,16 +76,6 @@ _TRAILER = struct.Struct("<Q8s")
 # bigger chunks become stored batches without being copied.
 _MIN_PART_BYTES = 256 << 10
 _ID_PREFIX_BYTES = 8  # random bytes -> 16 hex characters, as the broker's generated ids
-
-
-@dataclass(frozen=True)
-class _Frame:
-    stream: str
-    count: int
-    flags: int
-    position: int
-    length: int
-    max_message_bytes: int
 
 
 def write_staging(fd: int, table: pa.Table, max_frame_bytes: int) -> dict[str, object]:
@@ -198,14 +187,16 @@ class StagedFrames:
         self.format = int(index["format"])  # type: ignore[call-overload]
         self.streams: list[str] = list(index["streams"])  # type: ignore[call-overload]
         self.rows = int(index["rows"])  # type: ignore[call-overload]
-        self._frames = [_Frame(*f) for f in index["frames"]]  # type: ignore[attr-defined]
+        # Index entries: [stream, count, flags, payload position, payload length, largest]
+        self._frames = [(f[0], FrameSlot(f[3], f[4], f[1], f[2], f[5]))
+                        for f in index["frames"]]  # type: ignore[attr-defined]
         self._map: mmap.mmap | None = None
 
     def count_for(self, stream: str) -> int:
-        return sum(f.count for f in self._frames if f.stream == stream)
+        return sum(slot.count for target, slot in self._frames if target == stream)
 
     def bytes_for(self, stream: str) -> int:
-        return sum(f.length for f in self._frames if f.stream == stream)
+        return sum(slot.payload_length for target, slot in self._frames if target == stream)
 
     def segment_for(self, stream: str) -> StagedSegment | None:
         """The data file as a segment to adopt for ``stream`` if it can be one.
@@ -215,16 +206,15 @@ class StagedFrames:
         """
         if self.format < FORMAT or self.streams != [stream]:
             return None
-        return StagedSegment(self.path, tuple(
-            FrameSlot(f.position, f.length, f.count, f.flags, f.max_message_bytes)
-            for f in self._frames))
+        return StagedSegment(self.path, tuple(slot for _target, slot in self._frames))
 
     def _mapped(self) -> mmap.mmap | None:
         if self._map is None:
             fd = os.open(self.path, os.O_RDONLY)
             try:
                 size = os.fstat(fd).st_size
-                end = max((f.position + f.length for f in self._frames), default=0)
+                end = max((slot.payload_position + slot.payload_length
+                           for _target, slot in self._frames), default=0)
                 if end > size:
                     raise ValueError(f"staging file {self.path} is cut short "
                                      f"({size} of {end} bytes)")
@@ -237,9 +227,10 @@ class StagedFrames:
         """This staging's frames for one stream, in staged order (writable views of the map)."""
         mapped = self._mapped()
         view = memoryview(mapped) if mapped is not None else memoryview(b"")
-        return [PrebuiltFrame(view[f.position:f.position + f.length], f.count, f.flags,
-                              f.max_message_bytes)
-                for f in self._frames if f.stream == stream]
+        return [PrebuiltFrame(view[slot.payload_position:slot.payload_position
+                                   + slot.payload_length], slot.count, slot.flags,
+                              slot.max_message_bytes)
+                for target, slot in self._frames if target == stream]
 
     def rows_for(self, stream: str) -> pa.Table:
         """The rows for one stream as publish columns (id, key, value, headers)."""

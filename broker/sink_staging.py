@@ -57,6 +57,7 @@ from npstream.broker.sink_frames import (
     read_index,
     write_staging,
 )
+from npstream.broker.storage.files import fsync_dir
 from npstream.names import NAME_RULE, STREAM_NAME_RE, validate_stream_name
 from npstream.schema import normalize_publish_table
 
@@ -296,7 +297,7 @@ class StagingArea:
             tmp.unlink(missing_ok=True)
             tmp_index.unlink(missing_ok=True)
             raise
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
         return int(index["bytes"])  # type: ignore[call-overload]
 
     def _make_dirs(self, batch_dir: Path) -> None:
@@ -309,7 +310,7 @@ class StagingArea:
                 directory.mkdir(exist_ok=True)
                 created.append(directory)
         for directory in created:
-            _fsync_dir(directory.parent)
+            fsync_dir(directory.parent)
 
     def exists(self, sink_id: str, batch_id: int, staging_id: str) -> bool:
         return self.path(sink_id, batch_id, staging_id).is_file()
@@ -439,12 +440,3 @@ def remove_staging(path: Path) -> None:
     """Delete a staging's data file and its index file (either may be gone already)."""
     path.unlink(missing_ok=True)
     index_path(path).unlink(missing_ok=True)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename or a new entry in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
