@@ -434,16 +434,15 @@ class SinkCommitter:
 
         try:
             if not tables:
-                parts = self._parts(pending, stream, frames[resume:])
-                if resume:  # the marker stays as recorded: the append continues
-                    assert marker is not None
-                    result = stream_log.append_prebuilt(
-                        parts, timestamp=marker.timestamp,
-                        expect_first=marker.first_offset + sum(counts[:resume]))
-                else:
-                    result = stream_log.append_prebuilt(
-                        parts, before_write=before_write,
-                        timestamp=marker.timestamp if marker is not None else None)
+                # Resuming, the marker stays as recorded: the append continues where the
+                # stagings already in the log end, with the interrupted append's timestamp.
+                resumed_at = (marker.first_offset + sum(counts[:resume])
+                              if resume and marker is not None else None)
+                result = stream_log.append_prebuilt(
+                    self._parts(pending, stream, frames[resume:]),
+                    before_write=None if resume else before_write,
+                    timestamp=marker.timestamp if marker is not None else None,
+                    expect_first=resumed_at)
             else:
                 # One contiguous table: the storage engine frames it about twice as fast
                 # as the same rows in many chunks (measured), and copies it anyway.
