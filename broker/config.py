@@ -144,6 +144,7 @@ KEYS: tuple[ConfigKey, ...] = (
     # [sink]
     _duration("sink_staging_ttl", "sink", "1d"),
     _key("sink_adopt_min_bytes", "sink", parse_size, "4MiB"),
+    _key("sink_direct_writes", "sink", _parse_bool, True),
 )
 KEYS_BY_NAME: dict[str, ConfigKey] = {k.name: k for k in KEYS}
 
@@ -185,6 +186,7 @@ class BrokerConfig:
     metadata_sync: str
     sink_staging_ttl_ms: int
     sink_adopt_min_bytes: int
+    sink_direct_writes: bool
 
     @property
     def max_message_bytes_limit(self) -> int:

@@ -50,6 +50,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+import crc32c
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -60,15 +61,19 @@ from npstream.broker.storage.batch_builder import (
     message_sizes,
     producer_id_mask,
 )
-from npstream.broker.storage.prebuilt import PrebuiltFrame
+from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_ranges
 from npstream.broker.storage.record_batch import FLAG_PRODUCER_IDS, HEADER_SIZE
-from npstream.broker.storage.segment import pwrite_all
-from npstream.broker.storage.staged_segment import FrameSlot, StagedSegment, placeholder_header
+from npstream.broker.storage.staged_segment import (
+    FrameSlot,
+    StagedSegment,
+    StampSlot,
+    placeholder_header,
+)
 
-__all__ = ["FORMAT", "INDEX_SUFFIX", "MAGIC", "StagedFrames", "index_path", "read_index",
-           "write_staging"]
+__all__ = ["FORMAT", "INDEX_SUFFIX", "MAGIC", "StagedFrames", "build_staging", "index_path",
+           "read_index"]
 
-FORMAT = 2
+FORMAT = 3
 INDEX_SUFFIX = ".index"
 MAGIC = b"NPSTG\x00\x00\x01"  # format 1's trailer
 _TRAILER = struct.Struct("<Q8s")
@@ -78,13 +83,14 @@ _MIN_PART_BYTES = 256 << 10
 _ID_PREFIX_BYTES = 8  # random bytes -> 16 hex characters, as the broker's generated ids
 
 
-def write_staging(fd: int, table: pa.Table, max_frame_bytes: int) -> dict[str, object]:
-    """Write the frames of ``table`` (prepare_stage output) to ``fd`` from byte 0; the index.
+def build_staging(table: pa.Table, max_frame_bytes: int) -> tuple[list[object], dict[str, object]]:
+    """The data file of ``table`` (prepare_stage output) as buffers back to back, and its index.
 
     Stored batches are cut into payloads of about ``max_frame_bytes`` (the
     broker's max_batch_bytes), as an append would cut them.
     """
     streams = sorted(json.loads(table.schema.metadata[b"npstream.streams"]))
+    pieces: list[object] = []
     frames: list[list[object]] = []
     position = 0
     for stream in streams:
@@ -106,15 +112,16 @@ def write_staging(fd: int, table: pa.Table, max_frame_bytes: int) -> dict[str, o
                 if supplied is not None and pc.any(supplied.slice(start, count)).as_py():
                     flags = FLAG_PRODUCER_IDS
                 payload = piece.serialize()
-                pwrite_all(fd, [placeholder_header(payload.size, count, flags), payload],
-                           position)
+                _batch, ((offsets_at, _), (timestamps_at, _)) = stamp_ranges(payload)
+                pieces += [placeholder_header(payload.size, count, flags), payload]
                 position += HEADER_SIZE
                 frames.append([stream, count, flags, position, payload.size,
-                               int(sizes[start:start + count].max())])
+                               int(sizes[start:start + count].max()), first + start,
+                               offsets_at, timestamps_at, crc32c.crc32c(payload)])
                 position += payload.size
             first += part.num_rows
-    return {"format": FORMAT, "rows": table.num_rows, "bytes": position, "streams": streams,
-            "frames": frames}
+    return pieces, {"format": FORMAT, "rows": table.num_rows, "bytes": position,
+                    "streams": streams, "frames": frames}
 
 
 def _parts(rows: pa.Table) -> Iterator[pa.Table]:
@@ -187,8 +194,11 @@ class StagedFrames:
         self.format = int(index["format"])  # type: ignore[call-overload]
         self.streams: list[str] = list(index["streams"])  # type: ignore[call-overload]
         self.rows = int(index["rows"])  # type: ignore[call-overload]
-        # Index entries: [stream, count, flags, payload position, payload length, largest]
-        self._frames = [(f[0], FrameSlot(f[3], f[4], f[1], f[2], f[5]))
+        # Index entries: [stream, count, flags, payload position, payload length, largest,
+        # then from format 3: placeholder base offset, offsets position, timestamps
+        # position (both in the payload), payload CRC32C]
+        self._frames = [(f[0], FrameSlot(f[3], f[4], f[1], f[2], f[5],
+                                         StampSlot(*f[6:10]) if len(f) >= 10 else None))
                         for f in index["frames"]]  # type: ignore[attr-defined]
         self._map: mmap.mmap | None = None
 
@@ -201,8 +211,9 @@ class StagedFrames:
     def segment_for(self, stream: str) -> StagedSegment | None:
         """The data file as a segment to adopt for ``stream`` if it can be one.
 
-        It can when it is in the segment layout (format 2) and holds rows of
-        ``stream`` only.
+        It can when it is in the segment layout with what stamping needs in
+        its index (format 3) and holds rows of ``stream`` only. Format-2 files
+        (staged by an older broker) are copied.
         """
         if self.format < FORMAT or self.streams != [stream]:
             return None

@@ -209,7 +209,8 @@ class StagingSweeper:
 def add_to_server(server: grpc.Server, ctx: BrokerContext) -> StagingSweeper:
     """Recover unfinished commits, register SinkService, start the staging sweep."""
     config = ctx.config
-    staging = StagingArea(config.data_dir / "sink", max_frame_bytes=config.max_batch_bytes)
+    staging = StagingArea(config.data_dir / "sink", max_frame_bytes=config.max_batch_bytes,
+                          direct_writes=bool(getattr(config, "sink_direct_writes", True)))
     committer = SinkCommitter(
         ctx.metadata, ctx.registry, staging,
         streams_dir=config.data_dir / "streams",

@@ -53,10 +53,11 @@ from npstream.broker.errors import InvalidArgumentError
 from npstream.broker.sink_frames import (
     INDEX_SUFFIX,
     StagedFrames,
+    build_staging,
     index_path,
     read_index,
-    write_staging,
 )
+from npstream.broker.storage.direct_write import DirectFileWriter
 from npstream.broker.storage.files import fsync_dir
 from npstream.names import NAME_RULE, STREAM_NAME_RE, validate_stream_name
 from npstream.schema import normalize_publish_table
@@ -253,9 +254,13 @@ class StagedTable:
 class StagingArea:
     """The ``<data_dir>/sink`` tree. Thread-safe: each file is written via its own temp name."""
 
-    def __init__(self, root: Path, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(self, root: Path, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, *,
+                 direct_writes: bool = True) -> None:
         self.root = Path(root)
         self.max_frame_bytes = max_frame_bytes
+        # Data files are written around the page cache where the filesystem allows
+        # (storage/direct_write.py has why); index files are small and go through it.
+        self._writer = DirectFileWriter(direct_writes)
         self.root.mkdir(parents=True, exist_ok=True)
 
     def path(self, sink_id: str, batch_id: int, staging_id: str) -> Path:
@@ -278,12 +283,8 @@ class StagingArea:
         tmp = target.with_name(target.name + suffix)
         tmp_index = target.with_name(index_path(target).name + suffix)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                index = write_staging(fd, table, self.max_frame_bytes)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            pieces, index = build_staging(table, self.max_frame_bytes)
+            self._writer.create(tmp, pieces)
             with open(tmp_index, "wb") as handle:
                 handle.write(json.dumps(index).encode())
                 handle.flush()

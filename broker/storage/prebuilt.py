@@ -21,7 +21,7 @@ import pyarrow.ipc as ipc
 
 from npstream.schema import MESSAGE_SCHEMA
 
-__all__ = ["PrebuiltFrame", "stamp_payload", "stamp_payload_ranges"]
+__all__ = ["PrebuiltFrame", "stamp_payload", "stamp_payload_ranges", "stamp_ranges"]
 
 _OFFSET_COLUMN = MESSAGE_SCHEMA.get_field_index("offset")
 _TIMESTAMP_COLUMN = MESSAGE_SCHEMA.get_field_index("timestamp")
@@ -59,22 +59,30 @@ def stamp_payload_ranges(payload: memoryview, base_offset: int, timestamp_ms: in
 
     Whoever stamps a copy writes only those ranges back (staged_segment.py).
     """
-    buffer = pa.py_buffer(payload)
+    batch, ranges = stamp_ranges(payload)
+    rows = batch.num_rows
+    (offsets_at, _), (timestamps_at, _) = ranges
+    np.frombuffer(payload, dtype=np.int64, count=rows, offset=offsets_at)[:] = np.arange(
+        base_offset, base_offset + rows, dtype=np.int64)
+    np.frombuffer(payload, dtype=np.int64, count=rows, offset=timestamps_at)[:] = timestamp_ms
+    return batch, ranges
+
+
+def stamp_ranges(payload: memoryview | pa.Buffer) -> tuple[pa.RecordBatch, list[tuple[int, int]]]:
+    """The payload's batch (zero copy) and the (position, length) of its offset and
+    timestamp buffers: what stamping overwrites. ValueError as stamp_payload."""
+    buffer = payload if isinstance(payload, pa.Buffer) else pa.py_buffer(payload)
     try:
         batch = ipc.read_record_batch(buffer, MESSAGE_SCHEMA)
     except (pa.ArrowInvalid, OSError, EOFError) as exc:  # EOFError: no message at all
         raise ValueError(f"not a stored-batch payload: {exc!r}") from None
     rows = batch.num_rows
     ranges: list[tuple[int, int]] = []
-    for column, values in ((_OFFSET_COLUMN, np.arange(base_offset, base_offset + rows,
-                                                      dtype=np.int64)),
-                           (_TIMESTAMP_COLUMN, np.int64(timestamp_ms))):
+    for column in (_OFFSET_COLUMN, _TIMESTAMP_COLUMN):
         array = batch.column(column)
         data = array.buffers()[1]
         if array.null_count or array.offset or data is None or data.size < 8 * rows:
             raise ValueError(f"column {MESSAGE_SCHEMA.field(column).name} of a prebuilt frame "
                              "is not a plain int64 buffer")
-        position = data.address - buffer.address
-        np.frombuffer(payload, dtype=np.int64, count=rows, offset=position)[:] = values
-        ranges.append((position, 8 * rows))
+        ranges.append((data.address - buffer.address, 8 * rows))
     return batch, ranges

@@ -46,6 +46,8 @@ from dataclasses import dataclass
 import crc32c
 import pyarrow as pa
 
+from npstream.broker.storage import crc_patch
+
 __all__ = [
     "FLAG_PRODUCER_IDS",
     "FORMAT_VERSION",
@@ -54,6 +56,7 @@ __all__ = [
     "FrameError",
     "FrameHeader",
     "encode_frame",
+    "encode_header_for_crc",
     "frame_crc",
     "parse_header",
 ]
@@ -142,11 +145,40 @@ def encode_frame(
     one vectored write.
     """
     length = len(payload) if isinstance(payload, bytes) else payload.size
+    tail = _tail(length, base_offset, count, min_timestamp, max_timestamp)
+    crc = crc32c.crc32c(payload, crc32c.crc32c(tail))
+    return _packed(FrameHeader(flags, length, crc, base_offset, count, min_timestamp,
+                               max_timestamp), tail)
+
+
+def encode_header_for_crc(
+    payload_length: int,
+    payload_crc: int,
+    *,
+    base_offset: int,
+    count: int,
+    min_timestamp: int,
+    max_timestamp: int,
+    flags: int = 0,
+) -> tuple[bytes, FrameHeader]:
+    """encode_frame for a payload known only by its length and CRC32C (crc_patch.py).
+
+    A staged file is stamped into a segment without reading its payloads back.
+    """
+    tail = _tail(payload_length, base_offset, count, min_timestamp, max_timestamp)
+    crc = crc_patch.combine(crc32c.crc32c(tail), payload_crc, payload_length)
+    return _packed(FrameHeader(flags, payload_length, crc, base_offset, count, min_timestamp,
+                               max_timestamp), tail)
+
+
+def _tail(length: int, base_offset: int, count: int, min_timestamp: int,
+          max_timestamp: int) -> bytes:
+    """Header bytes 16..48, the part the CRC covers."""
     if length == 0 or length % 8:
         raise ValueError(f"payload length {length} is not a positive multiple of 8")
-    tail = struct.pack("<qIIqq", base_offset, count, 0, min_timestamp, max_timestamp)
-    crc = crc32c.crc32c(payload, crc32c.crc32c(tail))
-    header = struct.pack("<4sBBHII", MAGIC, FORMAT_VERSION, flags, 0, length, crc) + tail
-    return header, FrameHeader(
-        flags, length, crc, base_offset, count, min_timestamp, max_timestamp
-    )
+    return struct.pack("<qIIqq", base_offset, count, 0, min_timestamp, max_timestamp)
+
+
+def _packed(header: FrameHeader, tail: bytes) -> tuple[bytes, FrameHeader]:
+    return struct.pack("<4sBBHII", MAGIC, FORMAT_VERSION, header.flags, 0,
+                       header.payload_length, header.crc) + tail, header

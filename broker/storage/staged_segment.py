@@ -7,13 +7,18 @@ micro-batch's commit, and all Spark tasks waited for it. A staged file in the
 *segment layout* (frames with placeholder headers: right payload length,
 count and flags, base offset 0, timestamps 0, CRC 0, so it can never pass for
 a segment by accident) needs no copy: the commit writes each frame's offsets
-and timestamps (16 bytes a row, prebuilt.stamp_payload_ranges) and its header
-with the real CRC into the file itself, fsyncs it and renames it into the stream
-directory under its base offset (SegmentList.adopt). Only the pages holding
-those columns and the headers are dirtied; the payload bytes stay where
-Stage put them.
+and timestamps (16 bytes a row) and its header with the real CRC into the
+file itself, fsyncs it and renames it into the stream directory under its
+base offset (SegmentList.adopt). Only those columns and the headers are
+written; the payload bytes stay where Stage put them, and are not even read:
+Stage recorded where the two columns are, what the placeholder offsets were
+and the placeholder payload's CRC (StampSlot), from which the stamped
+payload's CRC follows (crc_patch.py). That matters because Stage writes
+around the page cache (direct_write.py): reading a payload back would come
+from the disk.
 
-Stamping is idempotent for a given base offset and timestamp, so a commit
+Stamping is idempotent for a given base offset and timestamp (whole columns
+are written, computed from the index, not from the file), so a commit
 interrupted between stamping and the rename stamps the file again at the
 restart and gets the same bytes.
 """
@@ -27,22 +32,22 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.ipc as ipc
 
 from npstream.broker.errors import MessageTooLargeError
+from npstream.broker.storage import crc_patch
 from npstream.broker.storage.batch_builder import decode_payload, message_sizes
-from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload_ranges
+from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload
 from npstream.broker.storage.record_batch import (
     FLAG_PRODUCER_IDS,
     FORMAT_VERSION,
     HEADER_SIZE,
     MAGIC,
     FrameHeader,
-    encode_frame,
+    encode_header_for_crc,
 )
 from npstream.broker.storage.segment import pwrite_all
 
-__all__ = ["FrameSlot", "StagedSegment", "check_sizes", "placeholder_header"]
+__all__ = ["FrameSlot", "StagedSegment", "StampSlot", "check_sizes", "placeholder_header"]
 
 _ID_COLUMNS = [0, 1]  # offset, id: what the dedup window remembers of flagged frames
 
@@ -55,6 +60,21 @@ def placeholder_header(payload_length: int, count: int, flags: int) -> bytes:
 
 
 @dataclass(frozen=True)
+class StampSlot:
+    """What stamping a frame needs besides its place: recorded when it was staged.
+
+    The payload's offsets are ``placeholder_base``.. and its timestamps 0 until
+    stamped; the two columns sit at these positions in the payload, and
+    ``payload_crc`` is the CRC32C of the placeholder payload.
+    """
+
+    placeholder_base: int
+    offsets_position: int
+    timestamps_position: int
+    payload_crc: int
+
+
+@dataclass(frozen=True)
 class FrameSlot:
     """One frame of a staged file: its payload's place, row count, flags, largest message."""
 
@@ -63,6 +83,7 @@ class FrameSlot:
     count: int
     flags: int = 0
     max_message_bytes: int = 0
+    stamp: StampSlot | None = None  # None in staging files of older brokers: copied only
 
     @property
     def header_position(self) -> int:
@@ -91,7 +112,7 @@ class StagedSegment:
         return last.payload_position + last.payload_length
 
     def read_payload(self, slot: FrameSlot) -> bytes:
-        """One frame's payload (for a size check that needs the rows)."""
+        """One frame's payload (for a size check or ids that need the rows)."""
         with open(self.path, "rb") as handle:
             handle.seek(slot.payload_position)
             return handle.read(slot.payload_length)
@@ -101,14 +122,16 @@ class StagedSegment:
     ) -> tuple[list[tuple[int, FrameHeader]], list[pa.RecordBatch]]:
         """Stamp offsets first.. and ``timestamp`` into the file, fsync it.
 
-        Returns each frame's (position, header), and copies of the (offset, id)
-        columns of frames flagged as carrying producer ids. ValueError when a
-        slot does not hold a stored-batch payload of its count (nothing is
-        renamed then; the file may be half stamped, which a later stamp redoes).
+        Only the offset and timestamp columns and the headers are written; the
+        payloads are not read (their CRCs are patched: crc_patch.py), except
+        for frames flagged as carrying producer ids, whose (offset, id)
+        columns are returned for the dedup window. ValueError when the file
+        does not have the size its index says (nothing is renamed then; the
+        file may be half stamped, which a later stamp redoes: stamping writes
+        whole columns computed from the index, never from the file).
         """
         headers: list[tuple[int, FrameHeader]] = []
         flagged: list[pa.RecordBatch] = []
-        buffer = bytearray(max((slot.payload_length for slot in self.slots), default=0))
         fd = os.open(self.path, os.O_RDWR)
         try:
             if os.fstat(fd).st_size != self.size:
@@ -116,29 +139,30 @@ class StagedSegment:
                                  f"its index says {self.size}")
             base = first
             for slot in self.slots:
-                payload = memoryview(buffer)[:slot.payload_length]
-                if os.preadv(fd, [payload], slot.payload_position) != slot.payload_length:
-                    raise ValueError(f"staged file {self.path} is cut short at byte "
-                                     f"{slot.payload_position}")
-                batch, stamped = stamp_payload_ranges(payload, base, timestamp)
-                if batch.num_rows != slot.count:
+                stamp = slot.stamp
+                if stamp is None:
                     raise ValueError(f"staged frame at byte {slot.payload_position} of "
-                                     f"{self.path} holds {batch.num_rows} rows, not {slot.count}")
-                if slot.flags & FLAG_PRODUCER_IDS:
-                    ids = batch.select(_ID_COLUMNS)
-                    flagged.append(ipc.read_record_batch(ids.serialize(), ids.schema))
-                del batch
-                header_bytes, header = encode_frame(
-                    pa.py_buffer(payload), base_offset=base, count=slot.count,
+                                     f"{self.path} has no stamping data (an older format)")
+                offsets = np.arange(base, base + slot.count, dtype="<i8")
+                timestamps = np.full(slot.count, timestamp, dtype="<i8")
+                crc = crc_patch.patch(
+                    stamp.payload_crc, slot.payload_length, stamp.offsets_position,
+                    np.arange(stamp.placeholder_base, stamp.placeholder_base + slot.count,
+                              dtype="<i8"), offsets)
+                crc = crc_patch.patch(crc, slot.payload_length, stamp.timestamps_position,
+                                      np.zeros(slot.count, dtype="<i8"), timestamps)
+                header_bytes, header = encode_header_for_crc(
+                    slot.payload_length, crc, base_offset=base, count=slot.count,
                     min_timestamp=timestamp, max_timestamp=timestamp, flags=slot.flags)
+                if slot.flags & FLAG_PRODUCER_IDS:
+                    flagged.append(self._ids(slot, base, timestamp))
                 if fault_hook is not None:
                     fault_hook("write", self.path, slot.header_position)
-                # Only the header and the two stamped columns go back: the rest of the
-                # file's pages stay clean, so the fsync writes little.
+                # Only the header and the two stamped columns are written: the rest of the
+                # file stays as Stage wrote it (and out of the page cache: direct_write.py).
                 pwrite_all(fd, [header_bytes], slot.header_position)
-                for position, length in stamped:
-                    pwrite_all(fd, [payload[position:position + length]],
-                               slot.payload_position + position)
+                pwrite_all(fd, [offsets], slot.payload_position + stamp.offsets_position)
+                pwrite_all(fd, [timestamps], slot.payload_position + stamp.timestamps_position)
                 headers.append((slot.header_position, header))
                 base += slot.count
             if fault_hook is not None:
@@ -149,6 +173,14 @@ class StagedSegment:
         if self.on_event is not None:
             self.on_event("stamped")
         return headers, flagged
+
+    def _ids(self, slot: FrameSlot, base: int, timestamp: int) -> pa.RecordBatch:
+        """The (offset, id) columns of a flagged frame, as stamped (read back for them)."""
+        batch = stamp_payload(memoryview(bytearray(self.read_payload(slot))), base, timestamp)
+        if batch.num_rows != slot.count:
+            raise ValueError(f"staged frame at byte {slot.payload_position} of {self.path} "
+                             f"holds {batch.num_rows} rows, not {slot.count}")
+        return batch.select(_ID_COLUMNS)
 
 
 def check_sizes(parts: Sequence[PrebuiltFrame | StagedSegment], stream: str, limit: int) -> None:

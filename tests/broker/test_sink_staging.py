@@ -7,6 +7,8 @@ import os
 import struct
 from pathlib import Path
 
+import crc32c
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -218,7 +220,7 @@ def test_staging_file_is_in_segment_layout_with_placeholder_headers(tmp_path: Pa
     area = StagingArea(tmp_path, max_frame_bytes=1024)
     area.write("k", 0, "st", staged([f"v{i}" for i in range(100)]))
     frames = area.open_frames("k", 0, "st")
-    assert frames is not None and frames.format == 2
+    assert frames is not None and frames.format == 3
     data = area.path("k", 0, "st").read_bytes()
     position, counts = 0, []
     while position < len(data):
@@ -230,6 +232,19 @@ def test_staging_file_is_in_segment_layout_with_placeholder_headers(tmp_path: Pa
     assert position == len(data) and len(counts) > 1 and sum(counts) == 100
     slots = frames.segment_for("s").slots  # type: ignore[union-attr]
     assert [slot.count for slot in slots] == counts
+    # What the commit stamps without reading the payloads: where the placeholder offsets
+    # and zero timestamps are, and the placeholder payload's CRC.
+    placeholder_base = 0
+    for slot in slots:
+        payload = data[slot.payload_position:slot.payload_position + slot.payload_length]
+        stamp = slot.stamp
+        assert stamp is not None and stamp.payload_crc == crc32c.crc32c(payload)
+        assert stamp.placeholder_base == placeholder_base
+        offsets = np.frombuffer(payload, "<i8", slot.count, stamp.offsets_position)
+        assert offsets.tolist() == list(range(placeholder_base, placeholder_base + slot.count))
+        timestamps = np.frombuffer(payload, "<i8", slot.count, stamp.timestamps_position)
+        assert not timestamps.any()
+        placeholder_base += slot.count
     assert frames.segment_for("other") is None
 
 
@@ -253,6 +268,21 @@ def test_index_outlives_an_adopted_data_file_and_is_an_orphan_then(tmp_path: Pat
     assert [(o.batch_id, o.staging_id) for o in area.orphan_indexes()] == [(2, "st")]
     assert area.drop("k", 2, ["st"]) == 0
     assert not (tmp_path / "k").exists()
+
+
+def test_staging_file_in_format_2_is_copied_not_adopted(tmp_path: Path):
+    """Format 2 had the segment layout but no stamping data in its index: copy it."""
+    area = StagingArea(tmp_path)
+    area.write("k", 3, "v2", staged(["a", "b", "c"]))
+    index_file = area.path("k", 3, "v2").with_suffix(".index")
+    index = json.loads(index_file.read_bytes())
+    index["format"] = 2
+    index["frames"] = [frame[:6] for frame in index["frames"]]
+    index_file.write_bytes(json.dumps(index).encode())
+    old = area.open_frames("k", 3, "v2")
+    assert old is not None and old.format == 2 and old.segment_for("s") is None
+    assert old.rows_for("s").column("value").to_pylist() == [b"a", b"b", b"c"]
+    assert [f.count for f in old.frames_for("s")] == [3]
 
 
 def test_staging_file_in_format_1_is_still_read(tmp_path: Path):

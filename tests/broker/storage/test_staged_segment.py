@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 from npstream.broker.errors import MessageTooLargeError
-from npstream.broker.sink_frames import StagedFrames, write_staging
+from npstream.broker.sink_frames import StagedFrames, build_staging
 from npstream.broker.sink_staging import prepare_stage
 from npstream.broker.storage import StreamConfig
+from npstream.broker.storage.direct_write import DirectFileWriter
 from npstream.broker.storage.files import list_segment_bases, offset_index_path
 from npstream.broker.storage.staged_segment import StagedSegment
 
@@ -27,11 +27,8 @@ def stage(directory: Path, name: str, values: list[str], *, ids: list[str | None
     table = prepare_stage(pa.table(columns), STREAM, lambda stream: 1 << 20)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.arrow"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        index = write_staging(fd, table, max_frame_bytes)
-    finally:
-        os.close(fd)
+    pieces, index = build_staging(table, max_frame_bytes)
+    DirectFileWriter().create(path, pieces)
     return StagedFrames(name, path, index)
 
 

@@ -1,0 +1,97 @@
+"""Files created with O_DIRECT: exact bytes, durable, not in the page cache; tmpfs falls back."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import mmap
+import os
+from pathlib import Path
+
+import pytest
+
+from npstream.broker.storage.direct_write import ALIGNMENT, DirectFileWriter
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def resident_pages(path: Path) -> int:
+    """Pages of ``path`` in the page cache (mincore over a shared map of the file)."""
+    size = path.stat().st_size
+    with open(path, "r+b") as handle, mmap.mmap(handle.fileno(), size) as mapped:
+        pages = -(-size // mmap.PAGESIZE)
+        vector = (ctypes.c_ubyte * pages)()
+        address = ctypes.addressof(ctypes.c_char.from_buffer(mapped))
+        try:
+            if _LIBC.mincore(ctypes.c_void_p(address), ctypes.c_size_t(size), vector) != 0:
+                raise OSError(ctypes.get_errno(), "mincore failed")
+            return sum(byte & 1 for byte in vector)
+        finally:
+            del address
+
+
+def supports_o_direct(directory: Path) -> bool:
+    try:
+        fd = os.open(directory / ".probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+    except OSError:
+        return False
+    os.close(fd)
+    (directory / ".probe").unlink()
+    return True
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_pieces_are_written_back_to_back_with_the_exact_size(tmp_path: Path, direct: bool):
+    pieces = [b"h" * 48, bytearray(b"p" * 10_000), memoryview(b"q" * 5)]
+    writer = DirectFileWriter(direct)
+    assert writer.create(tmp_path / "f", pieces) == 10_053
+    assert (tmp_path / "f").read_bytes() == b"h" * 48 + b"p" * 10_000 + b"q" * 5
+
+
+def test_a_reused_buffer_leaves_no_bytes_of_an_earlier_file(tmp_path: Path):
+    writer = DirectFileWriter()
+    writer.create(tmp_path / "big", [b"x" * (3 * ALIGNMENT + 100)])
+    writer.create(tmp_path / "small", [b"y" * 10])
+    assert (tmp_path / "small").read_bytes() == b"y" * 10
+    assert (tmp_path / "big").read_bytes() == b"x" * (3 * ALIGNMENT + 100)
+
+
+def test_an_existing_file_is_refused_and_kept(tmp_path: Path):
+    (tmp_path / "f").write_bytes(b"old")
+    with pytest.raises(FileExistsError):
+        DirectFileWriter().create(tmp_path / "f", [b"new"])
+    assert (tmp_path / "f").read_bytes() == b"old"
+
+
+def test_a_direct_write_leaves_the_file_out_of_the_page_cache(tmp_path: Path):
+    if not supports_o_direct(tmp_path):
+        pytest.skip(f"{tmp_path} refuses O_DIRECT (the fallback test covers it)")
+    writer = DirectFileWriter()
+    writer.create(tmp_path / "direct", [os.urandom(64 * ALIGNMENT + 8)])
+    DirectFileWriter(direct=False).create(tmp_path / "cached", [os.urandom(64 * ALIGNMENT + 8)])
+    assert writer.direct
+    assert resident_pages(tmp_path / "direct") <= 1  # at most the truncated tail page
+    assert resident_pages(tmp_path / "cached") == 65
+
+
+def test_a_filesystem_refusing_o_direct_gets_page_cache_writes_from_then_on(
+        tmp_path: Path, monkeypatch, caplog):
+    """tmpfs on older kernels and some network filesystems answer O_DIRECT with EINVAL."""
+    real_open = os.open
+    refused: list[str] = []
+
+    def open_without_direct(path, flags, *args):
+        if flags & os.O_DIRECT:
+            refused.append(os.path.basename(path))
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", open_without_direct)
+    caplog.set_level(logging.INFO, logger="npstream.broker.storage.direct_write")
+    writer = DirectFileWriter()
+    assert writer.create(tmp_path / "a", [b"abc", b"def"]) == 6
+    assert writer.create(tmp_path / "b", [b"xyz"]) == 3
+    assert (tmp_path / "a").read_bytes() == b"abcdef" and (tmp_path / "b").read_bytes() == b"xyz"
+    assert refused == ["a"] and not writer.direct
+    assert caplog.text.count("refuses O_DIRECT") == 1
