@@ -61,6 +61,7 @@ from npstream.broker.storage.batch_builder import (
     message_sizes,
     producer_id_mask,
 )
+from npstream.broker.storage.direct_write import DirectFileWriter
 from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_ranges
 from npstream.broker.storage.record_batch import FLAG_PRODUCER_IDS, HEADER_SIZE
 from npstream.broker.storage.staged_segment import (
@@ -188,9 +189,11 @@ def read_index(path: Path) -> dict[str, object] | None:
 class StagedFrames:
     """A staging's frames: mapped copy-on-write to be stamped and copied, or adopted whole."""
 
-    def __init__(self, staging_id: str, path: Path, index: dict[str, object]) -> None:
+    def __init__(self, staging_id: str, path: Path, index: dict[str, object],
+                 writer: DirectFileWriter | None = None) -> None:
         self.staging_id = staging_id
         self.path = path
+        self._writer = writer  # how the data file was written: stamping writes alike
         self.format = int(index["format"])  # type: ignore[call-overload]
         self.streams: list[str] = list(index["streams"])  # type: ignore[call-overload]
         self.rows = int(index["rows"])  # type: ignore[call-overload]
@@ -217,7 +220,8 @@ class StagedFrames:
         """
         if self.format < FORMAT or self.streams != [stream]:
             return None
-        return StagedSegment(self.path, tuple(slot for _target, slot in self._frames))
+        return StagedSegment(self.path, tuple(slot for _target, slot in self._frames),
+                             writer=self._writer)
 
     def _mapped(self) -> mmap.mmap | None:
         if self._map is None:

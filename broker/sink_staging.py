@@ -343,7 +343,7 @@ class StagingArea:
         """
         path = self.path(sink_id, batch_id, staging_id)
         index = read_index(path)
-        return StagedFrames(staging_id, path, index) if index is not None else None
+        return StagedFrames(staging_id, path, index, self._writer) if index is not None else None
 
     def drop(self, sink_id: str, batch_id: int, staging_ids: list[str] | None = None) -> int:
         """Delete the listed stagings of a batch (all when None); returns files deleted."""

@@ -17,6 +17,8 @@ two pieces (zlib's crc32_combine; the ``crc32c`` package offers no combine).
 
 from __future__ import annotations
 
+import functools
+
 import crc32c
 
 __all__ = ["combine", "patch", "shift"]
@@ -51,6 +53,12 @@ _X_2_POW = _powers()
 
 def shift(crc: int, length: int) -> int:
     """``crc`` times x^(8 * length): the register after ``length`` zero bytes (no xor-out)."""
+    return _multiply(_power(length), crc)
+
+
+@functools.lru_cache(maxsize=4096)
+def _power(length: int) -> int:
+    """x^(8 * length) modulo the polynomial; stamped files of one micro-batch share lengths."""
     power = _TOP
     k = 3  # 8 * length = length << 3
     while length:
@@ -58,7 +66,7 @@ def shift(crc: int, length: int) -> int:
             power = _multiply(_X_2_POW[k], power)
         length >>= 1
         k += 1
-    return _multiply(power, crc)
+    return power
 
 
 def combine(crc1: int, crc2: int, length2: int) -> int:

@@ -31,7 +31,7 @@ import logging
 import mmap
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from npstream.broker.storage.segment import pwrite_all
@@ -49,7 +49,7 @@ _BUFFER_STEP = 1 << 20
 
 
 class DirectFileWriter:
-    """Creates files from pieces with O_DIRECT where it can; thread-safe."""
+    """Creates and patches files with O_DIRECT where it can; thread-safe."""
 
     def __init__(self, direct: bool = True) -> None:
         self.direct = direct and hasattr(os, "O_DIRECT")
@@ -70,9 +70,7 @@ class DirectFileWriter:
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
-                self.direct = False
-                log.info("%s refuses O_DIRECT (%s): staging files go through the page cache "
-                         "from now on", path.parent, exc)
+                self._refused(path, exc)
                 path.unlink(missing_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -81,6 +79,50 @@ class DirectFileWriter:
         finally:
             os.close(fd)
         return size
+
+    def patch(self, path: Path, patches: Sequence[tuple[int, object]],
+              before_sync: Callable[[], None] | None = None) -> None:
+        """Overwrite ranges of the existing file ``path``, then fdatasync it.
+
+        ``patches`` are (position, bytes) inside the file (ValueError past its
+        end). With O_DIRECT the blocks around each range are read, patched and
+        written back whole, so the file stays out of the page cache; its size
+        does not change. ``before_sync`` runs between the writes and the sync.
+        """
+        views = [(position, memoryview(data).cast("B"))  # type: ignore[arg-type]
+                 for position, data in patches]
+        fd = -1
+        if self.direct:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_DIRECT)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self._refused(path, exc)
+        direct = fd >= 0
+        if not direct:
+            fd = os.open(path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            for position, view in views:
+                if position < 0 or position + len(view) > size:
+                    raise ValueError(f"patch of {len(view)} bytes at {position} is outside "
+                                     f"{path} ({size} bytes)")
+            if direct:
+                self._patch_direct(fd, views, size)
+            else:
+                for position, view in views:
+                    pwrite_all(fd, [view], position)
+            if before_sync is not None:
+                before_sync()
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+    def _refused(self, path: Path, exc: OSError) -> None:
+        self.direct = False
+        log.info("%s refuses O_DIRECT (%s): staging files go through the page cache "
+                 "from now on", path.parent, exc)
 
     def _create_direct(self, path: Path, views: list[memoryview], size: int) -> int:
         padded = -(-size // ALIGNMENT) * ALIGNMENT
@@ -94,12 +136,7 @@ class DirectFileWriter:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
             try:
                 with memoryview(buffer) as data:
-                    written = 0
-                    while written < padded:
-                        count = os.pwrite(fd, data[written:padded], written)
-                        if count <= 0:
-                            raise OSError(errno.EIO, f"pwrite wrote nothing at byte {written}")
-                        written += count
+                    _pwrite_whole(fd, data[:padded], 0)
                 if padded != size:
                     os.ftruncate(fd, size)
                 os.fsync(fd)
@@ -108,6 +145,38 @@ class DirectFileWriter:
         finally:
             self._give_back(buffer)
         return size
+
+    def _patch_direct(self, fd: int, views: list[tuple[int, memoryview]], size: int) -> None:
+        """Read-modify-write of the aligned blocks around the patches (merged where they touch)."""
+        spans: list[tuple[int, int, list[tuple[int, memoryview]]]] = []
+        for position, view in sorted(views, key=lambda item: item[0]):
+            start = position // ALIGNMENT * ALIGNMENT
+            end = -(-(position + len(view)) // ALIGNMENT) * ALIGNMENT
+            if spans and start <= spans[-1][1]:
+                first, last, members = spans[-1]
+                spans[-1] = (first, max(last, end), [*members, (position, view)])
+            else:
+                spans.append((start, end, [(position, view)]))
+        for start, end, members in spans:
+            length = end - start
+            buffer = self._take(length)
+            try:
+                with memoryview(buffer) as data:
+                    # Only blocks a patch covers in part are read: a patch's first and last.
+                    edges = {block for position, view in members
+                             for block in (position // ALIGNMENT,
+                                           (position + len(view) - 1) // ALIGNMENT)}
+                    for block in sorted(edges):
+                        at = block * ALIGNMENT - start
+                        got = os.preadv(fd, [data[at:at + ALIGNMENT]], block * ALIGNMENT)
+                        data[at + got:at + ALIGNMENT] = bytes(ALIGNMENT - got)  # past the end
+                    for position, view in members:
+                        data[position - start:position - start + len(view)] = view
+                    _pwrite_whole(fd, data[:length], start)
+            finally:
+                self._give_back(buffer)
+        if spans and spans[-1][1] > size:
+            os.ftruncate(fd, size)  # the last block went back whole
 
     def _take(self, size: int) -> mmap.mmap:
         """A page-aligned buffer of at least ``size`` bytes (anonymous maps are page aligned)."""
@@ -128,3 +197,12 @@ class DirectFileWriter:
                     return
                 buffer = self._buffers.pop()  # the smallest goes
         buffer.close()
+
+
+def _pwrite_whole(fd: int, data: memoryview, position: int) -> None:
+    written = 0
+    while written < len(data):
+        count = os.pwrite(fd, data[written:], position + written)
+        if count <= 0:
+            raise OSError(errno.EIO, f"pwrite wrote nothing at byte {position + written}")
+        written += count

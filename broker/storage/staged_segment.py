@@ -36,6 +36,7 @@ import pyarrow as pa
 from npstream.broker.errors import MessageTooLargeError
 from npstream.broker.storage import crc_patch
 from npstream.broker.storage.batch_builder import decode_payload, message_sizes
+from npstream.broker.storage.direct_write import DirectFileWriter
 from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload
 from npstream.broker.storage.record_batch import (
     FLAG_PRODUCER_IDS,
@@ -45,10 +46,10 @@ from npstream.broker.storage.record_batch import (
     FrameHeader,
     encode_header_for_crc,
 )
-from npstream.broker.storage.segment import pwrite_all
 
 __all__ = ["FrameSlot", "StagedSegment", "StampSlot", "check_sizes", "placeholder_header"]
 
+_PAGE_CACHE = DirectFileWriter(direct=False)
 _ID_COLUMNS = [0, 1]  # offset, id: what the dedup window remembers of flagged frames
 
 
@@ -101,6 +102,8 @@ class StagedSegment:
     path: Path
     slots: tuple[FrameSlot, ...]
     on_event: Callable[[str], None] | None = field(default=None, compare=False)
+    # How Stage wrote the file, so stamping keeps it out of the page cache (or not).
+    writer: DirectFileWriter | None = field(default=None, compare=False)
 
     @property
     def count(self) -> int:
@@ -132,44 +135,42 @@ class StagedSegment:
         """
         headers: list[tuple[int, FrameHeader]] = []
         flagged: list[pa.RecordBatch] = []
-        fd = os.open(self.path, os.O_RDWR)
-        try:
-            if os.fstat(fd).st_size != self.size:
-                raise ValueError(f"staged file {self.path} has {os.fstat(fd).st_size} bytes, "
-                                 f"its index says {self.size}")
-            base = first
-            for slot in self.slots:
-                stamp = slot.stamp
-                if stamp is None:
-                    raise ValueError(f"staged frame at byte {slot.payload_position} of "
-                                     f"{self.path} has no stamping data (an older format)")
-                offsets = np.arange(base, base + slot.count, dtype="<i8")
-                timestamps = np.full(slot.count, timestamp, dtype="<i8")
-                crc = crc_patch.patch(
-                    stamp.payload_crc, slot.payload_length, stamp.offsets_position,
-                    np.arange(stamp.placeholder_base, stamp.placeholder_base + slot.count,
-                              dtype="<i8"), offsets)
-                crc = crc_patch.patch(crc, slot.payload_length, stamp.timestamps_position,
-                                      np.zeros(slot.count, dtype="<i8"), timestamps)
-                header_bytes, header = encode_header_for_crc(
-                    slot.payload_length, crc, base_offset=base, count=slot.count,
-                    min_timestamp=timestamp, max_timestamp=timestamp, flags=slot.flags)
-                if slot.flags & FLAG_PRODUCER_IDS:
-                    flagged.append(self._ids(slot, base, timestamp))
-                if fault_hook is not None:
-                    fault_hook("write", self.path, slot.header_position)
-                # Only the header and the two stamped columns are written: the rest of the
-                # file stays as Stage wrote it (and out of the page cache: direct_write.py).
-                pwrite_all(fd, [header_bytes], slot.header_position)
-                pwrite_all(fd, [offsets], slot.payload_position + stamp.offsets_position)
-                pwrite_all(fd, [timestamps], slot.payload_position + stamp.timestamps_position)
-                headers.append((slot.header_position, header))
-                base += slot.count
+        patches: list[tuple[int, object]] = []
+        size = os.stat(self.path).st_size
+        if size != self.size:
+            raise ValueError(f"staged file {self.path} has {size} bytes, its index says "
+                             f"{self.size}")
+        base = first
+        for slot in self.slots:
+            stamp = slot.stamp
+            if stamp is None:
+                raise ValueError(f"staged frame at byte {slot.payload_position} of "
+                                 f"{self.path} has no stamping data (an older format)")
+            offsets = np.arange(base, base + slot.count, dtype="<i8")
+            timestamps = np.full(slot.count, timestamp, dtype="<i8")
+            crc = crc_patch.patch(
+                stamp.payload_crc, slot.payload_length, stamp.offsets_position,
+                np.arange(stamp.placeholder_base, stamp.placeholder_base + slot.count,
+                          dtype="<i8"), offsets)
+            crc = crc_patch.patch(crc, slot.payload_length, stamp.timestamps_position,
+                                  np.zeros(slot.count, dtype="<i8"), timestamps)
+            header_bytes, header = encode_header_for_crc(
+                slot.payload_length, crc, base_offset=base, count=slot.count,
+                min_timestamp=timestamp, max_timestamp=timestamp, flags=slot.flags)
+            if slot.flags & FLAG_PRODUCER_IDS:
+                flagged.append(self._ids(slot, base, timestamp))
             if fault_hook is not None:
-                fault_hook("fsync", self.path, self.size)
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
+                fault_hook("write", self.path, slot.header_position)
+            patches += [(slot.header_position, header_bytes),
+                        (slot.payload_position + stamp.offsets_position, offsets),
+                        (slot.payload_position + stamp.timestamps_position, timestamps)]
+            headers.append((slot.header_position, header))
+            base += slot.count
+        # Only the headers and the two stamped columns are written: the rest of the file
+        # stays as Stage wrote it (and, written directly, out of the page cache).
+        before_sync = (None if fault_hook is None
+                       else lambda: fault_hook("fsync", self.path, self.size))
+        (self.writer or _PAGE_CACHE).patch(self.path, patches, before_sync)
         if self.on_event is not None:
             self.on_event("stamped")
         return headers, flagged

@@ -95,3 +95,40 @@ def test_a_filesystem_refusing_o_direct_gets_page_cache_writes_from_then_on(
     assert (tmp_path / "a").read_bytes() == b"abcdef" and (tmp_path / "b").read_bytes() == b"xyz"
     assert refused == ["a"] and not writer.direct
     assert caplog.text.count("refuses O_DIRECT") == 1
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_patches_overwrite_ranges_and_keep_the_size(tmp_path: Path, direct: bool):
+    size = 5 * ALIGNMENT + 123
+    original = bytearray(os.urandom(size))
+    path = tmp_path / "f"
+    DirectFileWriter(direct).create(path, [original])
+    patches = [(10, b"A" * 48),                          # inside the first block
+               (ALIGNMENT - 4, b"B" * 8),                # across a block boundary
+               (ALIGNMENT + 100, b"C" * 10),             # shares a block with the one above
+               (3 * ALIGNMENT, b"D" * ALIGNMENT),        # exactly one block
+               (size - 7, b"E" * 7)]                     # the file's partial last block
+    synced: list[int] = []
+    writer = DirectFileWriter(direct)
+    writer.patch(path, patches, before_sync=lambda: synced.append(path.stat().st_size))
+    for position, data in patches:
+        original[position:position + len(data)] = data
+    assert path.read_bytes() == bytes(original) and synced == [size]
+
+
+def test_a_direct_patch_leaves_the_file_out_of_the_page_cache(tmp_path: Path):
+    if not supports_o_direct(tmp_path):
+        pytest.skip(f"{tmp_path} refuses O_DIRECT (the fallback test covers it)")
+    path = tmp_path / "f"
+    writer = DirectFileWriter()
+    writer.create(path, [bytes(64 * ALIGNMENT)])
+    writer.patch(path, [(100, b"x" * 10 * ALIGNMENT), (40 * ALIGNMENT, b"y" * 8)])
+    assert writer.direct and resident_pages(path) == 0
+
+
+def test_a_patch_outside_the_file_is_refused_and_nothing_written(tmp_path: Path):
+    path = tmp_path / "f"
+    DirectFileWriter().create(path, [b"0123456789"])
+    with pytest.raises(ValueError, match="patch of 4 bytes at 8 is outside .* \\(10 bytes\\)"):
+        DirectFileWriter().patch(path, [(0, b"ab"), (8, b"wxyz")])
+    assert path.read_bytes() == b"0123456789"

@@ -16,6 +16,7 @@ from npstream.broker.storage.files import list_segment_bases, offset_index_path
 from npstream.broker.storage.staged_segment import StagedSegment
 
 STREAM = "adopt"
+WRITER = DirectFileWriter()  # as the broker writes staging: O_DIRECT where the disk allows
 
 
 def stage(directory: Path, name: str, values: list[str], *, ids: list[str | None] | None = None,
@@ -28,8 +29,8 @@ def stage(directory: Path, name: str, values: list[str], *, ids: list[str | None
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.arrow"
     pieces, index = build_staging(table, max_frame_bytes)
-    DirectFileWriter().create(path, pieces)
-    return StagedFrames(name, path, index)
+    WRITER.create(path, pieces)
+    return StagedFrames(name, path, index, WRITER)
 
 
 def segment(frames: StagedFrames) -> StagedSegment:
