@@ -29,7 +29,7 @@ import secrets
 import threading
 from collections.abc import Callable, Sequence
 from functools import partial
-from itertools import groupby
+from itertools import accumulate, groupby
 from pathlib import Path
 from typing import TypeVar
 
@@ -79,7 +79,7 @@ from npstream.broker.storage.small_append import (
     prepare_rows,
     remember_lone_template,
 )
-from npstream.broker.storage.staged_segment import StagedSegment, check_sizes
+from npstream.broker.storage.staged_segment import StagedSegment, check_sizes, stamp_all
 from npstream.broker.storage.stream_files import (
     CleanShutdown,
     read_retention_config,
@@ -297,16 +297,24 @@ class StreamLog:
                             now: int) -> list[pa.RecordBatch]:
         """Write runs of frames and adopt staged files in order; see append_prebuilt."""
         flagged: list[pa.RecordBatch] = []
+        bases = list(accumulate((part.count for part in parts), initial=first))
+        staged = [index for index, part in enumerate(parts) if isinstance(part, StagedSegment)]
+        # Staged files are stamped first, all at once: nothing is in the log yet, so a
+        # failure there leaves it unchanged, and the stamps' disk waits overlap.
+        stamps = dict(zip(staged, stamp_all([(parts[i], bases[i]) for i in staged],  # type: ignore[misc]
+                                            now, self._segments.fault_hook), strict=True))
         base = first
         try:
-            for adopt, group in groupby(parts, key=lambda part: isinstance(part, StagedSegment)):
-                items = list(group)
+            for adopt, group in groupby(range(len(parts)), key=lambda i: i in stamps):
+                indexes = list(group)
                 # Each staged file is adopted alone; a run of frames is written at once.
-                steps = ([(item, item.count) for item in items] if adopt
-                         else [(items, sum(item.count for item in items))])
-                write = self._segments.adopt if adopt else self._segments.write_prebuilt
-                for what, count in steps:
-                    flagged += self._write_locked(base, now, partial(write, what, base, now))
+                steps = ([(partial(self._segments.adopt, parts[i], bases[i], stamps[i]),
+                           parts[i].count) for i in indexes] if adopt
+                         else [(partial(self._segments.write_prebuilt,
+                                        [parts[i] for i in indexes], bases[indexes[0]], now),
+                                bases[indexes[-1] + 1] - bases[indexes[0]])])
+                for write, count in steps:
+                    flagged += self._write_locked(base, now, write)
                     base += count
         except BaseException as exc:
             if base > first:  # part of the append is in the log and cannot be undone

@@ -26,7 +26,7 @@ from npstream.broker.storage.reader import LogView, iter_frames
 from npstream.broker.storage.record_batch import FLAG_PRODUCER_IDS, FrameHeader, encode_frame
 from npstream.broker.storage.segment import FaultHook, Segment
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
-from npstream.broker.storage.staged_segment import StagedSegment
+from npstream.broker.storage.staged_segment import StagedSegment, Stamp
 from npstream.broker.storage.stream_files import write_retention_config, write_schema
 
 __all__ = ["SegmentList", "UndoFailedError"]
@@ -56,6 +56,11 @@ class SegmentList:
 
     def __len__(self) -> int:
         return len(self.segments)
+
+    @property
+    def fault_hook(self) -> FaultHook | None:
+        """Tests' disk-error injection, for writes made outside this list (stamping)."""
+        return self._fault_hook
 
     @property
     def tail(self) -> Segment | None:
@@ -142,16 +147,16 @@ class SegmentList:
         self._write_frames(ready, timestamp)
         return flagged
 
-    def adopt(self, staged: StagedSegment, first: int, timestamp: int) -> list[pa.RecordBatch]:
+    def adopt(self, staged: StagedSegment, first: int, stamp: Stamp) -> list[pa.RecordBatch]:
         """Make a staged file the newest segment, at offset ``first`` (staged_segment.py).
 
-        The file is stamped and fsynced first, so a failure there leaves the log
-        as it was. Then the active segment is closed (an empty one is replaced,
-        since it has the same name) and the file renamed into the stream
-        directory; it becomes the active segment. Returns the (offset, id)
-        columns of frames carrying producer ids.
+        The file was stamped and fsynced for ``first`` (``stamp``: what
+        StagedSegment.stamp returned). The active segment is closed (an empty
+        one is replaced, since it has the same name) and the file renamed into
+        the stream directory; it becomes the active segment. Returns the
+        (offset, id) columns of frames carrying producer ids.
         """
-        headers, flagged = staged.stamp(first, timestamp, self._fault_hook)
+        headers, flagged = stamp
         tail = self.segments[-1]
         target = segment_path(self.directory, first)
         if not tail.is_empty:

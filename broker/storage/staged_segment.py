@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,9 +48,12 @@ from npstream.broker.storage.record_batch import (
     encode_header_for_crc,
 )
 
-__all__ = ["FrameSlot", "StagedSegment", "StampSlot", "check_sizes", "placeholder_header"]
+__all__ = ["FrameSlot", "StagedSegment", "Stamp", "StampSlot", "check_sizes", "placeholder_header",
+           "stamp_all"]
 
 _PAGE_CACHE = DirectFileWriter(direct=False)
+# Files stamped at once by stamp_all (each waits on the disk most of the time).
+STAMP_THREADS = 4
 _ID_COLUMNS = [0, 1]  # offset, id: what the dedup window remembers of flagged frames
 
 
@@ -122,7 +126,7 @@ class StagedSegment:
 
     def stamp(
         self, first: int, timestamp: int, fault_hook: Callable[[str, Path, int], None] | None,
-    ) -> tuple[list[tuple[int, FrameHeader]], list[pa.RecordBatch]]:
+    ) -> Stamp:
         """Stamp offsets first.. and ``timestamp`` into the file, fsync it.
 
         Only the offset and timestamp columns and the headers are written; the
@@ -182,6 +186,26 @@ class StagedSegment:
             raise ValueError(f"staged frame at byte {slot.payload_position} of {self.path} "
                              f"holds {batch.num_rows} rows, not {slot.count}")
         return batch.select(_ID_COLUMNS)
+
+
+Stamp = tuple[list[tuple[int, FrameHeader]], list[pa.RecordBatch]]  # StagedSegment.stamp's result
+
+
+def stamp_all(jobs: Sequence[tuple[StagedSegment, int]], timestamp: int,
+              fault_hook: Callable[[str, Path, int], None] | None) -> list[Stamp]:
+    """Stamp each (file, first offset) of one append, concurrently; results in order.
+
+    A stamp mostly waits on the disk (a few block reads and writes, an
+    fdatasync), so a micro-batch's dozens of files are stamped by a few
+    threads at once. The first failure is raised once all are done.
+    """
+    if len(jobs) <= 1:
+        return [staged.stamp(first, timestamp, fault_hook) for staged, first in jobs]
+    with ThreadPoolExecutor(min(STAMP_THREADS, len(jobs)),
+                            thread_name_prefix="stamp") as pool:
+        futures = [pool.submit(staged.stamp, first, timestamp, fault_hook)
+                   for staged, first in jobs]
+    return [future.result() for future in futures]
 
 
 def check_sizes(parts: Sequence[PrebuiltFrame | StagedSegment], stream: str, limit: int) -> None:

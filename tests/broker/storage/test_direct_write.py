@@ -129,6 +129,6 @@ def test_a_direct_patch_leaves_the_file_out_of_the_page_cache(tmp_path: Path):
 def test_a_patch_outside_the_file_is_refused_and_nothing_written(tmp_path: Path):
     path = tmp_path / "f"
     DirectFileWriter().create(path, [b"0123456789"])
-    with pytest.raises(ValueError, match="patch of 4 bytes at 8 is outside .* \\(10 bytes\\)"):
+    with pytest.raises(ValueError, match=r"patch of 4 bytes at 8 is outside .* \(10 bytes\)"):
         DirectFileWriter().patch(path, [(0, b"ab"), (8, b"wxyz")])
     assert path.read_bytes() == b"0123456789"

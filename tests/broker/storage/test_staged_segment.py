@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -158,16 +159,36 @@ def test_a_failure_after_part_of_the_append_leaves_the_log_refusing_writes(
     log = storage.open_log(STREAM, config)
     first = stage(data_dir.parent / "sink", "a", ["x", "y"])
     second = stage(data_dir.parent / "sink", "b", ["z"])
-    missing = segment(second)
-    second.path.unlink()
+
+    def lose_second(event: str) -> None:  # both were stamped; the second goes once the first moved
+        if event == "adopted":
+            second.path.unlink()
+
     with pytest.raises(FileNotFoundError):
-        log.append_prebuilt([segment(first), missing])
+        log.append_prebuilt([replace(segment(first), on_event=lose_second), segment(second)])
     assert log.failed
     with pytest.raises(OSError, match="refuses writes after a disk error"):
         log.append(table_of([b"no"]))
     storage.close()
     reopened = make_storage().open_log(STREAM, config)
     assert values_of(reopened, 0, 2) == [b"x", b"y"]  # the adopted part is durable
+
+
+def test_every_file_is_stamped_before_any_is_adopted_so_a_bad_one_changes_nothing(
+        make_storage, config, tmp_path, data_dir, table_of):
+    log = make_storage().open_log(STREAM, config)
+    first = stage(data_dir.parent / "sink", "a", ["x", "y"])
+    second = stage(data_dir.parent / "sink", "b", ["z"])
+    missing = segment(second)
+    second.path.unlink()
+    with pytest.raises(FileNotFoundError):
+        log.append_prebuilt([segment(first), missing])
+    assert not log.failed and log.end_offset == 0 and first.path.exists()
+    assert list_segment_bases(data_dir / "streams" / STREAM) == []  # nothing was adopted
+    # The first file was stamped for offset 0; stamping it again elsewhere is fine.
+    log.append(table_of([b"w"]))
+    assert log.append_prebuilt([segment(first)]).first_offset == 1
+    assert values_of(log, 0, 3) == [b"w", b"x", b"y"]
 
 
 def test_resuming_at_an_expected_offset_with_the_original_timestamp(
