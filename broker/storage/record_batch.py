@@ -40,6 +40,7 @@ schema itself is never stored per batch. All integers are little-endian::
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from dataclasses import dataclass
 
@@ -151,24 +152,17 @@ def encode_frame(
                                max_timestamp), tail)
 
 
-def encode_header_for_crc(
-    payload_length: int,
-    payload_crc: int,
-    *,
-    base_offset: int,
-    count: int,
-    min_timestamp: int,
-    max_timestamp: int,
-    flags: int = 0,
-) -> tuple[bytes, FrameHeader]:
+def encode_header_for_crc(fields: FrameHeader) -> tuple[bytes, FrameHeader]:
     """encode_frame for a payload known only by its length and CRC32C (crc_patch.py).
 
-    A staged file is stamped into a segment without reading its payloads back.
+    ``fields`` is the header to write, except that its ``crc`` is the
+    payload's CRC32C; the returned header has the frame's. A staged file is
+    stamped into a segment this way, without reading its payloads back.
     """
-    tail = _tail(payload_length, base_offset, count, min_timestamp, max_timestamp)
-    crc = crc_patch.combine(crc32c.crc32c(tail), payload_crc, payload_length)
-    return _packed(FrameHeader(flags, payload_length, crc, base_offset, count, min_timestamp,
-                               max_timestamp), tail)
+    tail = _tail(fields.payload_length, fields.base_offset, fields.count,
+                 fields.min_timestamp, fields.max_timestamp)
+    crc = crc_patch.combine(crc32c.crc32c(tail), fields.crc, fields.payload_length)
+    return _packed(dataclasses.replace(fields, crc=crc), tail)
 
 
 def _tail(length: int, base_offset: int, count: int, min_timestamp: int,

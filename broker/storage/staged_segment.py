@@ -158,9 +158,8 @@ class StagedSegment:
                           dtype="<i8"), offsets)
             crc = crc_patch.patch(crc, slot.payload_length, stamp.timestamps_position,
                                   np.zeros(slot.count, dtype="<i8"), timestamps)
-            header_bytes, header = encode_header_for_crc(
-                slot.payload_length, crc, base_offset=base, count=slot.count,
-                min_timestamp=timestamp, max_timestamp=timestamp, flags=slot.flags)
+            header_bytes, header = encode_header_for_crc(FrameHeader(
+                slot.flags, slot.payload_length, crc, base, slot.count, timestamp, timestamp))
             if slot.flags & FLAG_PRODUCER_IDS:
                 flagged.append(self._ids(slot, base, timestamp))
             if fault_hook is not None:

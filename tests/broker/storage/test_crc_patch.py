@@ -8,7 +8,11 @@ import crc32c
 import pytest
 
 from npstream.broker.storage import crc_patch
-from npstream.broker.storage.record_batch import encode_frame, encode_header_for_crc
+from npstream.broker.storage.record_batch import (
+    FrameHeader,
+    encode_frame,
+    encode_header_for_crc,
+)
 
 
 @pytest.mark.parametrize("first, second", [(0, 0), (1, 0), (0, 1), (7, 9), (4096, 100_003)])
@@ -39,6 +43,7 @@ def test_patch_refuses_ranges_that_do_not_fit():
 
 def test_header_from_a_payload_crc_equals_the_header_of_the_payload():
     payload = random.Random(3).randbytes(4096)
-    fields = dict(base_offset=1234, count=17, min_timestamp=5, max_timestamp=9, flags=1)
-    assert encode_header_for_crc(len(payload), crc32c.crc32c(payload), **fields) == \
-        encode_frame(payload, **fields)
+    expected = encode_frame(payload, base_offset=1234, count=17, min_timestamp=5,
+                            max_timestamp=9, flags=1)
+    assert encode_header_for_crc(FrameHeader(1, len(payload), crc32c.crc32c(payload), 1234,
+                                             17, 5, 9)) == expected
