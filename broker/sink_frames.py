@@ -23,16 +23,22 @@ Files (the data file appears last, so its presence means the staging exists)::
 
     <staging_id>.arrow   the frames, from byte 0, per target stream in name order,
                          each stream's rows in staged order
-    <staging_id>.index   JSON: {"format": 2, "rows": N, "bytes": size of the data file,
+    <staging_id>.index   JSON: {"format": 3, "rows": N, "bytes": size of the data file,
                          "streams": [sorted targets], "frames": [[stream, count, flags,
-                         payload position, payload length, largest message bytes], ...]}
+                         payload position, payload length, largest message bytes,
+                         placeholder base offset, offsets position, timestamps position,
+                         payload CRC32C], ...]}
 
 The index stays a separate file because an adopted data file must hold
 frames and nothing else; it outlives the data file until the batch is
 dropped, so that a commit resumed after a crash still knows how many rows an
-adopted staging held.
+adopted staging held. Its last four fields per frame let the commit stamp
+the file without reading it (staged_segment.py, crc_patch.py): the data file
+is written around the page cache (storage/direct_write.py), so a read would
+come from the disk.
 
-Two older formats are still read (files staged by older brokers): format 1,
+Older formats are still read (files staged by older brokers), and copied,
+never adopted: format 2, the same files without those four fields; format 1,
 an Arrow IPC stream of the payloads with the same index in a trailer (the
 index's JSON padded to 8 bytes, then u64 position of the index and the magic
 b"NPSTG\x00\x00\x01"), and format 0, an Arrow IPC stream with a ``stream``
