@@ -62,7 +62,10 @@ the broker ``os._exit(FAULT_EXIT_CODE)`` in the middle of the first commit:
 * ``done:K``  after K streams of the commit are done (partial multi-stream
   commit);
 * ``stamped:K`` after the K-th staged file adopted by this broker process is
-  stamped and fsynced, before its rename;
+  stamped and fsynced (every file of an append is stamped before the first
+  is renamed);
+* ``renaming:K`` right before the K-th staged file is renamed into its
+  stream, after everything before it in the append was written;
 * ``adopted:K`` after the K-th staged file is renamed into its stream, before
   the stream's append has finished.
 
@@ -186,9 +189,13 @@ class _Marker:
 # ---------------------------------------------------------------- fault hook (tests only)
 
 
+# Crash points counted in staged files (StagedSegment.on_event names them).
+_FILE_EVENTS = ("stamped", "renaming", "adopted")
+
+
 @dataclass(frozen=True)
 class Fault:
-    point: str        # "marker" | "append" | "torn" | "done" | "stamped" | "adopted"
+    point: str  # "marker" | "append" | "torn" | "done" | "stamped" | "renaming" | "adopted"
     amount: int = 0   # bytes kept for "torn", streams done for "done", files for the others
 
 
@@ -199,11 +206,11 @@ def parse_fault(text: str | None) -> Fault | None:
     point, _, amount = text.partition(":")
     if point in ("marker", "append") and not amount:
         return Fault(point)
-    if point in ("torn", "done", "stamped", "adopted") and amount.isdigit():
+    if point in ("torn", "done", *_FILE_EVENTS) and amount.isdigit():
         return Fault(point, int(amount))
     raise ValueError(
         f"invalid {FAULT_ENV}={text!r}: use marker, append, torn:<bytes>, done:<streams>, "
-        "stamped:<files> or adopted:<files>"
+        "stamped:<files>, renaming:<files> or adopted:<files>"
     )
 
 
@@ -526,7 +533,7 @@ class SinkCommitter:
                        and item.bytes_for(stream) >= self._adopt_min_bytes else None)
             if segment is None:
                 parts.extend(item.frames_for(stream))
-            elif self._fault is not None and self._fault.point in ("stamped", "adopted"):
+            elif self._fault is not None and self._fault.point in _FILE_EVENTS:
                 parts.append(replace(segment, on_event=self._count_event))
             else:
                 parts.append(segment)
@@ -542,7 +549,7 @@ class SinkCommitter:
             return False
 
     def _count_event(self, name: str) -> None:
-        """Test crash points stamped:K / adopted:K (module doc)."""
+        """Test crash points stamped:K / renaming:K / adopted:K (module doc)."""
         assert self._fault is not None
         if name == self._fault.point:
             self._events += 1

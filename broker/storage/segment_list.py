@@ -157,6 +157,8 @@ class SegmentList:
         (offset, id) columns of frames carrying producer ids.
         """
         headers, flagged = stamp
+        if staged.on_event is not None:
+            staged.on_event("renaming")
         tail = self.segments[-1]
         target = segment_path(self.directory, first)
         if not tail.is_empty:

@@ -100,7 +100,8 @@ class StagedSegment:
     """A staged file in segment layout, holding ``slots`` back to back from byte 0.
 
     ``on_event(name)`` (tests' crash points) is called with "stamped" once the
-    file is stamped and fsynced, and "adopted" once it is renamed into the stream.
+    file is stamped and fsynced, "renaming" right before it is renamed into the
+    stream and "adopted" once it is.
     """
 
     path: Path

@@ -187,6 +187,9 @@ def test_large_single_stream_stagings_become_segments_without_a_copy(broker_fact
                   rf"{3 + BIG_ROWS} and writing it again from there"),
     # Every staged file is stamped before the first is adopted.
     ("stamped:2", r"append to 'orders' at offset 3 had no complete row on disk"),
+    # The first big staging adopted and the small one copied, the second big one not yet.
+    ("renaming:2", rf"was torn \({BIG_ROWS + SMALL_ROWS} of {2 * BIG_ROWS + SMALL_ROWS} rows "
+                   rf"on disk\); truncated to offset {3 + BIG_ROWS + SMALL_ROWS}"),
     ("adopted:2", r"append to 'orders' at \[3,808\) had completed; marked done"),
 ])
 def test_commit_killed_while_adopting_stagings_is_finished_exactly_once(broker_factory, fault,
