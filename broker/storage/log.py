@@ -27,7 +27,7 @@ import errno
 import logging
 import secrets
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from itertools import accumulate, groupby
 from pathlib import Path
@@ -79,7 +79,12 @@ from npstream.broker.storage.small_append import (
     prepare_rows,
     remember_lone_template,
 )
-from npstream.broker.storage.staged_segment import StagedSegment, check_sizes, stamp_all
+from npstream.broker.storage.staged_segment import (
+    StagedSegment,
+    Stamp,
+    check_sizes,
+    stamp_all,
+)
 from npstream.broker.storage.stream_files import (
     CleanShutdown,
     read_retention_config,
@@ -303,27 +308,36 @@ class StreamLog:
         # failure there leaves it unchanged, and the stamps' disk waits overlap.
         stamps = dict(zip(staged, stamp_all([(parts[i], bases[i]) for i in staged],  # type: ignore[misc]
                                             now, self._segments.fault_hook), strict=True))
-        base = first
+        reached = first
         try:
-            for adopt, group in groupby(range(len(parts)), key=lambda i: i in stamps):
-                indexes = list(group)
-                # Each staged file is adopted alone; a run of frames is written at once.
-                steps = ([(partial(self._segments.adopt, parts[i], bases[i], stamps[i]),
-                           parts[i].count) for i in indexes] if adopt
-                         else [(partial(self._segments.write_prebuilt,
-                                        [parts[i] for i in indexes], bases[indexes[0]], now),
-                                bases[indexes[-1] + 1] - bases[indexes[0]])])
-                for write, count in steps:
-                    flagged += self._write_locked(base, now, write)
-                    base += count
+            for begin, end, write in self._write_steps(parts, bases, stamps, now):
+                flagged += self._write_locked(bases[begin], now, write)
+                reached = bases[end]
         except BaseException as exc:
-            if base > first:  # part of the append is in the log and cannot be undone
+            if reached > first:  # part of the append is in the log and cannot be undone
                 failure = exc if isinstance(exc, OSError) else OSError(
-                    errno.EIO, f"append stopped at offset {base} after writing part of it: "
-                    f"{exc}")
+                    errno.EIO, f"append stopped at offset {reached} after writing part of "
+                    f"it: {exc}")
                 self._fail(failure)
             raise
         return flagged
+
+    def _write_steps(self, parts: Sequence[PrebuiltFrame | StagedSegment], bases: list[int],
+                     stamps: dict[int, Stamp], now: int,
+                     ) -> Iterator[tuple[int, int, Callable[[], list[pa.RecordBatch]]]]:
+        """(first part, part after the last, write) of each step of append_prebuilt.
+
+        Each stamped file is adopted alone; a run of frames is written at once.
+        """
+        for adopt, group in groupby(range(len(parts)), key=lambda i: i in stamps):
+            indexes = list(group)
+            if adopt:
+                for i in indexes:
+                    yield i, i + 1, partial(self._segments.adopt, parts[i], bases[i], stamps[i])
+            else:
+                frames = [parts[i] for i in indexes]
+                yield indexes[0], indexes[-1] + 1, partial(
+                    self._segments.write_prebuilt, frames, bases[indexes[0]], now)
 
     def _write_group(self, group: list[CommitRequest[PendingAppend | LoneMessage]]) -> int:
         """Leader: plan, frame and write one group; returns its write sequence number."""
