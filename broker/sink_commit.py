@@ -89,7 +89,7 @@ import grpc
 import pyarrow as pa
 
 from npstream.broker.errors import BrokerError, InvalidArgumentError
-from npstream.broker.sink_frames import StagedFrames
+from npstream.broker.sink_frames import FORMAT, StagedFrames
 from npstream.broker.sink_staging import (
     StagedTable,
     StagingArea,
@@ -385,8 +385,9 @@ class SinkCommitter:
             if self._fault and self._fault.point == "done" and done_streams >= self._fault.amount:
                 _die(f"after {done_streams} stream(s) of sink '{pending.sink_id}' "
                      f"batch {pending.batch_id}")
-        adopted = sum(1 for s in staged  # moved into a stream: adopted (format 2 only)
-                      if isinstance(s, StagedFrames) and s.format >= 2 and not s.path.exists())
+        adopted = sum(1 for s in staged  # moved into a stream: adopted (current format only)
+                      if isinstance(s, StagedFrames) and s.format >= FORMAT
+                      and not s.path.exists())
         self._finish(pending)
         rows = sum(end - start for start, end in written.values())
         log.info("sink '%s' committed batch %d: %d rows from %d staging(s) (%d adopted as "
@@ -521,6 +522,7 @@ class SinkCommitter:
                staged: list[StagedFrames]) -> list[PrebuiltFrame | StagedSegment]:
         """What to append for one stream: large single-stream files adopted, others copied."""
         parts: list[PrebuiltFrame | StagedSegment] = []
+        same_filesystem = self._same_filesystem()
         for item in staged:
             if not item.count_for(stream):
                 continue
@@ -529,7 +531,7 @@ class SinkCommitter:
                     f"cannot finish sink '{pending.sink_id}' batch {pending.batch_id}: the data "
                     f"of staging '{item.staging_id}' for '{stream}' is gone (moved into the "
                     "stream, whose log no longer holds it)")
-            segment = (item.segment_for(stream) if self._same_filesystem()
+            segment = (item.segment_for(stream) if same_filesystem
                        and item.bytes_for(stream) >= self._adopt_min_bytes else None)
             if segment is None:
                 parts.extend(item.frames_for(stream))

@@ -175,8 +175,8 @@ def index_path(path: Path) -> Path:
 def read_index(path: Path) -> dict[str, object] | None:
     """The index of the staging whose data file is ``path``; None for a format-0 file.
 
-    Format 2 reads the index file (the data file may be gone: adopted);
-    format 1 the trailer. FileNotFoundError when neither file exists.
+    Formats 2 and 3 read the index file (the data file may be gone:
+    adopted); format 1 the trailer. FileNotFoundError when neither file exists.
     """
     try:
         return json.loads(index_path(path).read_bytes())

@@ -21,7 +21,7 @@ import pyarrow.ipc as ipc
 
 from npstream.schema import MESSAGE_SCHEMA
 
-__all__ = ["PrebuiltFrame", "stamp_payload", "stamp_payload_ranges", "stamp_ranges"]
+__all__ = ["PrebuiltFrame", "stamp_payload", "stamp_ranges"]
 
 _OFFSET_COLUMN = MESSAGE_SCHEMA.get_field_index("offset")
 _TIMESTAMP_COLUMN = MESSAGE_SCHEMA.get_field_index("timestamp")
@@ -50,22 +50,12 @@ def stamp_payload(payload: memoryview, base_offset: int, timestamp_ms: int) -> p
     payload is not a MESSAGE_SCHEMA batch whose offset and timestamp columns
     are plain non-null buffers (what build_message_batch + serialize produce).
     """
-    return stamp_payload_ranges(payload, base_offset, timestamp_ms)[0]
-
-
-def stamp_payload_ranges(payload: memoryview, base_offset: int, timestamp_ms: int
-                         ) -> tuple[pa.RecordBatch, list[tuple[int, int]]]:
-    """stamp_payload, plus the (position, length) in ``payload`` of the two stamped buffers.
-
-    Whoever stamps a copy writes only those ranges back (staged_segment.py).
-    """
-    batch, ranges = stamp_ranges(payload)
+    batch, ((offsets_at, _), (timestamps_at, _)) = stamp_ranges(payload)
     rows = batch.num_rows
-    (offsets_at, _), (timestamps_at, _) = ranges
     np.frombuffer(payload, dtype=np.int64, count=rows, offset=offsets_at)[:] = np.arange(
         base_offset, base_offset + rows, dtype=np.int64)
     np.frombuffer(payload, dtype=np.int64, count=rows, offset=timestamps_at)[:] = timestamp_ms
-    return batch, ranges
+    return batch
 
 
 def stamp_ranges(payload: memoryview | pa.Buffer) -> tuple[pa.RecordBatch, list[tuple[int, int]]]:
