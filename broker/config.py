@@ -145,6 +145,7 @@ KEYS: tuple[ConfigKey, ...] = (
     _duration("sink_staging_ttl", "sink", "1d"),
     _key("sink_adopt_min_bytes", "sink", parse_size, "4MiB"),
     _key("sink_direct_writes", "sink", _parse_bool, True),
+    _key("sink_stage_inbox", "sink", _parse_bool, True),
 )
 KEYS_BY_NAME: dict[str, ConfigKey] = {k.name: k for k in KEYS}
 
@@ -187,6 +188,7 @@ class BrokerConfig:
     sink_staging_ttl_ms: int
     sink_adopt_min_bytes: int
     sink_direct_writes: bool
+    sink_stage_inbox: bool
 
     @property
     def max_message_bytes_limit(self) -> int:

@@ -3,7 +3,10 @@
 The protocol lives in sink_commit (commit, recovery, GC) and sink_staging
 (what a Stage stores); this module decodes requests (Stage's from its wire
 bytes, its Arrow data used in place), maps them onto those, counts what
-happened in metrics, and runs the staging sweep thread. Sink recovery runs
+happened in metrics, and runs the staging sweep thread. A Stage request may
+name a file of the stage inbox instead of carrying its data (stage_inbox.py);
+a file that cannot be used is answered with ``inbox_refused`` and the client
+sends the rows again over gRPC. Sink recovery runs
 inside ``add_to_server``, before the server starts, so no client ever sees a
 half-finished commit of a previous run.
 """
@@ -36,6 +39,7 @@ from npstream.broker.sink_staging import (
     check_staging_id,
     prepare_stage,
 )
+from npstream.broker.stage_inbox import INBOX_DIR_NAME, InboxRefused, StageInbox
 from npstream.proto import pb, pb_grpc
 from npstream.wire import split_bytes_field
 
@@ -76,6 +80,12 @@ class SinkMetrics:
         self.dropped_staging = Counter("npstream_sink_dropped_staging_files",
                                        "Staging files dropped by AbortBatch or the sweep",
                                        registry=registry)
+        self.inbox_stages = Counter("npstream_sink_inbox_stages",
+                                    "Stage requests whose data was read from the stage inbox",
+                                    registry=registry)
+        self.inbox_refused = Counter("npstream_sink_inbox_refused",
+                                     "Stage requests naming an inbox file that could not be "
+                                     "used (the client resends the data)", registry=registry)
 
 
 def _split_stage_request(raw: bytes) -> tuple[pb.StageRequest, memoryview]:
@@ -93,9 +103,9 @@ def _split_stage_request(raw: bytes) -> tuple[pb.StageRequest, memoryview]:
     return cast(pb.StageRequest, request), arrow[-1] if arrow else memoryview(b"")
 
 
-def _decode(request: pb.StageRequest, arrow_stream: memoryview) -> pa.Table:
+def _decode(request: pb.StageRequest, arrow_stream: memoryview | pa.Buffer) -> pa.Table:
     """The Arrow table of ``arrow_stream``; its buffers stay views into the received bytes."""
-    if not arrow_stream:
+    if not len(arrow_stream):
         raise InvalidArgumentError(
             f"stage for sink '{request.sink_id}' batch {request.batch_id} has an empty "
             "arrow_stream; send an Arrow IPC stream with at least a 'value' column")
@@ -109,11 +119,12 @@ def _decode(request: pb.StageRequest, arrow_stream: memoryview) -> pa.Table:
 
 class SinkServicer(pb_grpc.SinkServiceServicer):
     def __init__(self, ctx: BrokerContext, committer: SinkCommitter,
-                 metrics: SinkMetrics) -> None:
+                 metrics: SinkMetrics, inbox: StageInbox | None = None) -> None:
         self._registry = ctx.registry
         self._committer = committer
         self._staging = committer.staging
         self._metrics = metrics
+        self._inbox = inbox
 
     def _max_message_bytes(self, stream: str) -> int:
         """The target's limit; for a stream Commit will auto-create, the broker default."""
@@ -131,6 +142,15 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
         sink_id = check_sink_id(request.sink_id)
         batch_id = check_batch_id(request.batch_id)
         staging_id = check_staging_id(request.staging_id)
+        if request.inbox_file:
+            try:
+                arrow_stream = self._read_inbox(request)
+            except InboxRefused as refused:
+                self._metrics.inbox_refused.inc()
+                log.info("sink '%s' batch %d staging '%s': inbox file refused (%s); the "
+                         "client resends it over gRPC", sink_id, batch_id, staging_id, refused)
+                return pb.StageResponse(inbox_refused=str(refused))
+            self._metrics.inbox_stages.inc()
         data = _decode(request, arrow_stream)
         if self._committer.is_committed(sink_id, batch_id):
             # A restarted query re-runs its last batch before learning it was committed:
@@ -145,6 +165,11 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
         log.debug("sink '%s' batch %d staged '%s': %d rows, %d bytes",
                   sink_id, batch_id, staging_id, table.num_rows, size)
         return pb.StageResponse(staged_rows=table.num_rows, staged_bytes=size)
+
+    def _read_inbox(self, request: pb.StageRequest) -> pa.Buffer:
+        if self._inbox is None:
+            raise InboxRefused("this broker offers no stage inbox (sink_stage_inbox = false)")
+        return self._inbox.read(request.inbox_file, request.inbox_inode, request.inbox_length)
 
     @rpc_method
     def CommitBatch(self, request: pb.CommitBatchRequest,
@@ -177,12 +202,22 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
         exists, last = self._committer.state(request.sink_id)
         return pb.SinkStateResponse(exists=exists, last_batch_id=last)
 
+    @rpc_method
+    def StageInbox(self, request: pb.StageInboxRequest,
+                   context: grpc.ServicerContext) -> pb.StageInboxResponse:
+        return self._inbox.describe() if self._inbox is not None else pb.StageInboxResponse()
+
 
 class StagingSweeper:
-    """Background thread deleting expired and committed staging; ``close()`` stops it."""
+    """Background thread deleting expired and committed staging and idle inbox files.
 
-    def __init__(self, committer: SinkCommitter, ttl_ms: int, metrics: SinkMetrics) -> None:
+    ``close()`` stops it.
+    """
+
+    def __init__(self, committer: SinkCommitter, ttl_ms: int, metrics: SinkMetrics,
+                 inbox: StageInbox | None = None) -> None:
         self._committer = committer
+        self._inbox = inbox
         self.ttl_ms = ttl_ms
         self._metrics = metrics
         self.interval_s = min(max(ttl_ms / 1000 * SWEEP_TTL_FRACTION, SWEEP_MIN_INTERVAL_S),
@@ -198,6 +233,8 @@ class StagingSweeper:
         while not self._stop.wait(self.interval_s):
             try:
                 self._metrics.dropped_staging.inc(self._committer.sweep(self.ttl_ms))
+                if self._inbox is not None:
+                    self._inbox.sweep()
             except Exception:
                 log.exception("sink staging sweep failed; retrying in %.1fs", self.interval_s)
 
@@ -223,10 +260,15 @@ def add_to_server(server: grpc.Server, ctx: BrokerContext) -> StagingSweeper:
         log.warning("sink recovery finished %d interrupted commit(s)", finished)
     ctx.on_stream_deleted.append(committer.on_stream_deleted)
     metrics = SinkMetrics(ctx)
-    add_service(server, "SinkService", SinkServicer(ctx, committer, metrics),
+    inbox = None
+    if getattr(config, "sink_stage_inbox", True):
+        inbox = StageInbox(config.data_dir / INBOX_DIR_NAME,
+                           max_bytes=config.grpc_max_message_bytes)
+    add_service(server, "SinkService", SinkServicer(ctx, committer, metrics, inbox),
                 raw_requests={"Stage"})
     ttl_ms = int(getattr(config, "sink_staging_ttl_ms", DEFAULT_STAGING_TTL_MS))
-    sweeper = StagingSweeper(committer, ttl_ms, metrics).start()
-    log.info("sink service ready: staging in %s, staging ttl %d ms, sweep every %.1fs",
-             staging.root, ttl_ms, sweeper.interval_s)
+    sweeper = StagingSweeper(committer, ttl_ms, metrics, inbox).start()
+    log.info("sink service ready: staging in %s, stage inbox %s, staging ttl %d ms, "
+             "sweep every %.1fs", staging.root, inbox.root if inbox else "off", ttl_ms,
+             sweeper.interval_s)
     return sweeper

@@ -738,8 +738,12 @@ class Client:
 
         return delete_group(self, stream, group)
 
-    def sink(self) -> SinkClient:
-        """A SinkClient (exactly-once staging/commit) sharing this connection."""
+    def sink(self, *, local_staging: bool = True) -> SinkClient:
+        """A SinkClient (exactly-once staging/commit) sharing this connection.
+
+        ``local_staging``: on the broker's machine, Stage hands its data over
+        in a file of the broker's stage inbox; False: always over gRPC.
+        """
         from npstream.sink_client import SinkClient
 
-        return SinkClient(self)
+        return SinkClient(self, local_staging=local_staging)

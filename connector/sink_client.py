@@ -13,10 +13,15 @@ streams::
 Every call is safe to retry: a re-sent staging id replaces the earlier one, a
 re-sent commit of a recorded batch appends nothing, an abort of nothing drops
 nothing. So all of them use the client's retry on UNAVAILABLE.
+
+On the broker's machine ``stage`` hands the data over in a file of the
+broker's stage inbox (npstream.stage_inbox) instead of sending it through
+gRPC; whatever goes wrong with that, the same request is sent over gRPC.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,6 +31,7 @@ import pyarrow as pa
 
 from npstream.errors import NpstreamError, StreamNeedsRepair
 from npstream.proto import pb
+from npstream.stage_inbox import InboxUnavailable, StageInboxWriter, turn_off, writer_for
 from npstream.wire import encode_with_bytes
 
 if TYPE_CHECKING:
@@ -85,16 +91,17 @@ def encode_arrow_stream(table: pa.Table | pa.RecordBatch) -> bytes:
     return arrow_stream_buffer(table).to_pybytes()
 
 
-def encode_stage_request(sink_id: str, batch_id: int, staging_id: str, stream: str | None,
-                         table: pa.Table | pa.RecordBatch) -> bytes:
-    """StageRequest wire bytes, the Arrow data appended with one copy (npstream.wire).
+def encode_stage_request(head: pb.StageRequest, table: pa.Table | pa.RecordBatch) -> bytes:
+    """StageRequest wire bytes: ``head`` with the Arrow data appended with one copy.
 
     A Stage request holds up to stageBytes of Arrow data; building the message
-    with protobuf would copy it into the message and again when serializing.
+    with protobuf would copy it into the message and again when serializing
+    (npstream.wire appends it to the encoded small fields instead).
     """
-    head = pb.StageRequest(sink_id=sink_id, batch_id=batch_id, staging_id=staging_id,
-                           stream=stream or "")
     return encode_with_bytes(head, "arrow_stream", [arrow_stream_buffer(table)])
+
+
+log = logging.getLogger(__name__)
 
 
 def _sink_error(exc: NpstreamError) -> NpstreamError:
@@ -105,10 +112,15 @@ def _sink_error(exc: NpstreamError) -> NpstreamError:
 
 
 class SinkClient:
-    """Stage / commit / abort / state calls of SinkService over a Client's connection."""
+    """Stage / commit / abort / state calls of SinkService over a Client's connection.
 
-    def __init__(self, client: Client) -> None:
+    ``local_staging``: on the broker's machine, hand Stage data over in a
+    file of the broker's inbox (see the module doc); False: always gRPC.
+    """
+
+    def __init__(self, client: Client, *, local_staging: bool = True) -> None:
         self._client = client
+        self._local_staging = local_staging
 
     def _call(self, rpc: str, request: object) -> Any:
         return self._converted(
@@ -133,10 +145,65 @@ class SinkClient:
         ``stream`` (per-row target; rows with a null ``stream`` go to ``stream``).
         A bad row rejects the whole call (InvalidArgument naming the row).
         """
-        request = encode_stage_request(sink_id, batch_id, staging_id, stream, table)
-        reply = self._converted(lambda: self._client.call_serialized(
-            "SinkService.Stage", request, pb.StageResponse, idempotent=True))
+        head = pb.StageRequest(sink_id=sink_id, batch_id=batch_id, staging_id=staging_id,
+                               stream=stream or "")
+        writer = self._inbox_writer()
+        reply = self._stage_by_file(writer, head, table) if writer is not None else None
+        if reply is None:
+            request = encode_stage_request(head, table)
+            reply = self._converted(lambda: self._client.call_serialized(
+                "SinkService.Stage", request, pb.StageResponse, idempotent=True))
         return StageResult(rows=reply.staged_rows, bytes=reply.staged_bytes)
+
+    def _inbox_writer(self) -> StageInboxWriter | None:
+        if not self._local_staging:
+            return None
+
+        def describe() -> pb.StageInboxResponse:
+            try:
+                return self._client.call("SinkService.StageInbox", pb.StageInboxRequest())
+            except NpstreamError as exc:
+                if exc.code == grpc.StatusCode.UNIMPLEMENTED:
+                    raise InboxUnavailable("the broker predates the stage inbox") from None
+                raise
+
+        return writer_for(self._client.address, describe)
+
+    def _stage_by_file(self, writer: StageInboxWriter, head: pb.StageRequest,
+                       table: pa.Table | pa.RecordBatch) -> pb.StageResponse | None:
+        """The broker's reply to a Stage naming an inbox file; None: send the data instead.
+
+        Sent once, without retries: a file goes back for reuse only after a
+        reply to its only attempt, so no attempt the broker may still be
+        running reads it while it is rewritten (after an error it is deleted).
+        """
+        try:
+            file, length = writer.write(pa.Table.from_batches([table])
+                                        if isinstance(table, pa.RecordBatch) else table)
+        except InboxUnavailable as exc:
+            turn_off(self._client.address, str(exc))
+            return None
+        request = pb.StageRequest()
+        request.CopyFrom(head)
+        request.inbox_file, request.inbox_inode, request.inbox_length = (
+            file.name, file.inode, length)
+        answered = False
+        try:
+            reply = self._client.call_serialized(
+                "SinkService.Stage", request.SerializeToString(), pb.StageResponse,
+                idempotent=False)
+            answered = True
+        except NpstreamError as exc:
+            log.debug("Stage of '%s' naming inbox file %s failed (%s); sending the data",
+                      head.staging_id, file.name, exc)
+            return None
+        finally:
+            writer.release(file, reusable=answered)
+        if reply.inbox_refused:
+            turn_off(self._client.address, f"the broker refused {file.name}: "
+                                           f"{reply.inbox_refused}")
+            return None
+        return reply
 
     def commit(self, sink_id: str, batch_id: int, staging_ids: list[str]) -> CommitResult:
         """Make the listed stagings visible at once (per stream) and record the batch."""

@@ -91,7 +91,7 @@ class OptionSpec:
 # caller adds the option name, the value and the accepted values.
 
 
-def _parse_bool(text: str) -> bool:
+def parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("true", "false"):
         return lowered == "true"
@@ -259,7 +259,7 @@ CONNECTION_SPECS: tuple[OptionSpec, ...] = (
                BOTH, "Broker address; default env NPSTREAM_BROKER, else localhost:7070."),
     OptionSpec("token", None, _parse_non_empty, "a non-empty string", BOTH,
                "Auth token sent as 'authorization: Bearer <token>'."),
-    OptionSpec("tls", "false", _parse_bool, "true or false", BOTH,
+    OptionSpec("tls", "false", parse_bool, "true or false", BOTH,
                "Connect with TLS (system root certificates unless tlsRootCertificates)."),
     OptionSpec("tlsRootCertificates", None, _parse_certificates,
                "a readable PEM file path", BOTH,
@@ -295,18 +295,18 @@ READ_SPECS: tuple[OptionSpec, ...] = (
                "At least this many Spark partitions per batch (ranges are split)."),
     OptionSpec("maxRecordsPerPartition", None, _parse_positive_int, "a positive integer", BOTH,
                "At most this many messages per Spark partition."),
-    OptionSpec("failOnDataLoss", "true", _parse_bool, "true or false", BOTH,
+    OptionSpec("failOnDataLoss", "true", parse_bool, "true or false", BOTH,
                "Fail when messages the query needs were removed by retention."),
     OptionSpec("group", None, validate_group_name,
                "a group name of [A-Za-z0-9._-], starting with a letter or digit", BOTH,
                "Streaming: record the position in this group after each batch. "
                "Batch: only with startingOffsets=group."),
-    OptionSpec("includeHeaders", "false", _parse_bool, "true or false", BOTH,
+    OptionSpec("includeHeaders", "false", parse_bool, "true or false", BOTH,
                "Add the headers column (map<string,binary>)."),
     OptionSpec("fetchMaxBytes", DEFAULT_FETCH_MAX_BYTES, _parse_fetch_bytes,
                "a size such as 8MiB or 1048576 (at most 64MiB)", BOTH,
                "Bytes per Fetch RPC (or local read step) made by a task."),
-    OptionSpec("localReads", "true", _parse_bool, "true or false", BOTH,
+    OptionSpec("localReads", "true", parse_bool, "true or false", BOTH,
                "Tasks on the broker's machine read its segment files directly "
                "(checked, with gRPC as the fallback); false: always over gRPC."),
 )

@@ -117,7 +117,7 @@ def _stage_all(options: WriteOptions, batch_id: int, iterator: Iterable[pa.Recor
 
     with options.connection.connect() as client, ThreadPoolExecutor(
             max_workers=STAGE_REQUESTS_IN_FLIGHT, thread_name_prefix="npstream-stage") as sender:
-        sink = SinkClient(client)
+        sink = SinkClient(client, local_staging=options.local_staging)
 
         def stage(staging_id: str, table: pa.Table, first_row: int) -> None:
             try:

@@ -33,6 +33,7 @@ from npstream.spark.options import (
     InvalidOptionError,
     OptionSpec,
     check_known_options,
+    parse_bool,
     parse_connection_options,
 )
 from npstream.units import parse_size
@@ -97,6 +98,10 @@ WRITE_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("stageBytes", DEFAULT_STAGE_BYTES, _parse_stage_bytes,
                "a size between 64KiB and 32MiB such as 4MiB", BOTH,
                "Arrow bytes per Stage request sent by a task."),
+    OptionSpec("localStaging", "true", parse_bool, "true or false", BOTH,
+               "Tasks on the broker's machine hand their rows over in a file of the "
+               "broker's stage inbox (checked, with gRPC as the fallback); false: always "
+               "send them over gRPC."),
     OptionSpec("checkpointLocation", None, _parse_any, "a path (set by Spark)", STREAM,
                "The query's checkpoint; gives the default sink id."),
     OptionSpec("queryName", None, _parse_any, "a name (set by Spark)", STREAM,
@@ -131,6 +136,7 @@ class WriteOptions:
     stage_bytes: int
     columns: tuple[str, ...]  # input columns sent to the broker, in input order
     use_stream_column: bool
+    local_staging: bool = True
 
 
 def checkpoint_sink_id(checkpoint_location: str) -> str:
@@ -237,4 +243,5 @@ def parse_write_options(options: Mapping[str, str], schema: Any, mode: WriteMode
             "own commits).")
     return WriteOptions(mode=mode, connection=connection, sink_id=sink_id, stream=stream,
                         stage_bytes=values["stageBytes"], columns=columns,
-                        use_stream_column=use_stream_column)
+                        use_stream_column=use_stream_column,
+                        local_staging=values["localStaging"])

@@ -248,7 +248,8 @@ def test_stage_wire_bytes_are_what_protobuf_serializes():
     table = _mixed_table()
     plain = pb.StageRequest(sink_id="s", batch_id=3, staging_id="3-0", stream="orders",
                             arrow_stream=encode_arrow_stream(table))
-    assert encode_stage_request("s", 3, "3-0", "orders", table) == plain.SerializeToString()
+    head = pb.StageRequest(sink_id="s", batch_id=3, staging_id="3-0", stream="orders")
+    assert encode_stage_request(head, table) == plain.SerializeToString()
 
 
 def test_stage_raw_client_and_plain_generated_request_commit_the_same_rows(

@@ -38,7 +38,7 @@ READER_SCHEMA = StructType([
 
 def test_writer_options_lists_every_documented_name():
     expected = {"broker", "token", "tls", "tlsRootCertificates", "stream", "sinkId",
-                "stageBytes", "checkpointLocation", "queryName"}
+                "stageBytes", "localStaging", "checkpointLocation", "queryName"}
     assert set(WRITER_OPTIONS) == expected
 
 
@@ -105,6 +105,8 @@ def test_unknown_option_is_rejected_with_suggestion_and_accepted_list():
                            r"65536 \(64KiB\) and 33554432 \(32MiB\)"),
     ("stageBytes", "lots", r"Invalid value 'lots' for option 'stageBytes'"),
     ("tls", "maybe", r"Invalid value 'maybe' for option 'tls': not a boolean"),
+    ("localStaging", "yes please", r"Invalid value 'yes please' for option 'localStaging': not "
+                                   r"a boolean.*Accepted: true or false"),
     ("broker", "no port", r"Invalid value 'no port' for option 'broker'"),
 ])
 def test_bad_option_value_names_option_value_and_accepted(key, value, message):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
@@ -89,16 +90,29 @@ def test_streaming_write_routes_rows_by_stream_column(npstream_spark, broker, cl
     assert read(client, odd).column("id").to_pylist() == [f"n{i}" for i in range(1, 40, 2)]
 
 
+def inbox_stages(broker) -> float:
+    """Stage requests the broker read from its stage inbox so far (its metrics endpoint)."""
+    address = re.search(r"metrics=(http://\S+/metrics)", broker.log_text()).group(1)
+    text = urllib.request.urlopen(address, timeout=10).read().decode()
+    found = re.search(r"^npstream_sink_inbox_stages_total (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+@pytest.mark.parametrize(("local_staging", "by_file"), [("true", 4), ("false", 0)])
 def test_batch_write_commits_all_partitions_at_once(npstream_spark, broker, client,
-                                                    stream_name):
+                                                    stream_name, local_staging, by_file):
+    before = inbox_stages(broker)
     frame = npstream_spark.range(0, 1000, numPartitions=4).selectExpr(
         "CAST(id AS STRING) AS value", "CONCAT('row-', id) AS id")
     frame.write.format("npstream").option("broker", broker.address) \
-        .option("stream", stream_name).mode("append").save()
+        .option("stream", stream_name).option("localStaging", local_staging) \
+        .mode("append").save()
 
     table = read(client, stream_name)
     assert sorted(table.column("id").to_pylist()) == sorted(f"row-{i}" for i in range(1000))
     assert table.column("offset").to_pylist() == list(range(1000))
+    # Tasks on the broker's machine hand their rows over in inbox files (one request each).
+    assert inbox_stages(broker) - before == by_file
 
 
 def test_batch_write_with_a_failing_task_makes_nothing_visible(npstream_spark, broker, client,

@@ -586,26 +586,50 @@ class DeliveryBatch(_message.Message):
     def __init__(self, deliveries: _Optional[_Iterable[_Union[Delivery, _Mapping]]] = ...) -> None: ...
 
 class StageRequest(_message.Message):
-    __slots__ = ("sink_id", "batch_id", "staging_id", "stream", "arrow_stream")
+    __slots__ = ("sink_id", "batch_id", "staging_id", "stream", "arrow_stream", "inbox_file", "inbox_inode", "inbox_length")
     SINK_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     STAGING_ID_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     ARROW_STREAM_FIELD_NUMBER: _ClassVar[int]
+    INBOX_FILE_FIELD_NUMBER: _ClassVar[int]
+    INBOX_INODE_FIELD_NUMBER: _ClassVar[int]
+    INBOX_LENGTH_FIELD_NUMBER: _ClassVar[int]
     sink_id: str
     batch_id: int
     staging_id: str
     stream: str
     arrow_stream: bytes
-    def __init__(self, sink_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., staging_id: _Optional[str] = ..., stream: _Optional[str] = ..., arrow_stream: _Optional[bytes] = ...) -> None: ...
+    inbox_file: str
+    inbox_inode: int
+    inbox_length: int
+    def __init__(self, sink_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., staging_id: _Optional[str] = ..., stream: _Optional[str] = ..., arrow_stream: _Optional[bytes] = ..., inbox_file: _Optional[str] = ..., inbox_inode: _Optional[int] = ..., inbox_length: _Optional[int] = ...) -> None: ...
 
 class StageResponse(_message.Message):
-    __slots__ = ("staged_rows", "staged_bytes")
+    __slots__ = ("staged_rows", "staged_bytes", "inbox_refused")
     STAGED_ROWS_FIELD_NUMBER: _ClassVar[int]
     STAGED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INBOX_REFUSED_FIELD_NUMBER: _ClassVar[int]
     staged_rows: int
     staged_bytes: int
-    def __init__(self, staged_rows: _Optional[int] = ..., staged_bytes: _Optional[int] = ...) -> None: ...
+    inbox_refused: str
+    def __init__(self, staged_rows: _Optional[int] = ..., staged_bytes: _Optional[int] = ..., inbox_refused: _Optional[str] = ...) -> None: ...
+
+class StageInboxRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StageInboxResponse(_message.Message):
+    __slots__ = ("host_id", "path", "device", "inode")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    path: str
+    device: int
+    inode: int
+    def __init__(self, host_id: _Optional[str] = ..., path: _Optional[str] = ..., device: _Optional[int] = ..., inode: _Optional[int] = ...) -> None: ...
 
 class CommitBatchRequest(_message.Message):
     __slots__ = ("sink_id", "batch_id", "staging_ids")

@@ -1278,6 +1278,11 @@ class SinkServiceStub:
                 request_serializer=npstream_dot_v1_dot_npstream__pb2.SinkStateRequest.SerializeToString,
                 response_deserializer=npstream_dot_v1_dot_npstream__pb2.SinkStateResponse.FromString,
                 _registered_method=True)
+        self.StageInbox = channel.unary_unary(
+                '/npstream.v1.SinkService/StageInbox',
+                request_serializer=npstream_dot_v1_dot_npstream__pb2.StageInboxRequest.SerializeToString,
+                response_deserializer=npstream_dot_v1_dot_npstream__pb2.StageInboxResponse.FromString,
+                _registered_method=True)
 
 
 class SinkServiceServicer:
@@ -1307,6 +1312,12 @@ class SinkServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StageInbox(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SinkServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1329,6 +1340,11 @@ def add_SinkServiceServicer_to_server(servicer, server):
                     servicer.SinkState,
                     request_deserializer=npstream_dot_v1_dot_npstream__pb2.SinkStateRequest.FromString,
                     response_serializer=npstream_dot_v1_dot_npstream__pb2.SinkStateResponse.SerializeToString,
+            ),
+            'StageInbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.StageInbox,
+                    request_deserializer=npstream_dot_v1_dot_npstream__pb2.StageInboxRequest.FromString,
+                    response_serializer=npstream_dot_v1_dot_npstream__pb2.StageInboxResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1439,6 +1455,33 @@ class SinkService:
             '/npstream.v1.SinkService/SinkState',
             npstream_dot_v1_dot_npstream__pb2.SinkStateRequest.SerializeToString,
             npstream_dot_v1_dot_npstream__pb2.SinkStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StageInbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/npstream.v1.SinkService/StageInbox',
+            npstream_dot_v1_dot_npstream__pb2.StageInboxRequest.SerializeToString,
+            npstream_dot_v1_dot_npstream__pb2.StageInboxResponse.FromString,
             options,
             channel_credentials,
             insecure,
