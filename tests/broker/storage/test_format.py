@@ -14,6 +14,7 @@ from npstream.broker.storage.batch_builder import (
     build_message_batch,
     complete_publish_table,
     decode_payload,
+    generated_ids,
 )
 from npstream.broker.storage.frame_reader import BadFrame, FrameReader
 from npstream.broker.storage.record_batch import (
@@ -111,3 +112,15 @@ def test_payload_decodes_with_message_schema():
     assert batch.column("value").to_pylist() == [b"a", b"bb"]
     assert batch.column("id").to_pylist() == [
         "0123456789abcdef00000000000003e8", "0123456789abcdef00000000000003e9"]
+
+
+@pytest.mark.parametrize(("first", "count"), [
+    (0, 5), (65_530, 20), (3 * 65_536 - 1, 2), (2**40 - 7, 140_000), (2**63 - 4, 4), (9, 0)])
+def test_generated_ids_are_the_prefix_and_the_offset_in_16_hex_digits(first, count):
+    # Runs of the upper 48 bits end at multiples of 65,536: every boundary case above.
+    prefix = b"0123456789abcdef"
+    ids = generated_ids(prefix, first, count)
+    expected = [(prefix + b"%016x" % offset).decode() for offset in range(first, first + count)]
+    assert ids.to_pylist() == expected
+    with pytest.raises(ValueError, match="id prefix must be 16 characters"):
+        generated_ids(b"short", first, count)
