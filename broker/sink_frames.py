@@ -52,7 +52,7 @@ import mmap
 import os
 import secrets
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -77,8 +77,8 @@ from npstream.broker.storage.staged_segment import (
     placeholder_header,
 )
 
-__all__ = ["FORMAT", "INDEX_SUFFIX", "MAGIC", "StagedFrames", "build_staging", "index_path",
-           "read_index"]
+__all__ = ["FORMAT", "INDEX_SUFFIX", "MAGIC", "StagedFrames", "build_staging", "frame_slots",
+           "index_path", "read_index"]
 
 FORMAT = 3
 INDEX_SUFFIX = ".index"
@@ -192,23 +192,30 @@ def read_index(path: Path) -> dict[str, object] | None:
     return index
 
 
+def frame_slots(index: dict[str, object]) -> list[tuple[str, FrameSlot]]:
+    """(target stream, slot) of every frame an index lists, in file order."""
+    # Index entries: [stream, count, flags, payload position, payload length, largest,
+    # then from format 3: placeholder base offset, offsets position, timestamps
+    # position (both in the payload), payload CRC32C]
+    return [(f[0], FrameSlot(f[3], f[4], f[1], f[2], f[5],
+                             StampSlot(*f[6:10]) if len(f) >= 10 else None))
+            for f in index["frames"]]  # type: ignore[attr-defined]
+
+
 class StagedFrames:
     """A staging's frames: mapped copy-on-write to be stamped and copied, or adopted whole."""
 
     def __init__(self, staging_id: str, path: Path, index: dict[str, object],
-                 writer: DirectFileWriter | None = None) -> None:
+                 writer: DirectFileWriter | None = None,
+                 known_blocks: Mapping[int, bytes] | None = None) -> None:
         self.staging_id = staging_id
         self.path = path
         self._writer = writer  # how the data file was written: stamping writes alike
+        self._known_blocks = known_blocks or {}  # blocks as Stage wrote them (stamping)
         self.format = int(index["format"])  # type: ignore[call-overload]
         self.streams: list[str] = list(index["streams"])  # type: ignore[call-overload]
         self.rows = int(index["rows"])  # type: ignore[call-overload]
-        # Index entries: [stream, count, flags, payload position, payload length, largest,
-        # then from format 3: placeholder base offset, offsets position, timestamps
-        # position (both in the payload), payload CRC32C]
-        self._frames = [(f[0], FrameSlot(f[3], f[4], f[1], f[2], f[5],
-                                         StampSlot(*f[6:10]) if len(f) >= 10 else None))
-                        for f in index["frames"]]  # type: ignore[attr-defined]
+        self._frames = frame_slots(index)
         self._map: mmap.mmap | None = None
 
     def count_for(self, stream: str) -> int:
@@ -227,7 +234,7 @@ class StagedFrames:
         if self.format < FORMAT or self.streams != [stream]:
             return None
         return StagedSegment(self.path, tuple(slot for _target, slot in self._frames),
-                             writer=self._writer)
+                             writer=self._writer, known_blocks=self._known_blocks)
 
     def _mapped(self) -> mmap.mmap | None:
         if self._map is None:

@@ -54,10 +54,11 @@ from npstream.broker.sink_frames import (
     INDEX_SUFFIX,
     StagedFrames,
     build_staging,
+    frame_slots,
     index_path,
     read_index,
 )
-from npstream.broker.storage.direct_write import DirectFileWriter
+from npstream.broker.storage.direct_write import DirectFileWriter, WrittenBlocks, edge_blocks
 from npstream.broker.storage.files import fsync_dir
 from npstream.names import NAME_RULE, STREAM_NAME_RE, validate_stream_name
 from npstream.schema import normalize_publish_table
@@ -261,6 +262,9 @@ class StagingArea:
         # Data files are written around the page cache where the filesystem allows
         # (storage/direct_write.py has why); index files are small and go through it.
         self._writer = DirectFileWriter(direct_writes)
+        # The blocks the commit's stamping patches at their edges, as Stage wrote them,
+        # so stamping does not read them back from the disk (direct_write.py).
+        self._written_blocks = WrittenBlocks()
         self.root.mkdir(parents=True, exist_ok=True)
 
     def path(self, sink_id: str, batch_id: int, staging_id: str) -> Path:
@@ -284,7 +288,9 @@ class StagingArea:
         tmp_index = target.with_name(index_path(target).name + suffix)
         try:
             pieces, index = build_staging(table, self.max_frame_bytes)
-            self._writer.create(tmp, pieces)
+            stamped = [span for _stream, slot in frame_slots(index)
+                       for span in slot.stamped_ranges()]
+            created = self._writer.create_keeping(tmp, pieces, edge_blocks(stamped))
             with open(tmp_index, "wb") as handle:
                 handle.write(json.dumps(index).encode())
                 handle.flush()
@@ -294,6 +300,7 @@ class StagingArea:
             target.unlink(missing_ok=True)
             os.replace(tmp_index, index_path(target))
             os.replace(tmp, target)
+            self._written_blocks.remember(target, created)
         except BaseException:
             tmp.unlink(missing_ok=True)
             tmp_index.unlink(missing_ok=True)
@@ -343,7 +350,10 @@ class StagingArea:
         """
         path = self.path(sink_id, batch_id, staging_id)
         index = read_index(path)
-        return StagedFrames(staging_id, path, index, self._writer) if index is not None else None
+        if index is None:
+            return None
+        return StagedFrames(staging_id, path, index, self._writer,
+                            self._written_blocks.blocks(path))
 
     def drop(self, sink_id: str, batch_id: int, staging_ids: list[str] | None = None) -> int:
         """Delete the listed stagings of a batch (all when None); returns files deleted."""

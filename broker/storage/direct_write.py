@@ -19,6 +19,12 @@ or at the first write) the writer logs it once and writes through the page
 cache from then on; ``direct=False`` (broker.toml ``sink_direct_writes``)
 does that from the start.
 
+A later patch of a direct file must read the blocks at the ends of each
+patched range from the disk (O_DIRECT writes whole blocks). ``create_keeping``
+hands back copies of chosen blocks as written, which ``patch`` then uses
+instead of reading them: under load those reads were most of a sink
+commit's stamping.
+
 The price: a reader of the new file reads it from the disk rather than from
 memory. For staging that is the commit's copy of small files and consumers
 of a freshly committed micro-batch; docs/exactly-once.md discusses it.
@@ -31,12 +37,14 @@ import logging
 import mmap
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from npstream.broker.storage.segment import pwrite_all
 
-__all__ = ["ALIGNMENT", "DirectFileWriter"]
+__all__ = ["ALIGNMENT", "CreatedFile", "DirectFileWriter", "WrittenBlocks", "edge_blocks"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +54,75 @@ ALIGNMENT = 4096
 _KEEP_BUFFERS = 4
 _KEEP_MAX_BYTES = 64 << 20
 _BUFFER_STEP = 1 << 20
+# Kept blocks of created files (WrittenBlocks), oldest forgotten first: ~6 blocks
+# per staged file, so thousands of files' worth.
+_KEEP_BLOCKS_MAX_BYTES = 16 << 20
+
+
+def edge_blocks(ranges: Collection[tuple[int, int]]) -> set[int]:
+    """The first and last ALIGNMENT block of each (position, length) range: what a patch reads."""
+    return {block for position, length in ranges if length > 0
+            for block in (position // ALIGNMENT, (position + length - 1) // ALIGNMENT)}
+
+
+@dataclass(frozen=True)
+class CreatedFile:
+    """A file ``create_keeping`` wrote: its size and identity, and the blocks it kept."""
+
+    size: int
+    inode: int
+    mtime_ns: int
+    blocks: dict[int, bytes] = field(default_factory=dict)  # empty unless written directly
+
+
+class WrittenBlocks:
+    """Blocks of created files by path, handed out only while the file is unchanged.
+
+    A file's entry is returned only when the file now at that path has the
+    inode, size and mtime it had when created; any write since (a patch, a
+    replacement under the same name) changes one of them. Thread-safe; the
+    oldest entries are forgotten beyond ``max_bytes``.
+    """
+
+    def __init__(self, max_bytes: int = _KEEP_BLOCKS_MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._files: OrderedDict[str, CreatedFile] = OrderedDict()
+        self._bytes = 0
+
+    def remember(self, path: Path, created: CreatedFile) -> None:
+        if not created.blocks:
+            return
+        with self._lock:
+            self._forget_locked(str(path))
+            self._files[str(path)] = created
+            self._bytes += len(created.blocks) * ALIGNMENT
+            while self._bytes > self.max_bytes and self._files:
+                self._forget_locked(next(iter(self._files)))
+
+    def blocks(self, path: Path) -> dict[int, bytes]:
+        """The blocks of the file at ``path`` if it is still the one created; else empty."""
+        with self._lock:
+            created = self._files.get(str(path))
+        if created is None:
+            return {}
+        try:
+            info = os.stat(path)
+        except OSError:
+            return {}
+        if (info.st_ino, info.st_size, info.st_mtime_ns) != (
+                created.inode, created.size, created.mtime_ns):
+            return {}
+        return created.blocks
+
+    def forget(self, path: Path) -> None:
+        with self._lock:
+            self._forget_locked(str(path))
+
+    def _forget_locked(self, key: str) -> None:
+        created = self._files.pop(key, None)
+        if created is not None:
+            self._bytes -= len(created.blocks) * ALIGNMENT
 
 
 class DirectFileWriter:
@@ -62,11 +139,21 @@ class DirectFileWriter:
         FileExistsError when ``path`` exists. Buffers are anything with the
         buffer protocol.
         """
+        return self.create_keeping(path, pieces, ()).size
+
+    def create_keeping(self, path: Path, pieces: Sequence[object],
+                       keep_blocks: Collection[int]) -> CreatedFile:
+        """``create``, also returning copies of the blocks ``keep_blocks`` as written.
+
+        Blocks are kept only when the file was written directly (a buffered
+        patch reads nothing); pass them to ``patch`` as ``known_blocks``
+        while the file's inode and mtime are still these.
+        """
         views = [memoryview(piece).cast("B") for piece in pieces]  # type: ignore[arg-type]
         size = sum(len(view) for view in views)
         if self.direct:
             try:
-                return self._create_direct(path, views, size)
+                return self._create_direct(path, views, size, keep_blocks)
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
@@ -76,18 +163,21 @@ class DirectFileWriter:
         try:
             pwrite_all(fd, views, 0)  # type: ignore[arg-type]
             os.fsync(fd)
+            return _created(fd, size, {})
         finally:
             os.close(fd)
-        return size
 
     def patch(self, path: Path, patches: Sequence[tuple[int, object]],
-              before_sync: Callable[[], None] | None = None) -> None:
+              before_sync: Callable[[], None] | None = None,
+              known_blocks: Mapping[int, bytes] | None = None) -> None:
         """Overwrite ranges of the existing file ``path``, then fdatasync it.
 
         ``patches`` are (position, bytes) inside the file (ValueError past its
         end). With O_DIRECT the blocks around each range are read, patched and
         written back whole, so the file stays out of the page cache; its size
-        does not change. ``before_sync`` runs between the writes and the sync.
+        does not change. A block in ``known_blocks`` (the file's current bytes
+        of it, from ``create_keeping``) is not read. ``before_sync`` runs
+        between the writes and the sync.
         """
         views = [(position, memoryview(data).cast("B"))  # type: ignore[arg-type]
                  for position, data in patches]
@@ -109,7 +199,7 @@ class DirectFileWriter:
                     raise ValueError(f"patch of {len(view)} bytes at {position} is outside "
                                      f"{path} ({size} bytes)")
             if direct:
-                self._patch_direct(fd, views, size)
+                self._patch_direct(fd, views, size, known_blocks or {})
             else:
                 for position, view in views:
                     pwrite_all(fd, [view], position)
@@ -124,7 +214,8 @@ class DirectFileWriter:
         log.info("%s refuses O_DIRECT (%s): staging files go through the page cache "
                  "from now on", path.parent, exc)
 
-    def _create_direct(self, path: Path, views: list[memoryview], size: int) -> int:
+    def _create_direct(self, path: Path, views: list[memoryview], size: int,
+                       keep_blocks: Collection[int]) -> CreatedFile:
         padded = -(-size // ALIGNMENT) * ALIGNMENT
         buffer = self._take(padded)
         try:
@@ -140,13 +231,16 @@ class DirectFileWriter:
                 if padded != size:
                     os.ftruncate(fd, size)
                 os.fsync(fd)
+                kept = {block: bytes(buffer[block * ALIGNMENT:(block + 1) * ALIGNMENT])
+                        for block in keep_blocks if 0 <= block * ALIGNMENT < size}
+                return _created(fd, size, kept)
             finally:
                 os.close(fd)
         finally:
             self._give_back(buffer)
-        return size
 
-    def _patch_direct(self, fd: int, views: list[tuple[int, memoryview]], size: int) -> None:
+    def _patch_direct(self, fd: int, views: list[tuple[int, memoryview]], size: int,
+                      known_blocks: Mapping[int, bytes]) -> None:
         """Read-modify-write of the aligned blocks around the patches (merged where they touch)."""
         spans: list[tuple[int, int, list[tuple[int, memoryview]]]] = []
         for position, view in sorted(views, key=lambda item: item[0]):
@@ -163,11 +257,13 @@ class DirectFileWriter:
             try:
                 with memoryview(buffer) as data:
                     # Only blocks a patch covers in part are read: a patch's first and last.
-                    edges = {block for position, view in members
-                             for block in (position // ALIGNMENT,
-                                           (position + len(view) - 1) // ALIGNMENT)}
+                    edges = edge_blocks([(position, len(view)) for position, view in members])
                     for block in sorted(edges):
                         at = block * ALIGNMENT - start
+                        known = known_blocks.get(block)
+                        if known is not None:
+                            data[at:at + ALIGNMENT] = known
+                            continue
                         got = os.preadv(fd, [data[at:at + ALIGNMENT]], block * ALIGNMENT)
                         data[at + got:at + ALIGNMENT] = bytes(ALIGNMENT - got)  # past the end
                     for position, view in members:
@@ -197,6 +293,11 @@ class DirectFileWriter:
                     return
                 buffer = self._buffers.pop()  # the smallest goes
         buffer.close()
+
+
+def _created(fd: int, size: int, blocks: dict[int, bytes]) -> CreatedFile:
+    info = os.fstat(fd)
+    return CreatedFile(size=size, inode=info.st_ino, mtime_ns=info.st_mtime_ns, blocks=blocks)
 
 
 def _pwrite_whole(fd: int, data: memoryview, position: int) -> None:

@@ -26,7 +26,7 @@ restart and gets the same bytes.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +94,14 @@ class FrameSlot:
     def header_position(self) -> int:
         return self.payload_position - HEADER_SIZE
 
+    def stamped_ranges(self) -> list[tuple[int, int]]:
+        """(file position, length) of what stamping writes: header, offsets, timestamps."""
+        if self.stamp is None:
+            return []
+        return [(self.header_position, HEADER_SIZE),
+                (self.payload_position + self.stamp.offsets_position, 8 * self.count),
+                (self.payload_position + self.stamp.timestamps_position, 8 * self.count)]
+
 
 @dataclass(frozen=True)
 class StagedSegment:
@@ -109,6 +117,9 @@ class StagedSegment:
     on_event: Callable[[str], None] | None = field(default=None, compare=False)
     # How Stage wrote the file, so stamping keeps it out of the page cache (or not).
     writer: DirectFileWriter | None = field(default=None, compare=False)
+    # Blocks of the file as Stage wrote them (DirectFileWriter.create_keeping), so
+    # stamping need not read them back from the disk; checked current by the caller.
+    known_blocks: Mapping[int, bytes] = field(default_factory=dict, compare=False)
 
     @property
     def count(self) -> int:
@@ -165,16 +176,16 @@ class StagedSegment:
                 flagged.append(self._ids(slot, base, timestamp))
             if fault_hook is not None:
                 fault_hook("write", self.path, slot.header_position)
-            patches += [(slot.header_position, header_bytes),
-                        (slot.payload_position + stamp.offsets_position, offsets),
-                        (slot.payload_position + stamp.timestamps_position, timestamps)]
+            (header_at, _), (offsets_at, _), (timestamps_at, _) = slot.stamped_ranges()
+            patches += [(header_at, header_bytes), (offsets_at, offsets),
+                        (timestamps_at, timestamps)]
             headers.append((slot.header_position, header))
             base += slot.count
         # Only the headers and the two stamped columns are written: the rest of the file
         # stays as Stage wrote it (and, written directly, out of the page cache).
         before_sync = (None if fault_hook is None
                        else lambda: fault_hook("fsync", self.path, self.size))
-        (self.writer or _PAGE_CACHE).patch(self.path, patches, before_sync)
+        (self.writer or _PAGE_CACHE).patch(self.path, patches, before_sync, self.known_blocks)
         if self.on_event is not None:
             self.on_event("stamped")
         return headers, flagged

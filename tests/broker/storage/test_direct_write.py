@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from npstream.broker.storage.direct_write import ALIGNMENT, DirectFileWriter
+from npstream.broker.storage.direct_write import (
+    ALIGNMENT,
+    CreatedFile,
+    DirectFileWriter,
+    WrittenBlocks,
+    edge_blocks,
+)
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
@@ -132,3 +138,80 @@ def test_a_patch_outside_the_file_is_refused_and_nothing_written(tmp_path: Path)
     with pytest.raises(ValueError, match=r"patch of 4 bytes at 8 is outside .* \(10 bytes\)"):
         DirectFileWriter().patch(path, [(0, b"ab"), (8, b"wxyz")])
     assert path.read_bytes() == b"0123456789"
+
+
+def _counting_reads(monkeypatch) -> list[int]:
+    """Positions of every preadv from now on (a patch's reads of edge blocks)."""
+    reads: list[int] = []
+    real = os.preadv
+
+    def preadv(fd, buffers, position):
+        reads.append(position)
+        return real(fd, buffers, position)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    return reads
+
+
+def test_edge_blocks_are_the_first_and_last_block_of_each_range():
+    assert edge_blocks([(10, 48), (ALIGNMENT - 4, 8), (3 * ALIGNMENT, ALIGNMENT), (99, 0)]) == {
+        0, 1, 3}
+
+
+def test_kept_blocks_spare_a_direct_patch_its_reads_and_give_the_same_bytes(tmp_path, monkeypatch):
+    if not supports_o_direct(tmp_path):
+        pytest.skip(f"{tmp_path} refuses O_DIRECT (nothing is kept without it)")
+    size = 5 * ALIGNMENT + 123
+    original = bytearray(os.urandom(size))
+    patches = [(ALIGNMENT - 4, b"B" * 8), (2 * ALIGNMENT + 5, b"C" * (2 * ALIGNMENT)),
+               (size - 7, b"E" * 7)]
+    wanted = edge_blocks([(position, len(data)) for position, data in patches])
+    writer = DirectFileWriter()
+    kept = writer.create_keeping(tmp_path / "kept", [original], wanted | {99})  # 99: past EOF
+    writer.create(tmp_path / "read", [original])
+    info = (tmp_path / "kept").stat()
+    assert (kept.size, kept.inode, kept.mtime_ns) == (size, info.st_ino, info.st_mtime_ns)
+    assert sorted(kept.blocks) == sorted(wanted) == [0, 1, 2, 4, 5]
+    padded = bytes(original) + bytes(6 * ALIGNMENT - size)  # the last block is zero-padded
+    for block, data in kept.blocks.items():
+        assert data == padded[block * ALIGNMENT:(block + 1) * ALIGNMENT]
+
+    reads = _counting_reads(monkeypatch)
+    writer.patch(tmp_path / "kept", patches, known_blocks=kept.blocks)
+    assert reads == []
+    writer.patch(tmp_path / "read", patches)
+    assert len(reads) == 5
+    for position, data in patches:
+        original[position:position + len(data)] = data
+    assert (tmp_path / "kept").read_bytes() == (tmp_path / "read").read_bytes() == original
+
+
+def test_buffered_create_keeps_no_blocks(tmp_path):
+    created = DirectFileWriter(direct=False).create_keeping(tmp_path / "f", [b"x" * 100], {0})
+    assert (created.size, created.blocks) == (100, {})
+
+
+def test_written_blocks_are_handed_out_only_while_the_file_is_unchanged(tmp_path):
+    writer, blocks = DirectFileWriter(), WrittenBlocks()
+    if not writer.direct or not supports_o_direct(tmp_path):
+        pytest.skip(f"{tmp_path} refuses O_DIRECT")
+    path = tmp_path / "f"
+    blocks.remember(path, writer.create_keeping(path, [b"a" * ALIGNMENT * 2], {0, 1}))
+    assert sorted(blocks.blocks(path)) == [0, 1]
+
+    writer.patch(path, [(5, b"zz")], known_blocks=blocks.blocks(path))  # changes its mtime
+    assert blocks.blocks(path) == {}
+
+    replaced = tmp_path / "g"
+    blocks.remember(replaced, writer.create_keeping(replaced, [b"b" * 10], {0}))
+    replaced.unlink()
+    writer.create(replaced, [b"c" * 10])  # another file under the same name
+    assert blocks.blocks(replaced) == {}
+    assert blocks.blocks(tmp_path / "unknown") == {}
+
+
+def test_written_blocks_forget_the_oldest_files_beyond_their_budget():
+    blocks = WrittenBlocks(max_bytes=3 * ALIGNMENT)
+    for name in ("a", "b"):
+        blocks.remember(Path(name), CreatedFile(1, 1, 1, {0: b"", 1: b""}))
+    assert [key for key in blocks._files] == ["b"] and blocks._bytes == 2 * ALIGNMENT
