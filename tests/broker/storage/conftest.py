@@ -125,3 +125,17 @@ def segment_files(directory: Path) -> list[Path]:
 @pytest.fixture
 def segments_in() -> Callable[[Path], list[Path]]:
     return segment_files
+
+
+@pytest.fixture
+def preadv_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Positions of every os.preadv during the test (a direct patch's reads of edge blocks)."""
+    reads: list[int] = []
+    real = os.preadv
+
+    def preadv(fd: int, buffers: list[memoryview], position: int) -> int:
+        reads.append(position)
+        return real(fd, buffers, position)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    return reads

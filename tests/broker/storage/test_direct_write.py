@@ -140,25 +140,12 @@ def test_a_patch_outside_the_file_is_refused_and_nothing_written(tmp_path: Path)
     assert path.read_bytes() == b"0123456789"
 
 
-def _counting_reads(monkeypatch) -> list[int]:
-    """Positions of every preadv from now on (a patch's reads of edge blocks)."""
-    reads: list[int] = []
-    real = os.preadv
-
-    def preadv(fd, buffers, position):
-        reads.append(position)
-        return real(fd, buffers, position)
-
-    monkeypatch.setattr(os, "preadv", preadv)
-    return reads
-
-
 def test_edge_blocks_are_the_first_and_last_block_of_each_range():
     assert edge_blocks([(10, 48), (ALIGNMENT - 4, 8), (3 * ALIGNMENT, ALIGNMENT), (99, 0)]) == {
         0, 1, 3}
 
 
-def test_kept_blocks_spare_a_direct_patch_its_reads_and_give_the_same_bytes(tmp_path, monkeypatch):
+def test_kept_blocks_spare_a_direct_patch_its_reads_and_give_the_same_bytes(tmp_path, preadv_calls):
     if not supports_o_direct(tmp_path):
         pytest.skip(f"{tmp_path} refuses O_DIRECT (nothing is kept without it)")
     size = 5 * ALIGNMENT + 123
@@ -176,11 +163,11 @@ def test_kept_blocks_spare_a_direct_patch_its_reads_and_give_the_same_bytes(tmp_
     for block, data in kept.blocks.items():
         assert data == padded[block * ALIGNMENT:(block + 1) * ALIGNMENT]
 
-    reads = _counting_reads(monkeypatch)
+    preadv_calls.clear()
     writer.patch(tmp_path / "kept", patches, known_blocks=kept.blocks)
-    assert reads == []
+    assert preadv_calls == []
     writer.patch(tmp_path / "read", patches)
-    assert len(reads) == 5
+    assert len(preadv_calls) == 5
     for position, data in patches:
         original[position:position + len(data)] = data
     assert (tmp_path / "kept").read_bytes() == (tmp_path / "read").read_bytes() == original

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -215,7 +214,7 @@ def test_a_lowered_size_limit_is_enforced_before_anything_is_adopted(
 
 
 def test_stamping_a_file_this_broker_staged_reads_nothing_back_and_after_a_restart_it_does(
-        make_storage, config, data_dir, monkeypatch):
+        make_storage, config, data_dir, preadv_calls):
     from npstream.broker.sink_staging import StagingArea
 
     if not WRITER.direct:
@@ -225,22 +224,15 @@ def test_stamping_a_file_this_broker_staged_reads_nothing_back_and_after_a_resta
         table = prepare_stage(pa.table({"value": [f"{name}{i}" for i in range(300)]}), STREAM,
                               lambda stream: 1 << 20)
         area.write("sink", 0, name, table)
-    reads: list[int] = []
-    real_preadv = os.preadv
-
-    def counting_preadv(fd, buffers, position):
-        reads.append(position)
-        return real_preadv(fd, buffers, position)
-
-    monkeypatch.setattr(os, "preadv", counting_preadv)
+    preadv_calls.clear()
     storage = make_storage()
     log = storage.open_log(STREAM, config)
     log.append_prebuilt([segment(area.open_frames("sink", 0, "a"))])
-    assert reads == []  # every edge block stamping patches was kept when Stage wrote it
+    assert preadv_calls == []  # every edge block stamping patches was kept when Stage wrote it
 
     restarted = StagingArea(data_dir.parent / "sink", max_frame_bytes=2048)
     log.append_prebuilt([segment(restarted.open_frames("sink", 0, "b"))])
-    assert reads  # a broker that did not stage the file reads the blocks from the disk
+    assert preadv_calls  # a broker that did not stage the file reads the blocks from the disk
     storage.close()
 
     reopened = make_storage().open_log(STREAM, config)  # the loader checks every CRC
