@@ -47,6 +47,8 @@ __all__ = [
     "encode_stage_request",
 ]
 
+log = logging.getLogger(__name__)
+
 
 class SinkConflict(NpstreamError):
     """The broker refused a sink call given the sink's state (FAILED_PRECONDITION).
@@ -99,9 +101,6 @@ def encode_stage_request(head: pb.StageRequest, table: pa.Table | pa.RecordBatch
     (npstream.wire appends it to the encoded small fields instead).
     """
     return encode_with_bytes(head, "arrow_stream", [arrow_stream_buffer(table)])
-
-
-log = logging.getLogger(__name__)
 
 
 def _sink_error(exc: NpstreamError) -> NpstreamError:

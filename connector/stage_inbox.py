@@ -2,7 +2,7 @@
 
 Sending a Stage request's Arrow data through gRPC costs more CPU than
 everything else the broker does with it (docs/exactly-once.md, "Stage by
-reference"). When the broker runs on this kernel and this process sees the
+file on the broker's machine"). When the broker runs on this kernel and this process sees the
 broker's inbox directory (same boot id; the directory's device and inode as
 the broker states them), the data is written into a file of this process in
 that directory and the request names the file instead of carrying the bytes.
@@ -87,9 +87,7 @@ class InboxFile:
         return len(self.map) if self.map is not None else 0
 
     def close(self, directory: Path) -> None:
-        if self.map is not None:
-            self.map.close()
-            self.map = None
+        _unmap(self)
         os.close(self.fd)
         with contextlib.suppress(FileNotFoundError):  # swept by the broker
             os.unlink(directory / self.name)
@@ -182,9 +180,7 @@ def _grow(file: InboxFile, length: int) -> None:
     instead of raising ENOSPC here.
     """
     size = -(-length // _GROW_STEP) * _GROW_STEP
-    if file.map is not None:
-        file.map.close()
-        file.map = None
+    _unmap(file)
     os.posix_fallocate(file.fd, 0, size)
     file.map = mmap.mmap(file.fd, size)
 
@@ -224,3 +220,11 @@ def turn_off(address: str, reason: str) -> None:
         writer.close()
         log.warning("Stage requests to %s carry their data over gRPC from now on: %s",
                     address, reason)
+
+
+def _unmap(file: InboxFile) -> None:
+    """Drop the file's map; if an Arrow writer's view of it is still alive, GC unmaps it."""
+    if file.map is not None:
+        with contextlib.suppress(BufferError):
+            file.map.close()
+        file.map = None

@@ -52,9 +52,12 @@ WriteMode = Literal["stream", "batch"]
 
 # ---- tuning -------------------------------------------------------------
 # stageBytes: a task sends its rows in Stage requests of about this many Arrow
-# bytes. 4 MiB amortises the per-request fsync on the broker while staying far
-# below the 64 MiB gRPC message limit (a single larger row still goes alone).
-DEFAULT_STAGE_BYTES = "4MiB"
+# bytes. 8 MiB amortises the per-request fsyncs and Python work on the broker
+# (and each staged file becomes one segment) while staying far below the 64 MiB
+# gRPC message limit (a single larger row still goes alone); against 4 MiB it
+# took 10-25% off the broker's CPU and ~40% off the commit (docs/benchmarks.md,
+# "Sink: Stage by file"). A task holds up to two requests in memory.
+DEFAULT_STAGE_BYTES = "8MiB"
 MIN_STAGE_BYTES = 64 << 10
 MAX_STAGE_BYTES = 32 << 20
 
