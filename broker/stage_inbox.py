@@ -2,11 +2,12 @@
 
 A Stage request carries up to stageBytes of Arrow data, and moving those
 bytes through gRPC (protobuf framing, HTTP/2, two socket copies, assembling
-the message on the broker) cost about 10 ms of CPU per 6.5 MB on the
-benchmark machine: more than the broker's whole handler, on the two cores
-Spark keeps busy. A task on the same kernel can instead write the Arrow IPC
-stream into a file of its own in this directory, reused between requests so
-its pages stay warm, and send only the file's name, inode and length
+the message on the broker) cost the sending task 2.4-10.7 ms of CPU per
+6.5 MB on the benchmark machine (the high figure when the VM hands out fresh
+memory for the buffers), on the two cores Spark keeps busy. A task on the
+same kernel can instead write the Arrow IPC stream into a file of its own in
+this directory, reused between requests so its pages stay warm, and send
+only the file's name, inode and length
 (``StageRequest.inbox_file``); the broker reads those bytes and stages them
 exactly as if they had come over gRPC, with the same checks.
 
