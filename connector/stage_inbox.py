@@ -15,7 +15,8 @@ gives its file back for reuse; after anything else the file is deleted rather
 than rewritten, so a request the broker may still be reading never sees bytes
 change under it. The writer keeps the files of this process for every task
 that runs in it (Spark reuses its Python workers), deletes them at exit, and
-the broker deletes files nobody wrote to for ten minutes (a killed worker).
+the broker deletes files nobody wrote to for ten minutes (a killed worker). A
+forked child gets a writer and files of its own.
 """
 
 from __future__ import annotations
@@ -98,6 +99,9 @@ class StageInboxWriter:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        # A forked child inherits this object and its files but must neither write
+        # them (its parent does) nor delete them at its exit: writer_for gives it its own.
+        self.pid = os.getpid()
         self._lock = threading.Lock()
         self._free: list[InboxFile] = []
         self._closed = False
@@ -138,6 +142,8 @@ class StageInboxWriter:
 
     def close(self) -> None:
         """Delete every idle file (at exit; files in a request are deleted on release)."""
+        if os.getpid() != self.pid:
+            return  # inherited through fork: the files are the parent's
         with self._lock:
             self._closed = True
             files, self._free = self._free, []
@@ -187,8 +193,9 @@ def _grow(file: InboxFile, length: int) -> None:
 
 # One writer per broker address for the whole process: tasks that run one
 # after the other in a reused Spark Python worker share its warm files. None:
-# this process stages over gRPC with that broker.
-_writers: dict[str, StageInboxWriter | None] = {}
+# this process stages over gRPC with that broker. Keyed by pid too, so that a
+# forked child never writes into its parent's files.
+_writers: dict[tuple[int, str], StageInboxWriter | None] = {}
 _writers_lock = threading.Lock()
 
 
@@ -199,23 +206,25 @@ def writer_for(address: str,
     ``describe`` asks the broker for its inbox (the StageInbox RPC), once per
     process and address; it raises InboxUnavailable when the broker has none.
     """
+    key = (os.getpid(), address)
     with _writers_lock:
-        if address in _writers:
-            return _writers[address]
+        if key in _writers:
+            return _writers[key]
     try:
         writer: StageInboxWriter | None = StageInboxWriter(check_inbox(describe()))
     except InboxUnavailable as exc:
         log.info("Stage requests to %s carry their data over gRPC: %s", address, exc)
         writer = None
     with _writers_lock:
-        return _writers.setdefault(address, writer)
+        return _writers.setdefault(key, writer)
 
 
 def turn_off(address: str, reason: str) -> None:
     """Stage over gRPC with ``address`` from now on (its inbox refused a file of ours)."""
+    key = (os.getpid(), address)
     with _writers_lock:
-        writer = _writers.get(address)
-        _writers[address] = None
+        writer = _writers.get(key)
+        _writers[key] = None
     if writer is not None:
         writer.close()
         log.warning("Stage requests to %s carry their data over gRPC from now on: %s",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
@@ -216,7 +217,7 @@ def test_a_refused_file_is_resent_over_grpc_and_staging_by_file_stops(
                                                *_table(7).column("value").to_pylist()]
     assert re.search(r"Stage requests to 127\.0\.0\.1:\d+ carry their data over gRPC from now "
                      r"on: the broker refused .*\.arrow: .* another file", caplog.text)
-    assert client_inbox._writers[client.address] is None
+    assert client_inbox._writers[(os.getpid(), client.address)] is None
     assert _our_files(broker) == []
 
 
@@ -234,4 +235,32 @@ def test_broker_without_an_inbox_gets_the_rows_over_grpc(broker_factory, stream_
         assert refused.inbox_refused == ("this broker offers no stage inbox "
                                          "(sink_stage_inbox = false)")
     assert not (Path(proc.data_dir) / "stage-inbox").exists()
-    assert client_inbox._writers[proc.address] is None
+    assert client_inbox._writers[(os.getpid(), proc.address)] is None
+
+
+def test_a_forked_child_stages_through_files_of_its_own_and_leaves_the_parents(
+        broker, client, stream_name):
+    sink = client.sink()
+    sink.stage("s-fork", 0, "0-0", stream_name, _table(2))
+    parent_files = _our_files(broker)
+    assert len(parent_files) == 1
+    child = os.fork()
+    if child == 0:  # the child: stage with a fresh client, then exit as a process does
+        code = 4
+        try:
+            with Client(broker.address) as own:
+                own.sink().stage("s-fork", 0, "0-1", stream_name, _table(3))
+            names = sorted(p.name for p in _inbox(broker).glob(f"*-{os.getpid()}-*.arrow"))
+            code = 0 if len(names) == 1 else 3
+            atexit._run_exitfuncs()  # what a normal exit runs (pytest must not go on here)
+        finally:
+            os._exit(code)
+    _pid, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert _our_files(broker) == parent_files  # the child's exit deleted none of ours
+    assert list(_inbox(broker).glob(f"*-{child}-*.arrow")) == []  # and its own at exit
+    sink.stage("s-fork", 0, "0-2", stream_name, _table(4))
+    sink.commit("s-fork", 0, ["0-0", "0-1", "0-2"])
+    assert _committed(client, stream_name) == [
+        *_table(2).column("value").to_pylist(), *_table(3).column("value").to_pylist(),
+        *_table(4).column("value").to_pylist()]
