@@ -393,9 +393,7 @@ class StagingArea:
 
     def temp_files(self) -> Iterator[Path]:
         """Leftovers of Stage calls interrupted before their rename."""
-        for sink_dir in _subdirs(self.root):
-            for batch_dir in _subdirs(sink_dir):
-                yield from (p for p in batch_dir.iterdir() if p.name.endswith(_TMP_SUFFIX))
+        return (item.path for item in self._entries(_TMP_SUFFIX))
 
     def orphan_indexes(self) -> Iterator[StagingFile]:
         """Index files without their data file: adopted by a commit, or a Stage cut short."""

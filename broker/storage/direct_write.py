@@ -115,10 +115,6 @@ class WrittenBlocks:
             return {}
         return created.blocks
 
-    def forget(self, path: Path) -> None:
-        with self._lock:
-            self._forget_locked(str(path))
-
     def _forget_locked(self, key: str) -> None:
         created = self._files.pop(key, None)
         if created is not None:
@@ -227,7 +223,7 @@ class DirectFileWriter:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
             try:
                 with memoryview(buffer) as data:
-                    _pwrite_whole(fd, data[:padded], 0)
+                    pwrite_all(fd, [data[:padded]], 0)
                 if padded != size:
                     os.ftruncate(fd, size)
                 os.fsync(fd)
@@ -268,7 +264,7 @@ class DirectFileWriter:
                         data[at + got:at + ALIGNMENT] = bytes(ALIGNMENT - got)  # past the end
                     for position, view in members:
                         data[position - start:position - start + len(view)] = view
-                    _pwrite_whole(fd, data[:length], start)
+                    pwrite_all(fd, [data[:length]], start)
             finally:
                 self._give_back(buffer)
         if spans and spans[-1][1] > size:
@@ -298,12 +294,3 @@ class DirectFileWriter:
 def _created(fd: int, size: int, blocks: dict[int, bytes]) -> CreatedFile:
     info = os.fstat(fd)
     return CreatedFile(size=size, inode=info.st_ino, mtime_ns=info.st_mtime_ns, blocks=blocks)
-
-
-def _pwrite_whole(fd: int, data: memoryview, position: int) -> None:
-    written = 0
-    while written < len(data):
-        count = os.pwrite(fd, data[written:], position + written)
-        if count <= 0:
-            raise OSError(errno.EIO, f"pwrite wrote nothing at byte {position + written}")
-        written += count
