@@ -9,10 +9,12 @@ and port.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 __all__ = ["BrokerProcess"]
@@ -75,6 +77,15 @@ class BrokerProcess:
             time.sleep(0.02)
         self.kill()
         raise TimeoutError(f"broker not ready after {timeout}s:\n{self.log_text()[-4000:]}")
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of the broker's Prometheus endpoint (address from its start-up log)."""
+        found = re.search(r"metrics=(http://\S+/metrics)", self.log_text())
+        assert found, f"no metrics address in the broker log:\n{self.log_text()[-2000:]}"
+        text = urllib.request.urlopen(found.group(1), timeout=10).read().decode()
+        samples = (line.rpartition(" ") for line in text.splitlines()
+                   if line and not line.startswith("#"))
+        return {key: float(value) for key, _, value in samples}
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -6,7 +6,6 @@ import re
 import subprocess
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import grpc
@@ -18,22 +17,6 @@ from harness import BrokerProcess
 from npstream.proto import pb, pb_grpc
 
 SERVICES = ("npstream.v1.StreamService", "npstream.v1.GroupService", "npstream.v1.SinkService")
-
-
-def metrics_url(broker: BrokerProcess) -> str:
-    match = re.search(r"metrics=(http://\S+/metrics)", broker.log_text())
-    assert match, broker.log_text()[-2000:]
-    return match.group(1)
-
-
-def scrape(url: str) -> dict[str, float]:
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    samples: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            samples[key] = float(value)
-    return samples
 
 
 def test_health_reports_serving_for_every_service(broker):
@@ -103,14 +86,13 @@ def test_tls_broker_serves_tls_clients_and_rejects_plaintext(broker_factory, tmp
 
 def test_metrics_count_publishes_and_fetches_and_sigterm_exits_zero(broker_factory):
     broker = broker_factory()
-    url = metrics_url(broker)
     with grpc.insecure_channel(broker.address) as channel:
         stub = pb_grpc.StreamServiceStub(channel)
         stub.Publish(pb.PublishRequest(stream="m", messages=[pb.Message(value=b"abc")] * 3))
         stub.Fetch(pb.FetchRequest(stream="m", offset=0))
         with pytest.raises(grpc.RpcError):
             stub.Fetch(pb.FetchRequest(stream="m", offset=99))
-    samples = scrape(url)
+    samples = broker.metrics()
     assert samples["npstream_publish_requests_total"] == 1
     assert samples["npstream_published_messages_total"] == 3
     assert samples["npstream_published_bytes_total"] > 0

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import re
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
@@ -297,10 +295,7 @@ def test_sink_metrics_count_staged_and_committed_rows(broker, client, sink, stre
     sink.stage("s-metrics", 0, "0-0", stream_name, pa.table({"value": ["a", "b", "c"]}))
     sink.commit("s-metrics", 0, ["0-0"])
     sink.commit("s-metrics", 0, ["0-0"])
-    address = re.search(r"metrics=(http://\S+/metrics)", broker.log_text()).group(1)
-    text = urllib.request.urlopen(address, timeout=10).read().decode()
-    metrics = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-               if line.startswith("npstream_sink_")}
+    metrics = broker.metrics()
     assert metrics["npstream_sink_staged_rows_total"] >= 3
     assert metrics["npstream_sink_committed_rows_total"] >= 3
     assert metrics["npstream_sink_commits_total"] >= 1

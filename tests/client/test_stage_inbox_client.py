@@ -6,7 +6,6 @@ import atexit
 import logging
 import os
 import re
-import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
@@ -49,13 +48,6 @@ def _inbox(broker) -> Path:
 
 def _our_files(broker) -> list[str]:
     return sorted(p.name for p in _inbox(broker).glob(f"*-{os.getpid()}-*.arrow"))
-
-
-def _metrics(broker) -> dict[str, float]:
-    address = re.search(r"metrics=(http://\S+/metrics)", broker.log_text()).group(1)
-    text = urllib.request.urlopen(address, timeout=10).read().decode()
-    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-            if line.startswith("npstream_sink_")}
 
 
 def _committed(client: Client, stream: str) -> list[bytes]:
@@ -140,7 +132,7 @@ def test_writer_two_requests_at_once_get_two_files(tmp_path):
 
 
 def test_stage_hands_rows_over_in_one_reused_inbox_file(broker, client, stream_name):
-    before = _metrics(broker).get("npstream_sink_inbox_stages_total", 0)
+    before = broker.metrics().get("npstream_sink_inbox_stages_total", 0)
     sink = client.sink()
     for part in range(3):
         result = sink.stage("s-file", 0, f"0-{part}", stream_name, _table(100 + part))
@@ -151,16 +143,16 @@ def test_stage_hands_rows_over_in_one_reused_inbox_file(broker, client, stream_n
     expected = [*_table(100).column("value").to_pylist(), *_table(101).column("value").to_pylist(),
                 *_table(102).column("value").to_pylist()]
     assert _committed(client, stream_name) == expected
-    assert _metrics(broker)["npstream_sink_inbox_stages_total"] == before + 3
+    assert broker.metrics()["npstream_sink_inbox_stages_total"] == before + 3
 
 
 def test_stage_with_local_staging_off_sends_the_rows_over_grpc(broker, client, stream_name):
-    before = _metrics(broker).get("npstream_sink_inbox_stages_total", 0)
+    before = broker.metrics().get("npstream_sink_inbox_stages_total", 0)
     sink = client.sink(local_staging=False)
     sink.stage("s-grpc", 0, "0-0", stream_name, _table(4))
     sink.commit("s-grpc", 0, ["0-0"])
     assert _committed(client, stream_name) == _table(4).column("value").to_pylist()
-    assert _metrics(broker).get("npstream_sink_inbox_stages_total", 0) == before
+    assert broker.metrics().get("npstream_sink_inbox_stages_total", 0) == before
     assert _our_files(broker) == []
 
 
@@ -186,14 +178,14 @@ def test_stage_naming_an_unusable_file_is_refused_and_stages_nothing(
     request = pb.StageRequest(sink_id="s-refused", batch_id=0, staging_id="0-0",
                               stream=stream_name, inbox_file=name,
                               inbox_inode=inode or target.stat().st_ino, inbox_length=64)
-    before = _metrics(broker).get("npstream_sink_inbox_refused_total", 0)
+    before = broker.metrics().get("npstream_sink_inbox_refused_total", 0)
 
     reply = client.call("SinkService.Stage", request)
 
     assert re.search(reason, reply.inbox_refused), reply.inbox_refused
     assert (reply.staged_rows, reply.staged_bytes) == (0, 0)
     assert not (Path(broker.data_dir) / "sink" / "s-refused").exists()
-    assert _metrics(broker)["npstream_sink_inbox_refused_total"] == before + 1
+    assert broker.metrics()["npstream_sink_inbox_refused_total"] == before + 1
     target.unlink()
 
 

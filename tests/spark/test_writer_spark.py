@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
@@ -92,10 +91,7 @@ def test_streaming_write_routes_rows_by_stream_column(npstream_spark, broker, cl
 
 def inbox_stages(broker) -> float:
     """Stage requests the broker read from its stage inbox so far (its metrics endpoint)."""
-    address = re.search(r"metrics=(http://\S+/metrics)", broker.log_text()).group(1)
-    text = urllib.request.urlopen(address, timeout=10).read().decode()
-    found = re.search(r"^npstream_sink_inbox_stages_total (\S+)$", text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
+    return broker.metrics().get("npstream_sink_inbox_stages_total", 0.0)
 
 
 @pytest.mark.parametrize(("local_staging", "by_file"), [("true", 4), ("false", 0)])
