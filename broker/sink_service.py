@@ -27,7 +27,6 @@ from npstream.broker.errors import InvalidArgumentError, StreamNotFoundError
 from npstream.broker.grpc_errors import rpc_method
 from npstream.broker.grpc_registration import add_service
 from npstream.broker.sink_commit import (
-    DEFAULT_ADOPT_MIN_BYTES,
     FAULT_ENV,
     SinkCommitter,
     parse_fault,
@@ -58,7 +57,6 @@ log = logging.getLogger(__name__)
 SWEEP_TTL_FRACTION = 0.25
 SWEEP_MIN_INTERVAL_S = 0.2
 SWEEP_MAX_INTERVAL_S = 60.0
-DEFAULT_STAGING_TTL_MS = 24 * 3600 * 1000  # when the broker config has no sink_staging_ttl
 
 
 class SinkMetrics:
@@ -247,13 +245,13 @@ def add_to_server(server: grpc.Server, ctx: BrokerContext) -> StagingSweeper:
     """Recover unfinished commits, register SinkService, start the staging sweep."""
     config = ctx.config
     staging = StagingArea(config.data_dir / "sink", max_frame_bytes=config.max_batch_bytes,
-                          direct_writes=bool(getattr(config, "sink_direct_writes", True)))
+                          direct_writes=config.sink_direct_writes)
     committer = SinkCommitter(
         ctx.metadata, ctx.registry, staging,
         streams_dir=config.data_dir / "streams",
-        durable_metadata=getattr(config, "metadata_sync", "normal") != "full",
+        durable_metadata=config.metadata_sync != "full",
         fault=parse_fault(os.environ.get(FAULT_ENV)),
-        adopt_min_bytes=int(getattr(config, "sink_adopt_min_bytes", DEFAULT_ADOPT_MIN_BYTES)),
+        adopt_min_bytes=config.sink_adopt_min_bytes,
     )
     finished = committer.recover()
     if finished:
@@ -261,12 +259,12 @@ def add_to_server(server: grpc.Server, ctx: BrokerContext) -> StagingSweeper:
     ctx.on_stream_deleted.append(committer.on_stream_deleted)
     metrics = SinkMetrics(ctx)
     inbox = None
-    if getattr(config, "sink_stage_inbox", True):
+    if config.sink_stage_inbox:
         inbox = StageInbox(config.data_dir / INBOX_DIR_NAME,
                            max_bytes=config.grpc_max_message_bytes)
     add_service(server, "SinkService", SinkServicer(ctx, committer, metrics, inbox),
                 raw_requests={"Stage"})
-    ttl_ms = int(getattr(config, "sink_staging_ttl_ms", DEFAULT_STAGING_TTL_MS))
+    ttl_ms = config.sink_staging_ttl_ms
     sweeper = StagingSweeper(committer, ttl_ms, metrics, inbox).start()
     log.info("sink service ready: staging in %s, stage inbox %s, staging ttl %d ms, "
              "sweep every %.1fs", staging.root, inbox.root if inbox else "off", ttl_ms,
