@@ -31,7 +31,10 @@ java:
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	@# The editable install's meta path finder makes setuptools print an
+	@# informational "Editable installation." notice; it is not a warning about
+	@# this project's configuration, so it is filtered (and only it).
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q -e '.[dev]'
 	@# Spark finds data sources by listing top-level pyspark_* modules on sys.path
 	@# (pkgutil.iter_modules), which cannot see modules served by the editable
 	@# install's import hook; this .pth puts connector/discovery on sys.path so

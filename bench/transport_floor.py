@@ -113,8 +113,8 @@ class _Log:
 def _serve(port_q: Any, stop: Any) -> None:
     import grpc
 
-    from npstream.broker.config import load_config
-    from npstream.broker.cpu_affinity import apply_cpu_affinity
+    from npstream.broker.server.affinity import apply_cpu_affinity
+    from npstream.broker.server.config import load_config
 
     apply_cpu_affinity(load_config(None).cpu_affinity)  # before the server's threads start
     log = _Log()

@@ -1,7 +1,7 @@
 """``python -m npstream.broker`` and ``npstream broker``: run one broker process.
 
 Flags override NPSTREAM_* environment variables, which override the toml file,
-which overrides the built-in defaults (npstream.broker.config).
+which overrides the built-in defaults (npstream.broker.server.config).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     # Imported after parsing so that --help works even when a dependency is broken.
-    from npstream.broker.config import ConfigError, load_config
+    from npstream.broker.server.config import ConfigError, load_config
 
     try:
         config = load_config(args.config, os.environ, cli={
@@ -44,15 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     logging.basicConfig(level=config.log_level, format=LOG_FORMAT, stream=sys.stderr)
-    from npstream.broker.cpu_affinity import apply_cpu_affinity
-    from npstream.broker.heap import retain_freed_memory
+    from npstream.broker.server.affinity import apply_cpu_affinity
+    from npstream.broker.server.heap import retain_freed_memory
 
     retain_freed_memory(config.retain_freed_memory)
     try:
         apply_cpu_affinity(config.cpu_affinity)
     except (ValueError, OSError) as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
-    from npstream.broker.server import run
+    from npstream.broker.server.process import run
 
     return run(config, ready_file=args.ready_file)
 

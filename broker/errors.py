@@ -1,7 +1,7 @@
 """Typed broker errors, one root, each carrying the values an operator needs.
 
 Every error knows its gRPC status code (``grpc_code``), so the service layer
-maps them in one place (npstream.broker.grpc_errors) and never guesses.
+maps them in one place (npstream.broker.rpc.status) and never guesses.
 Messages always name the stream and, for offsets, the offending and valid
 values.
 """

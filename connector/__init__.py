@@ -10,7 +10,14 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
-from npstream.client import Client
+from npstream.client.client import Client
+from npstream.client.models import (
+    BatchPublishResult,
+    PublishResult,
+    RepairResult,
+    StreamConfig,
+    StreamInfo,
+)
 from npstream.errors import (
     AlreadyExists,
     BrokerUnavailable,
@@ -22,14 +29,7 @@ from npstream.errors import (
     StreamNotFound,
     Unauthenticated,
 )
-from npstream.models import (
-    BatchPublishResult,
-    PublishResult,
-    RepairResult,
-    StreamConfig,
-    StreamInfo,
-)
-from npstream.schema import MESSAGE_SCHEMA
+from npstream.proto.schema import MESSAGE_SCHEMA
 
 try:
     __version__ = _version("npstream")

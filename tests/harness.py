@@ -17,7 +17,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["BrokerProcess"]
+__all__ = ["REPO_ROOT", "BrokerProcess"]
+
+# The repository checkout the tests run from (docs, examples, bench, conf).
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 class BrokerProcess:

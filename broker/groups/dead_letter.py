@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from npstream.broker.groups.leases import Pending
-from npstream.schema import HEADERS_TYPE, normalize_publish_table
+from npstream.proto.schema import HEADERS_TYPE, normalize_publish_table
 
 if TYPE_CHECKING:
-    from npstream.broker.registry import StreamRegistry
+    from npstream.broker.streams.registry import StreamRegistry
 
 __all__ = ["DLQ_HEADERS", "DeadLetterWriter", "dead_letter_id"]
 

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from npstream.broker.context import BrokerContext
 from npstream.broker.errors import (
     GroupNotFoundError,
     InvalidArgumentError,
@@ -38,9 +37,10 @@ from npstream.broker.groups.shared import MemberInfo, SharedGroup
 from npstream.broker.groups.shared_config import SharedConfig
 from npstream.broker.groups.store import GroupRow, GroupStore, PositionWriter
 from npstream.broker.groups.tuning import TICK_INTERVAL_S
-from npstream.broker.registry import check_stream_name
-from npstream.names import validate_group_name
+from npstream.broker.server.context import BrokerContext
+from npstream.broker.streams.registry import check_stream_name
 from npstream.proto import pb
+from npstream.proto.names import validate_group_name
 
 if TYPE_CHECKING:
     from npstream.broker.storage import StreamLog

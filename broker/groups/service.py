@@ -27,7 +27,6 @@ from typing import Any
 import grpc
 from prometheus_client import Counter
 
-from npstream.broker.context import BrokerContext
 from npstream.broker.errors import BrokerError, InvalidArgumentError, ShuttingDownError
 from npstream.broker.groups.manager import GroupManager, GroupStatus
 from npstream.broker.groups.shared import Grant, SharedGroup
@@ -38,7 +37,8 @@ from npstream.broker.groups.tuning import (
     MAX_RECEIVE_MAX,
     SUBSCRIBE_POLL_S,
 )
-from npstream.broker.grpc_errors import rpc_method
+from npstream.broker.rpc.status import rpc_method
+from npstream.broker.server.context import BrokerContext
 from npstream.proto import pb, pb_grpc
 
 __all__ = ["GroupServicer", "add_to_server"]

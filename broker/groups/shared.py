@@ -56,7 +56,7 @@ from npstream.broker.groups.tuning import (
     MAX_PENDING_PER_GROUP,
     MEMBER_IDLE_MS,
 )
-from npstream.broker.storage.batch_builder import decode_payload
+from npstream.proto.frames.payload import decode_payload
 
 if TYPE_CHECKING:
     from npstream.broker.storage import StreamLog

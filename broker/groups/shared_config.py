@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from npstream.broker.errors import InvalidArgumentError
 from npstream.broker.groups.tuning import DEFAULT_ACK_WAIT_MS
-from npstream.names import validate_stream_name
 from npstream.proto import pb
+from npstream.proto.names import validate_stream_name
 
 __all__ = ["DEAD_LETTER_SUFFIX", "SharedConfig"]
 

@@ -12,17 +12,15 @@ import functools
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.ipc as ipc
 
 from npstream.broker.errors import MessageTooLargeError
-from npstream.schema import MESSAGE_SCHEMA, PUBLISH_COLUMNS
+from npstream.proto.schema import MESSAGE_SCHEMA, PUBLISH_COLUMNS
 
 __all__ = [
     "PUBLISH_SCHEMA",
     "build_message_batch",
     "check_message_sizes",
     "complete_publish_table",
-    "decode_payload",
     "generated_ids",
     "message_sizes",
     "null_array",
@@ -221,12 +219,6 @@ def serialize_frames(
         part = batch.slice(start, step)
         pieces.append((start, part.num_rows, part.serialize()))
     return pieces
-
-
-def decode_payload(payload: memoryview | bytes | pa.Buffer) -> pa.RecordBatch:
-    """The stored batch in a frame payload (zero copy over ``payload``)."""
-    buffer = payload if isinstance(payload, pa.Buffer) else pa.py_buffer(payload)
-    return ipc.read_record_batch(buffer, MESSAGE_SCHEMA)
 
 
 def reencode_rows(batch: pa.RecordBatch, start: int, stop: int) -> bytes:

@@ -26,10 +26,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from npstream.broker.storage.batch_builder import decode_payload
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.reader import LogView, iter_frames, offset_for_timestamp
 from npstream.broker.storage.settings import SCAN_CHUNK_BYTES
+from npstream.proto.frames.payload import decode_payload
 
 __all__ = ["DedupWindow", "IntraDuplicates", "find_intra_duplicates", "rebuild_window"]
 

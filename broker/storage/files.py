@@ -22,7 +22,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from npstream.names import validate_stream_name
+from npstream.proto.names import validate_stream_name
 
 __all__ = [
     "CLEAN_SHUTDOWN_FILE",

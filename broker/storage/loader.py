@@ -32,7 +32,6 @@ from pathlib import Path
 from npstream.broker.errors import CorruptRecordError
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.files import TMP_SUFFIX, list_segment_bases, segment_path
-from npstream.broker.storage.frame_reader import BadFrame
 from npstream.broker.storage.segment import Segment
 from npstream.broker.storage.settings import SCAN_CHUNK_BYTES
 from npstream.broker.storage.sparse_index import IndexFileError
@@ -45,6 +44,7 @@ from npstream.broker.storage.stream_files import (
     write_schema,
     write_start_offset,
 )
+from npstream.proto.frames.reader import BadFrame
 
 __all__ = ["LoadedLog", "load_log", "repair_log"]
 

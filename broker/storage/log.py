@@ -50,7 +50,6 @@ from npstream.broker.storage.append_plan import (
 )
 from npstream.broker.storage.batch_builder import (
     complete_publish_table,
-    decode_payload,
 )
 from npstream.broker.storage.dedup import DedupWindow, rebuild_window
 from npstream.broker.storage.file_cache import FileCache
@@ -92,7 +91,8 @@ from npstream.broker.storage.stream_files import (
     write_retention_config,
     write_start_offset,
 )
-from npstream.schema import MESSAGE_SCHEMA
+from npstream.proto.frames.payload import decode_payload
+from npstream.proto.schema import MESSAGE_SCHEMA
 
 __all__ = ["StreamLog"]
 

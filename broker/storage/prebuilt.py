@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from npstream.schema import MESSAGE_SCHEMA
+from npstream.proto.schema import MESSAGE_SCHEMA
 
 __all__ = ["PrebuiltFrame", "stamp_payload", "stamp_ranges"]
 

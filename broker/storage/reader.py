@@ -25,13 +25,14 @@ import numpy as np
 import pyarrow as pa
 
 from npstream.broker.errors import CorruptRecordError, OffsetOutOfRangeError
-from npstream.broker.storage.batch_builder import decode_payload, reencode_rows
+from npstream.broker.storage.batch_builder import reencode_rows
 from npstream.broker.storage.file_cache import FileCache
-from npstream.broker.storage.frame_reader import BadFrame
-from npstream.broker.storage.record_batch import HEADER_SIZE, FrameHeader
 from npstream.broker.storage.results import ReadResult, StoredRow
 from npstream.broker.storage.segment import Segment
 from npstream.broker.storage.settings import MIN_READ_BYTES
+from npstream.proto.frames.payload import decode_payload
+from npstream.proto.frames.reader import BadFrame
+from npstream.proto.frames.record_batch import HEADER_SIZE, FrameHeader
 
 __all__ = [
     "FileSpan",

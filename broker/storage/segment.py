@@ -23,12 +23,12 @@ from pathlib import Path
 
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.files import offset_index_path, segment_path, time_index_path
-from npstream.broker.storage.frame_reader import BadFrame, FrameReader
 from npstream.broker.storage.offset_index import OffsetIndex
-from npstream.broker.storage.record_batch import FrameHeader
 from npstream.broker.storage.settings import SCAN_CHUNK_BYTES
 from npstream.broker.storage.sparse_index import IndexFileError, SegmentSeal
 from npstream.broker.storage.time_index import TimeIndex
+from npstream.proto.frames.reader import BadFrame, FrameReader
+from npstream.proto.frames.record_batch import FrameHeader
 
 __all__ = ["FaultHook", "Segment", "pwrite_all"]
 

@@ -18,16 +18,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from npstream.broker.errors import BrokerError, CorruptRecordError
-from npstream.broker.storage.batch_builder import decode_payload, reencode_rows, serialize_frames
+from npstream.broker.storage.batch_builder import reencode_rows, serialize_frames
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.files import fsync_dir, segment_path
 from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload
 from npstream.broker.storage.reader import LogView, iter_frames
-from npstream.broker.storage.record_batch import FLAG_PRODUCER_IDS, FrameHeader, encode_frame
 from npstream.broker.storage.segment import FaultHook, Segment
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
 from npstream.broker.storage.staged_segment import StagedSegment, Stamp
 from npstream.broker.storage.stream_files import write_retention_config, write_schema
+from npstream.proto.frames.payload import decode_payload
+from npstream.proto.frames.record_batch import FLAG_PRODUCER_IDS, FrameHeader, encode_frame
 
 __all__ = ["SegmentList", "UndoFailedError"]
 

@@ -40,11 +40,11 @@ from npstream.broker.storage.batch_builder import (
     GENERATED_ID_CHARS,
     PUBLISH_SCHEMA,
     build_message_batch,
-    decode_payload,
     null_array,
 )
 from npstream.broker.storage.dedup import find_intra_duplicates
-from npstream.schema import MESSAGE_SCHEMA
+from npstream.proto.frames.payload import decode_payload
+from npstream.proto.schema import MESSAGE_SCHEMA
 
 __all__ = ["LONE_TEMPLATE_MAX_BYTES", "SMALL_BATCH_MAX_ROWS", "LoneMessage", "MessageRows",
            "build_stored_batch", "lone_message", "lone_payload", "prepare_rows",

@@ -35,11 +35,12 @@ import numpy as np
 import pyarrow as pa
 
 from npstream.broker.errors import MessageTooLargeError
-from npstream.broker.storage import crc_patch
-from npstream.broker.storage.batch_builder import decode_payload, message_sizes
+from npstream.broker.storage.batch_builder import message_sizes
 from npstream.broker.storage.direct_write import DirectFileWriter
 from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload
-from npstream.broker.storage.record_batch import (
+from npstream.proto.frames import crc_patch
+from npstream.proto.frames.payload import decode_payload
+from npstream.proto.frames.record_batch import (
     FLAG_PRODUCER_IDS,
     FORMAT_VERSION,
     HEADER_SIZE,

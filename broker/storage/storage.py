@@ -32,7 +32,7 @@ from npstream.broker.storage.retention import idle_stream_check
 from npstream.broker.storage.segment import FaultHook
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
 from npstream.broker.storage.stream_files import read_retention_config
-from npstream.names import STREAM_NAME_RE
+from npstream.proto.names import STREAM_NAME_RE
 
 __all__ = ["Storage", "wall_clock_ms"]
 

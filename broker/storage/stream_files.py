@@ -34,7 +34,7 @@ from npstream.broker.storage.files import (
     write_file_atomically,
 )
 from npstream.broker.storage.settings import StreamConfig
-from npstream.schema import MESSAGE_SCHEMA
+from npstream.proto.schema import MESSAGE_SCHEMA
 
 __all__ = [
     "CleanShutdown",

@@ -42,7 +42,7 @@ from npstream.spark.stream_reader import check_start, resolve_start, subscribed_
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from npstream.client import Client
+    from npstream.client.client import Client
 
 __all__ = [
     "Narrowing",

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from npstream.names import validate_stream_name
+from npstream.proto.names import validate_stream_name
 
 __all__ = ["SourceOffset"]
 

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from npstream.names import validate_group_name, validate_stream_name
-from npstream.units import parse_duration_ms, parse_size, parse_timestamp_ms
+from npstream.proto.names import validate_group_name, validate_stream_name
+from npstream.proto.units import parse_duration_ms, parse_size, parse_timestamp_ms
 
 if TYPE_CHECKING:
-    from npstream.client import Client
+    from npstream.client.client import Client
 
 __all__ = [
     "CONNECTION_OPTIONS",
@@ -330,7 +330,7 @@ class ConnectionOptions:
 
     def connect(self) -> Client:
         """A new client for this broker (the caller closes it)."""
-        from npstream.client import Client
+        from npstream.client.client import Client
 
         return Client(self.broker, self.token, tls=self.tls,
                       root_certificates=self.root_certificates, local_reads=self.local_reads)

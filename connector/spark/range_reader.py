@@ -32,7 +32,7 @@ from npstream.spark.data_loss import report_data_loss
 from npstream.spark.options import ReadOptions
 
 if TYPE_CHECKING:
-    from npstream.client import Client
+    from npstream.client.client import Client
 
 __all__ = [
     "RangePartition",

@@ -39,7 +39,7 @@ from npstream.spark.range_reader import RangePartition, read_range
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from npstream.client import Client
+    from npstream.client.client import Client
 
 __all__ = [
     "NpstreamStreamReader",

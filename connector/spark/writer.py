@@ -106,7 +106,7 @@ def _stage_all(options: WriteOptions, batch_id: int, iterator: Iterable[pa.Recor
     """
     from pyspark import TaskContext
 
-    from npstream.sink_client import SinkClient
+    from npstream.sink.client import SinkClient
 
     context = TaskContext.get()
     partition = context.partitionId() if context else 0
@@ -153,7 +153,7 @@ def _staging_ids(messages: list[WriterCommitMessage | None]) -> list[str]:
 
 def _commit(options: WriteOptions, batch_id: int,
             messages: list[WriterCommitMessage | None]) -> None:
-    from npstream.sink_client import SinkClient
+    from npstream.sink.client import SinkClient
 
     staging_ids = _staging_ids(messages)
     with options.connection.connect() as client:
@@ -168,7 +168,7 @@ def _commit(options: WriteOptions, batch_id: int,
 
 def _abort(options: WriteOptions, batch_id: int) -> None:
     """Drop the batch's staging; a failure is logged, never raised over Spark's own error."""
-    from npstream.sink_client import SinkClient
+    from npstream.sink.client import SinkClient
 
     try:
         with options.connection.connect() as client:

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-from npstream.names import NAME_RULE, STREAM_NAME_RE, validate_stream_name
+from npstream.proto.names import NAME_RULE, STREAM_NAME_RE, validate_stream_name
+from npstream.proto.units import parse_size
 from npstream.spark.options import (
     BOTH,
     CONNECTION_SPECS,
@@ -36,7 +37,6 @@ from npstream.spark.options import (
     parse_bool,
     parse_connection_options,
 )
-from npstream.units import parse_size
 
 __all__ = [
     "ACCEPTED_COLUMNS",

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "broker.py"
+from harness import REPO_ROOT
+
+BENCH = REPO_ROOT / "bench" / "broker.py"
 
 
 def _number(cell: str) -> float:

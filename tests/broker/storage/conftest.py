@@ -12,9 +12,9 @@ import pyarrow as pa
 import pytest
 
 from npstream.broker.storage import Storage, StorageSettings, StreamConfig
-from npstream.broker.storage.frame_reader import FrameReader
-from npstream.broker.storage.record_batch import FrameHeader
-from npstream.schema import normalize_publish_table
+from npstream.proto.frames.reader import FrameReader
+from npstream.proto.frames.record_batch import FrameHeader
+from npstream.proto.schema import normalize_publish_table
 
 START_MS = 1_700_000_000_000
 

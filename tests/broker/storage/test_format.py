@@ -10,14 +10,15 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from harness import REPO_ROOT
 from npstream.broker.storage.batch_builder import (
     build_message_batch,
     complete_publish_table,
-    decode_payload,
     generated_ids,
 )
-from npstream.broker.storage.frame_reader import BadFrame, FrameReader
-from npstream.broker.storage.record_batch import (
+from npstream.proto.frames.payload import decode_payload
+from npstream.proto.frames.reader import BadFrame, FrameReader
+from npstream.proto.frames.record_batch import (
     FLAG_PRODUCER_IDS,
     FORMAT_VERSION,
     HEADER_SIZE,
@@ -26,7 +27,7 @@ from npstream.broker.storage.record_batch import (
     parse_header,
 )
 
-DOC = Path(__file__).resolve().parents[3] / "docs" / "format.md"
+DOC = REPO_ROOT / "docs" / "format.md"
 ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\w+)\s*\|", re.MULTILINE)
 
 

@@ -15,7 +15,7 @@ from npstream.broker.storage.batch_builder import (
     serialize_frames,
 )
 from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload
-from npstream.broker.storage.record_batch import FLAG_PRODUCER_IDS
+from npstream.proto.frames.record_batch import FLAG_PRODUCER_IDS
 
 ID_PREFIX = b"abcdef0123456789"
 

@@ -7,8 +7,8 @@ import pytest
 
 from npstream.broker.errors import OffsetOutOfRangeError
 from npstream.broker.storage import AckMode
-from npstream.broker.storage.batch_builder import decode_payload
-from npstream.schema import MESSAGE_SCHEMA
+from npstream.proto.frames.payload import decode_payload
+from npstream.proto.schema import MESSAGE_SCHEMA
 
 
 def values_of(result) -> list[bytes]:

@@ -19,7 +19,7 @@ from npstream.broker.storage.small_append import (
     prepare_rows,
     remember_lone_template,
 )
-from npstream.schema import HEADERS_TYPE
+from npstream.proto.schema import HEADERS_TYPE
 
 PREFIX = b"0123456789abcdef"
 

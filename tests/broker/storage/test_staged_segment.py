@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 
 from npstream.broker.errors import MessageTooLargeError
-from npstream.broker.sink_frames import StagedFrames, build_staging
-from npstream.broker.sink_staging import prepare_stage
+from npstream.broker.sink.staging import prepare_stage
+from npstream.broker.sink.staging_format import StagedFrames, build_staging
 from npstream.broker.storage import StreamConfig
 from npstream.broker.storage.direct_write import DirectFileWriter
 from npstream.broker.storage.files import list_segment_bases, offset_index_path
@@ -215,7 +215,7 @@ def test_a_lowered_size_limit_is_enforced_before_anything_is_adopted(
 
 def test_stamping_a_file_this_broker_staged_reads_nothing_back_and_after_a_restart_it_does(
         make_storage, config, data_dir, preadv_calls):
-    from npstream.broker.sink_staging import StagingArea
+    from npstream.broker.sink.staging import StagingArea
 
     if not WRITER.direct:
         pytest.skip("the disk refuses O_DIRECT: nothing is read back either way")

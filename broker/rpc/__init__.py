@@ -1,0 +1,1 @@
+"""The gRPC edge of the broker: status mapping, auth, servicer registration."""

@@ -1,0 +1,1 @@
+"""The broker process: configuration, shared context, metrics, CPU and heap settings."""

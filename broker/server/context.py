@@ -1,0 +1,34 @@
+"""The objects every broker service shares, built once by the server and handed to each."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from npstream.broker.metadata import Metadata
+from npstream.broker.server.config import BrokerConfig
+from npstream.broker.server.metrics import BrokerMetrics
+from npstream.broker.storage import Storage
+from npstream.broker.streams.registry import StreamRegistry
+
+__all__ = ["BrokerContext"]
+
+
+@dataclass
+class BrokerContext:
+    """Shared broker state; ``on_stream_deleted`` listeners run after a stream is deleted.
+
+    Groups and sink append a listener to drop their state for the stream; the
+    registry calls them (each failure is logged, never hidden).
+    """
+
+    config: BrokerConfig
+    metadata: Metadata
+    storage: Storage
+    registry: StreamRegistry
+    metrics: BrokerMetrics
+    on_stream_deleted: list[Callable[[str], None]] = field(default_factory=list)
+    # Set when a graceful stop begins, so long-lived calls (Subscribe, long polls)
+    # end at once instead of holding the drain for the whole shutdown grace.
+    stopping: threading.Event = field(default_factory=threading.Event)

@@ -1,0 +1,284 @@
+"""The broker process: build the shared context, wire the services, serve, stop cleanly.
+
+Start order: lock the data dir (two brokers on one data dir would corrupt
+it), open metadata and storage, build the registry and context, register
+StreamService, GroupService, SinkService (sink recovery runs inside its
+``add_to_server``, before any client can call), health and reflection, bind,
+start, then the metrics endpoint and the retention thread, and only then the
+ready file. Stop order on SIGTERM/SIGINT: refuse new calls and wake long
+polls, let in-flight calls finish (``shutdown_grace``), close groups and sink,
+flush and fsync storage, checkpoint SQLite, exit 0.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import FrameType
+from typing import IO, Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from npstream.broker.metadata import Metadata
+from npstream.broker.rpc import status as grpc_errors
+from npstream.broker.server.config import BrokerConfig
+from npstream.broker.server.context import BrokerContext
+from npstream.broker.server.metrics import BrokerMetrics
+from npstream.broker.storage import Storage, StorageSettings
+from npstream.broker.streams import reads as service_reads
+from npstream.broker.streams import service as service_streams
+from npstream.broker.streams.registry import StreamRegistry
+from npstream.proto import pb
+
+__all__ = ["BrokerServer", "run"]
+
+log = logging.getLogger("npstream.broker")
+
+SERVICE_NAMES = tuple(
+    pb.DESCRIPTOR.services_by_name[name].full_name
+    for name in ("StreamService", "StreamReadService", "GroupService", "SinkService")
+)
+LOCK_FILE = "broker.lock"
+
+# HTTP/2 keepalive: clients with long-lived Subscribe streams may ping every
+# 10 s even when idle; stricter server defaults would answer with GOAWAY.
+KEEPALIVE_OPTIONS = (
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 0),
+)
+
+
+class Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+class StartupError(RuntimeError):
+    """The broker cannot start (data dir in use, port taken, ...); the message says why."""
+
+
+def _lock_data_dir(data_dir: Path) -> IO[str]:
+    handle = (data_dir / LOCK_FILE).open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "unknown"
+        handle.close()
+        raise StartupError(
+            f"data dir {data_dir} is in use by another broker (pid {owner})"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
+def _storage_settings(config: BrokerConfig) -> StorageSettings:
+    return StorageSettings(
+        data_dir=config.data_dir,
+        segment_bytes=config.segment_bytes,
+        segment_ms=config.segment_age_ms,
+        max_open_files=config.max_open_files,
+        flush_interval_ms=config.flush_interval_ms,
+        max_batch_bytes=config.max_batch_bytes,
+        retention_check_interval_ms=config.retention_check_interval_ms,
+        index_interval_bytes=config.index_interval_bytes,
+    )
+
+
+class BrokerServer:
+    """One running broker; ``start()`` then ``stop()`` (both from the same thread)."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.stopping = threading.Event()
+        self.address = ""
+        self.metrics_address = ""
+        self._closeables: list[Closeable] = []
+        self._lock_handle: IO[str] | None = None
+        self._server: grpc.Server | None = None
+        self._health: health.HealthServicer | None = None
+        self._retention: threading.Thread | None = None
+        self.ctx: BrokerContext | None = None
+
+    # ------------------------------------------------------------ start
+
+    def _build_context(self) -> BrokerContext:
+        config = self.config
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_handle = _lock_data_dir(config.data_dir)
+        metadata = Metadata(config.data_dir, synchronous=config.metadata_sync)
+        storage = Storage(_storage_settings(config))
+        listeners: list[Callable[[str], None]] = []
+        registry = StreamRegistry(metadata, storage, config, on_stream_deleted=listeners)
+        metrics = BrokerMetrics()
+        metrics.watch_streams(registry, config.metrics_stream_gauges_max)
+        grpc_errors.observe_errors(metrics.error_counter())
+        return BrokerContext(config=config, metadata=metadata, storage=storage,
+                             registry=registry, metrics=metrics, on_stream_deleted=listeners,
+                             stopping=self.stopping)
+
+    def _build_server(self, ctx: BrokerContext) -> grpc.Server:
+        config = self.config
+        interceptors = [grpc_errors.AuthInterceptor(config.auth_token)] if config.auth_token else []
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="rpc"),
+            interceptors=interceptors,
+            options=[
+                ("grpc.max_send_message_length", config.grpc_max_message_bytes),
+                ("grpc.max_receive_message_length", config.grpc_max_message_bytes),
+                ("grpc.so_reuseport", 0),  # a second broker on the port must fail, not share
+                *KEEPALIVE_OPTIONS,
+            ],
+            maximum_concurrent_rpcs=config.max_concurrent_rpcs or None,
+        )
+        service_streams.add_to_server(server, ctx, self.stopping)
+        service_reads.add_to_server(server, ctx, self.stopping)
+        # Imported here: they import this package, and they are other modules' jobs.
+        from npstream.broker.groups import service as group_service
+        from npstream.broker.sink import service as sink_service
+
+        for add in (group_service.add_to_server, sink_service.add_to_server):
+            closeable = add(server, ctx)
+            if closeable is not None:
+                self._closeables.append(closeable)
+        self._health = health.HealthServicer(experimental_non_blocking=True)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        for name in ("", *SERVICE_NAMES):
+            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        return server
+
+    def _bind(self, server: grpc.Server) -> int:
+        config = self.config
+        target = f"{config.host}:{config.port}"
+        try:
+            if config.tls_enabled:
+                credentials = grpc.ssl_server_credentials([(
+                    Path(config.tls_key_file).read_bytes(),
+                    Path(config.tls_cert_file).read_bytes(),
+                )])
+                port = server.add_secure_port(target, credentials)
+            else:
+                port = server.add_insecure_port(target)
+        except RuntimeError as exc:
+            raise StartupError(f"cannot listen on {target}: {exc} (port in use?)") from None
+        if port == 0:
+            raise StartupError(f"cannot listen on {target} (port in use?)")
+        return port
+
+    def _retention_loop(self) -> None:
+        assert self.ctx is not None
+        interval = self.config.retention_check_interval_ms / 1000
+        while not self.stopping.wait(interval):
+            try:
+                self.ctx.storage.enforce_retention()
+            except Exception:
+                log.exception("retention pass failed; retrying in %.1fs", interval)
+
+    def start(self) -> None:
+        self.ctx = self._build_context()
+        server = self._build_server(self.ctx)
+        port = self._bind(server)
+        self._server = server
+        server.start()
+        self.address = f"{self.config.host}:{port}"
+        if self.config.metrics_port is not None:
+            metrics_port = self.ctx.metrics.serve(self.config.metrics_host,
+                                                  self.config.metrics_port)
+            self.metrics_address = f"http://{self.config.metrics_host}:{metrics_port}/metrics"
+        self._retention = threading.Thread(target=self._retention_loop, name="retention",
+                                           daemon=True)
+        self._retention.start()
+        log.info(
+            "npstream broker serving on %s (tls=%s, auth=%s) data_dir=%s metrics=%s streams=%d",
+            self.address, "on" if self.config.tls_enabled else "off",
+            "on" if self.config.auth_token else "off", self.config.data_dir.resolve(),
+            self.metrics_address or "off", len(self.ctx.registry),
+        )
+
+    # ------------------------------------------------------------ stop
+
+    def stop(self) -> None:
+        """Graceful stop; safe to call on a partly started broker."""
+        started = time.monotonic()
+        self.stopping.set()
+        if self._health is not None:
+            self._health.enter_graceful_shutdown()
+        if self._server is not None:
+            self._server.stop(self.config.shutdown_grace_ms / 1000).wait()
+        drained = time.monotonic()
+        if self._retention is not None:
+            self._retention.join(timeout=30)
+        for closeable in reversed(self._closeables):
+            try:
+                closeable.close()
+            except Exception:
+                log.exception("closing %r failed", closeable)
+        ctx = self.ctx
+        storage_started = time.monotonic()
+        if ctx is not None:
+            ctx.storage.close()
+        storage_s = time.monotonic() - storage_started
+        if ctx is not None:
+            ctx.metadata.checkpoint()
+            ctx.metadata.close()
+            ctx.metrics.stop()
+            grpc_errors.observe_errors(None)
+        if self._lock_handle is not None:
+            self._lock_handle.close()
+        log.info("npstream broker stopped (%s, data_dir=%s): calls drained in %.2fs, "
+                 "storage flushed and closed in %.2fs, total %.2fs",
+                 self.address or "not serving", self.config.data_dir.resolve(),
+                 drained - started, storage_s, time.monotonic() - started)
+
+
+def _write_ready_file(path: Path, address: str) -> None:
+    """Atomically, so a reader never sees a half-written address."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(address)
+    tmp.replace(path)
+
+
+def run(config: BrokerConfig, ready_file: Path | None = None) -> int:
+    """Serve until SIGTERM/SIGINT; 0 after a clean stop, 1 when the broker cannot start."""
+    stop_requested = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        stop_requested.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    broker = BrokerServer(config)
+    try:
+        broker.start()
+    except StartupError as exc:
+        log.error("cannot start: %s", exc)
+        broker.stop()
+        return 1
+    except Exception:
+        log.exception("cannot start: unexpected error")
+        broker.stop()
+        return 1
+    if ready_file is not None:
+        _write_ready_file(ready_file, broker.address)
+    while not stop_requested.wait(0.5):
+        pass
+    broker.stop()
+    if ready_file is not None:
+        ready_file.unlink(missing_ok=True)
+    return 0

@@ -1,0 +1,1 @@
+"""Exactly-once writes: staging, atomic commits with markers, recovery, the stage inbox."""

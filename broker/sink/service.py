@@ -1,0 +1,272 @@
+"""SinkService: the gRPC face of exactly-once writes (Stage, CommitBatch, AbortBatch, SinkState).
+
+The protocol lives in sink_commit (commit, recovery, GC) and sink_staging
+(what a Stage stores); this module decodes requests (Stage's from its wire
+bytes, its Arrow data used in place), maps them onto those, counts what
+happened in metrics, and runs the staging sweep thread. A Stage request may
+name a file of the stage inbox instead of carrying its data (stage_inbox.py);
+a file that cannot be used is answered with ``inbox_refused`` and the client
+sends the rows again over gRPC. Sink recovery runs
+inside ``add_to_server``, before the server starts, so no client ever sees a
+half-finished commit of a previous run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import TYPE_CHECKING, cast
+
+import grpc
+import pyarrow as pa
+from google.protobuf.message import DecodeError
+from prometheus_client import Counter
+
+from npstream.broker.errors import InvalidArgumentError, StreamNotFoundError
+from npstream.broker.rpc.registration import add_service
+from npstream.broker.rpc.status import rpc_method
+from npstream.broker.sink.committer import (
+    FAULT_ENV,
+    SinkCommitter,
+    parse_fault,
+)
+from npstream.broker.sink.inbox import INBOX_DIR_NAME, InboxRefused, StageInbox
+from npstream.broker.sink.staging import (
+    StagingArea,
+    check_batch_id,
+    check_sink_id,
+    check_staging_id,
+    prepare_stage,
+)
+from npstream.proto import pb, pb_grpc
+from npstream.proto.wire import split_bytes_field
+
+if TYPE_CHECKING:
+    from npstream.broker.server.context import BrokerContext
+
+__all__ = ["SinkMetrics", "SinkServicer", "StagingSweeper", "add_to_server"]
+
+log = logging.getLogger(__name__)
+
+# ---- tuning -------------------------------------------------------------
+# The sweep runs a quarter of the TTL apart, so staging lives at most 1.25 x
+# sink_staging_ttl; never more often than every SWEEP_MIN_INTERVAL_S (a short
+# TTL in tests) and never less often than every SWEEP_MAX_INTERVAL_S (a sweep
+# also deletes staging left behind by committed batches).
+SWEEP_TTL_FRACTION = 0.25
+SWEEP_MIN_INTERVAL_S = 0.2
+SWEEP_MAX_INTERVAL_S = 60.0
+
+
+class SinkMetrics:
+    """Sink counters on the broker's registry (no labels: cost independent of sink count)."""
+
+    def __init__(self, ctx: BrokerContext) -> None:
+        registry = ctx.metrics.registry
+        self.staged_rows = Counter("npstream_sink_staged_rows", "Rows stored by Stage",
+                                   registry=registry)
+        self.staged_bytes = Counter("npstream_sink_staged_bytes",
+                                    "Bytes of staging files written by Stage", registry=registry)
+        self.commits = Counter("npstream_sink_commits", "CommitBatch calls that appended",
+                               registry=registry)
+        self.replayed_commits = Counter("npstream_sink_replayed_commits",
+                                        "CommitBatch calls for an already committed batch",
+                                        registry=registry)
+        self.committed_rows = Counter("npstream_sink_committed_rows",
+                                      "Rows appended by CommitBatch", registry=registry)
+        self.dropped_staging = Counter("npstream_sink_dropped_staging_files",
+                                       "Staging files dropped by AbortBatch or the sweep",
+                                       registry=registry)
+        self.inbox_stages = Counter("npstream_sink_inbox_stages",
+                                    "Stage requests whose data was read from the stage inbox",
+                                    registry=registry)
+        self.inbox_refused = Counter("npstream_sink_inbox_refused",
+                                     "Stage requests naming an inbox file that could not be "
+                                     "used (the client resends the data)", registry=registry)
+
+
+def _split_stage_request(raw: bytes) -> tuple[pb.StageRequest, memoryview]:
+    """The request's small fields, and its Arrow data as a view into ``raw`` (not copied).
+
+    Stage is registered with raw requests: parsing the message would copy its
+    arrow_stream (up to stageBytes) into it, and reading the field copies it
+    again. An empty view when the field is unset; the last value when it
+    occurs twice (protobuf's merge rule for a singular field).
+    """
+    try:
+        request, arrow = split_bytes_field(raw, pb.StageRequest, "arrow_stream")
+    except DecodeError as exc:
+        raise InvalidArgumentError(f"malformed StageRequest: {exc}") from None
+    return cast(pb.StageRequest, request), arrow[-1] if arrow else memoryview(b"")
+
+
+def _decode(request: pb.StageRequest, arrow_stream: memoryview | pa.Buffer) -> pa.Table:
+    """The Arrow table of ``arrow_stream``; its buffers stay views into the received bytes."""
+    if not len(arrow_stream):
+        raise InvalidArgumentError(
+            f"stage for sink '{request.sink_id}' batch {request.batch_id} has an empty "
+            "arrow_stream; send an Arrow IPC stream with at least a 'value' column")
+    try:
+        return pa.ipc.open_stream(pa.py_buffer(arrow_stream)).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InvalidArgumentError(
+            f"arrow_stream of sink '{request.sink_id}' batch {request.batch_id} staging "
+            f"'{request.staging_id}' is not a valid Arrow IPC stream: {exc}") from None
+
+
+class SinkServicer(pb_grpc.SinkServiceServicer):
+    def __init__(self, ctx: BrokerContext, committer: SinkCommitter,
+                 metrics: SinkMetrics, inbox: StageInbox | None = None) -> None:
+        self._registry = ctx.registry
+        self._committer = committer
+        self._staging = committer.staging
+        self._metrics = metrics
+        self._inbox = inbox
+
+    def _max_message_bytes(self, stream: str) -> int:
+        """The target's limit; for a stream Commit will auto-create, the broker default."""
+        try:
+            return self._registry.get(stream).config.max_message_bytes
+        except StreamNotFoundError:
+            if not self._registry.auto_create:
+                raise
+            return self._registry.effective_config({}).max_message_bytes
+
+    @rpc_method
+    def Stage(self, raw: bytes, context: grpc.ServicerContext) -> pb.StageResponse:
+        """Store one task's rows; ``raw`` is the StageRequest's wire bytes (add_to_server)."""
+        request, arrow_stream = _split_stage_request(raw)
+        sink_id = check_sink_id(request.sink_id)
+        batch_id = check_batch_id(request.batch_id)
+        staging_id = check_staging_id(request.staging_id)
+        if request.inbox_file:
+            try:
+                arrow_stream = self._read_inbox(request)
+            except InboxRefused as refused:
+                self._metrics.inbox_refused.inc()
+                log.info("sink '%s' batch %d staging '%s': inbox file refused (%s); the "
+                         "client resends it over gRPC", sink_id, batch_id, staging_id, refused)
+                return pb.StageResponse(inbox_refused=str(refused))
+            self._metrics.inbox_stages.inc()
+        data = _decode(request, arrow_stream)
+        if self._committer.is_committed(sink_id, batch_id):
+            # A restarted query re-runs its last batch before learning it was committed:
+            # accept (the task must not fail) and keep nothing; the commit will be a no-op.
+            log.info("sink '%s' batch %d is already committed: staging '%s' (%d rows) "
+                     "discarded", sink_id, batch_id, staging_id, data.num_rows)
+            return pb.StageResponse(staged_rows=data.num_rows, staged_bytes=0)
+        table = prepare_stage(data, request.stream, self._max_message_bytes)
+        size = self._staging.write(sink_id, batch_id, staging_id, table)
+        self._metrics.staged_rows.inc(table.num_rows)
+        self._metrics.staged_bytes.inc(size)
+        log.debug("sink '%s' batch %d staged '%s': %d rows, %d bytes",
+                  sink_id, batch_id, staging_id, table.num_rows, size)
+        return pb.StageResponse(staged_rows=table.num_rows, staged_bytes=size)
+
+    def _read_inbox(self, request: pb.StageRequest) -> pa.Buffer:
+        if self._inbox is None:
+            raise InboxRefused("this broker offers no stage inbox (sink_stage_inbox = false)")
+        return self._inbox.read(request.inbox_file, request.inbox_inode, request.inbox_length)
+
+    @rpc_method
+    def CommitBatch(self, request: pb.CommitBatchRequest,
+                    context: grpc.ServicerContext) -> pb.CommitBatchResponse:
+        outcome = self._committer.commit(request.sink_id, request.batch_id,
+                                         list(request.staging_ids))
+        if outcome.already_committed:
+            self._metrics.replayed_commits.inc()
+        else:
+            self._metrics.commits.inc()
+            self._metrics.committed_rows.inc(
+                sum(end - start for start, end in outcome.written.values()))
+        return pb.CommitBatchResponse(
+            already_committed=outcome.already_committed,
+            written=[pb.StreamOffsets(stream=s, start_offset=a, end_offset=b)
+                     for s, (a, b) in outcome.written.items()],
+        )
+
+    @rpc_method
+    def AbortBatch(self, request: pb.AbortBatchRequest,
+                   context: grpc.ServicerContext) -> pb.AbortBatchResponse:
+        dropped = self._committer.abort(request.sink_id, request.batch_id,
+                                        list(request.staging_ids) or None)
+        self._metrics.dropped_staging.inc(dropped)
+        return pb.AbortBatchResponse(dropped=dropped)
+
+    @rpc_method
+    def SinkState(self, request: pb.SinkStateRequest,
+                  context: grpc.ServicerContext) -> pb.SinkStateResponse:
+        exists, last = self._committer.state(request.sink_id)
+        return pb.SinkStateResponse(exists=exists, last_batch_id=last)
+
+    @rpc_method
+    def StageInbox(self, request: pb.StageInboxRequest,
+                   context: grpc.ServicerContext) -> pb.StageInboxResponse:
+        return self._inbox.describe() if self._inbox is not None else pb.StageInboxResponse()
+
+
+class StagingSweeper:
+    """Background thread deleting expired and committed staging and idle inbox files.
+
+    ``close()`` stops it.
+    """
+
+    def __init__(self, committer: SinkCommitter, ttl_ms: int, metrics: SinkMetrics,
+                 inbox: StageInbox | None = None) -> None:
+        self._committer = committer
+        self._inbox = inbox
+        self.ttl_ms = ttl_ms
+        self._metrics = metrics
+        self.interval_s = min(max(ttl_ms / 1000 * SWEEP_TTL_FRACTION, SWEEP_MIN_INTERVAL_S),
+                              SWEEP_MAX_INTERVAL_S)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sink-sweep", daemon=True)
+
+    def start(self) -> StagingSweeper:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._metrics.dropped_staging.inc(self._committer.sweep(self.ttl_ms))
+                if self._inbox is not None:
+                    self._inbox.sweep()
+            except Exception:
+                log.exception("sink staging sweep failed; retrying in %.1fs", self.interval_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def add_to_server(server: grpc.Server, ctx: BrokerContext) -> StagingSweeper:
+    """Recover unfinished commits, register SinkService, start the staging sweep."""
+    config = ctx.config
+    staging = StagingArea(config.data_dir / "sink", max_frame_bytes=config.max_batch_bytes,
+                          direct_writes=config.sink_direct_writes)
+    committer = SinkCommitter(
+        ctx.metadata, ctx.registry, staging,
+        streams_dir=config.data_dir / "streams",
+        durable_metadata=config.metadata_sync != "full",
+        fault=parse_fault(os.environ.get(FAULT_ENV)),
+        adopt_min_bytes=config.sink_adopt_min_bytes,
+    )
+    finished = committer.recover()
+    if finished:
+        log.warning("sink recovery finished %d interrupted commit(s)", finished)
+    ctx.on_stream_deleted.append(committer.on_stream_deleted)
+    metrics = SinkMetrics(ctx)
+    inbox = None
+    if config.sink_stage_inbox:
+        inbox = StageInbox(config.data_dir / INBOX_DIR_NAME,
+                           max_bytes=config.grpc_max_message_bytes)
+    add_service(server, "SinkService", SinkServicer(ctx, committer, metrics, inbox),
+                raw_requests={"Stage"})
+    ttl_ms = config.sink_staging_ttl_ms
+    sweeper = StagingSweeper(committer, ttl_ms, metrics, inbox).start()
+    log.info("sink service ready: staging in %s, stage inbox %s, staging ttl %d ms, "
+             "sweep every %.1fs", staging.root, inbox.root if inbox else "off", ttl_ms,
+             sweeper.interval_s)
+    return sweeper

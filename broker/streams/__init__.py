@@ -1,0 +1,1 @@
+"""Streams: the registry of streams and the gRPC services that publish and read them."""

@@ -1,0 +1,366 @@
+"""StreamService: the gRPC face of the stream registry and the logs.
+
+Each method validates its request, calls the registry or a StreamLog, and
+builds the reply; errors are typed BrokerErrors mapped by grpc_errors. Message
+data stays columnar: Publish turns the request into one Arrow table (the
+``messages`` field of simple clients is converted column by column), and
+Fetch returns the stored Arrow IPC batches as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
+import grpc
+import pyarrow as pa
+import pyarrow.compute as pc
+from google.protobuf.message import DecodeError
+
+from npstream.broker.errors import (
+    CorruptRecordError,
+    InvalidArgumentError,
+    StreamNeedsRepairError,
+)
+from npstream.broker.faults import PublishFault
+from npstream.broker.rpc.registration import add_service
+from npstream.broker.rpc.status import rpc_method
+from npstream.broker.server.context import BrokerContext
+from npstream.broker.storage import AckMode, AppendResult, StreamLog
+from npstream.broker.storage.small_append import MessageRows
+from npstream.broker.streams.publish_stream import serve_publish_stream
+from npstream.broker.streams.registry import (
+    CONFIG_FIELDS,
+    StreamRegistry,
+    StreamStatus,
+    check_stream_name,
+)
+from npstream.proto import pb, pb_grpc
+from npstream.proto.schema import normalize_publish_table
+from npstream.proto.wire import split_bytes_field
+
+__all__ = [
+    "DEFAULT_FETCH_BYTES",
+    "DEFAULT_FETCH_MESSAGES",
+    "StreamServicer",
+    "add_to_server",
+    "check_fetch_request",
+    "on_log",
+    "stream_info",
+]
+
+log = logging.getLogger(__name__)
+
+# Fetch defaults when the request leaves a field 0 (proto: FetchRequest).
+DEFAULT_FETCH_MESSAGES = 10_000
+DEFAULT_FETCH_BYTES = 8 << 20
+# A long poll re-checks for shutdown and client cancellation this often; data
+# arriving wakes it at once (StreamLog.wait_for_data), so this costs no latency.
+LONG_POLL_SLICE_S = 0.25
+
+T = TypeVar("T")
+
+
+def stream_info(status: StreamStatus) -> pb.StreamInfo:
+    config = pb.StreamConfig(
+        max_age_ms=status.config.max_age_ms,
+        max_bytes=status.config.max_bytes,
+        dedup_window_ms=status.config.dedup_window_ms,
+        max_message_bytes=status.config.max_message_bytes,
+    )
+    info = pb.StreamInfo(name=status.name, config=config, created_ms=status.created_ms,
+                         error=status.error)
+    if status.stats is not None:
+        stats = status.stats
+        info.start_offset = stats.start_offset
+        info.end_offset = stats.end_offset
+        info.message_count = stats.end_offset - stats.start_offset
+        info.bytes_on_disk = stats.bytes_on_disk
+        info.first_timestamp_ms = stats.first_timestamp_ms
+        info.last_timestamp_ms = stats.last_timestamp_ms
+        info.segment_count = stats.segment_count
+    return info
+
+
+def _overrides(config: pb.StreamConfig) -> dict[str, int]:
+    """Only the fields the caller set (absent = broker default)."""
+    return {f: getattr(config, f) for f in CONFIG_FIELDS if config.HasField(f)}
+
+
+def _message_rows(messages: Sequence[pb.Message]) -> MessageRows:
+    """The repeated Message of simple clients as lists (storage's lean small-append path)."""
+    return MessageRows(
+        values=[m.value for m in messages],
+        ids=[m.id for m in messages],
+        keys=[m.key if m.HasField("key") else None for m in messages],
+        headers=[dict(m.headers) if m.headers else None for m in messages],
+    )
+
+
+def _arrow_table(stream: str, data: bytes | memoryview) -> pa.Table:
+    try:
+        return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+        raise InvalidArgumentError(
+            f"arrow_stream for stream '{stream}' is not a valid Arrow IPC stream: {exc}"
+        ) from None
+
+
+def _empty_ids_to_null(table: pa.Table) -> pa.Table:
+    """An empty id means "assign one", in both the messages and the Arrow path."""
+    if "id" not in table.column_names:
+        return table
+    index = table.column_names.index("id")
+    column = table.column(index)
+    empty = pc.equal(column, "")
+    if not pc.any(empty).as_py():
+        return table
+    nulls = pa.nulls(len(column), pa.string())
+    return table.set_column(index, table.field(index), pc.if_else(empty, nulls, column))
+
+
+def on_log(registry: StreamRegistry, stream: str, action: Callable[[], T]) -> T:
+    """Run a log operation; corruption found now marks the stream as needing repair."""
+    try:
+        return action()
+    except CorruptRecordError as exc:
+        registry.mark_broken(stream, exc)
+        raise StreamNeedsRepairError(stream, exc) from None
+
+
+def check_fetch_request(request: pb.FetchRequest) -> tuple[str, int | None]:
+    """The stream name and end offset (None = none) of a valid FetchRequest."""
+    stream = check_stream_name(request.stream)
+    for field in ("max_messages", "max_bytes", "wait_ms", "end_offset"):
+        if getattr(request, field) < 0:
+            raise InvalidArgumentError(
+                f"fetch from stream '{stream}': {field}={getattr(request, field)} must be >= 0"
+            )
+    end = request.end_offset or None
+    if end is not None and end < request.offset:
+        raise InvalidArgumentError(
+            f"fetch from stream '{stream}': end_offset={end} is below offset={request.offset}"
+        )
+    return stream, end
+
+
+class StreamServicer(pb_grpc.StreamServiceServicer):
+    def __init__(self, ctx: BrokerContext, stopping: threading.Event) -> None:
+        self._ctx = ctx
+        self._registry = ctx.registry
+        self._metrics = ctx.metrics
+        self._stopping = stopping
+        self._publish_fault = PublishFault.from_env()
+
+    def _on_log(self, stream: str, action: Callable[[], T]) -> T:
+        return on_log(self._registry, stream, action)
+
+    # ------------------------------------------------------------ admin
+
+    @rpc_method
+    def CreateStream(self, request: pb.CreateStreamRequest,
+                     context: grpc.ServicerContext) -> pb.StreamInfo:
+        status, _created = self._registry.create(
+            request.name, _overrides(request.config), exist_ok=request.exist_ok
+        )
+        return stream_info(status)
+
+    @rpc_method
+    def DescribeStream(self, request: pb.DescribeStreamRequest,
+                       context: grpc.ServicerContext) -> pb.StreamInfo:
+        return stream_info(self._registry.describe(request.name))
+
+    @rpc_method
+    def ListStreams(self, request: pb.ListStreamsRequest,
+                    context: grpc.ServicerContext) -> pb.ListStreamsResponse:
+        statuses, token = self._registry.list(
+            request.prefix, request.pattern, request.page_size, request.page_token
+        )
+        return pb.ListStreamsResponse(streams=[stream_info(s) for s in statuses],
+                                      next_page_token=token)
+
+    @rpc_method
+    def UpdateStream(self, request: pb.UpdateStreamRequest,
+                     context: grpc.ServicerContext) -> pb.StreamInfo:
+        return stream_info(self._registry.update(request.name, _overrides(request.config)))
+
+    @rpc_method
+    def DeleteStream(self, request: pb.DeleteStreamRequest,
+                     context: grpc.ServicerContext) -> pb.DeleteStreamResponse:
+        return pb.DeleteStreamResponse(deleted=self._registry.delete(request.name))
+
+    @rpc_method
+    def DeleteMessages(self, request: pb.DeleteMessagesRequest,
+                       context: grpc.ServicerContext) -> pb.StreamInfo:
+        before = request.before_offset if request.HasField("before_offset") else None
+        status = self._on_log(request.name,
+                              lambda: self._registry.delete_messages(request.name, before))
+        return stream_info(status)
+
+    @rpc_method
+    def RepairStream(self, request: pb.RepairStreamRequest,
+                     context: grpc.ServicerContext) -> pb.RepairStreamResponse:
+        status, truncated, detail = self._registry.repair(request.name)
+        return pb.RepairStreamResponse(stream=stream_info(status), truncated_bytes=truncated,
+                                       detail=detail)
+
+    # ------------------------------------------------------------ data
+
+    def _prepare_publish(
+        self, request: pb.PublishRequest, arrow_stream: memoryview | None = None
+    ) -> tuple[str, pa.Table | MessageRows | None, AckMode]:
+        """The request's stream, its rows (None when empty) and its ack.
+
+        Rows sent as ``messages`` (simple clients, one-message publishes) stay
+        Python values for the storage's lean path (small_append.py); an
+        ``arrow_stream`` becomes a normalized table.
+        """
+        stream = check_stream_name(request.stream)
+        if arrow_stream is None:  # given: split off the wire bytes, not in ``request``
+            arrow_stream = memoryview(request.arrow_stream)  # each access copies (upb): once
+        if request.messages and arrow_stream:
+            raise InvalidArgumentError(
+                f"publish to stream '{stream}' sets both messages and arrow_stream; send one"
+            )
+        ack = AckMode.WRITE if request.ack == pb.ACK_WRITE else AckMode.FSYNC
+        if request.messages:
+            return stream, _message_rows(request.messages), ack
+        raw = _arrow_table(stream, arrow_stream) if arrow_stream else None
+        if raw is None or raw.num_rows == 0:
+            return stream, None, ack
+        try:
+            table = _empty_ids_to_null(normalize_publish_table(raw))
+        except ValueError as exc:
+            raise InvalidArgumentError(f"publish to stream '{stream}': {exc}") from None
+        return stream, table, ack
+
+    def _published(self, stream: str, result: AppendResult, rows: pa.Table | MessageRows,
+                   started: float) -> pb.PublishResponse:
+        """Count a stored publish in the metrics and build its reply."""
+        self._metrics.append_latency.observe(time.perf_counter() - started)
+        self._metrics.publish_requests.inc()
+        self._metrics.published_messages.inc(result.stored_count)
+        self._metrics.published_bytes.inc(
+            rows.nbytes if isinstance(rows, pa.Table) else sum(map(len, rows.values)))
+        if result.duplicates:
+            self._metrics.duplicate_messages.inc(len(result.duplicates))
+        log.debug("published %d message(s) to '%s' at offset %d (%d duplicate(s))",
+                  result.stored_count, stream, result.first_offset, len(result.duplicates))
+        return pb.PublishResponse(
+            first_offset=result.first_offset,
+            stored_count=result.stored_count,
+            duplicates=[pb.Duplicate(index=i, offset=o) for i, o in result.duplicates],
+            timestamp_ms=result.timestamp_ms,
+        )
+
+    @rpc_method
+    def Publish(self, request: pb.PublishRequest,
+                context: grpc.ServicerContext) -> pb.PublishResponse:
+        stream, rows, ack = self._prepare_publish(request)
+        stream_log = self._registry.get(stream, create_if_missing=True)
+        if rows is None:
+            return pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
+        started = time.perf_counter()
+        result = self._on_log(stream, lambda: stream_log.append(rows, ack))
+        return self._published(stream, result, rows, started)
+
+    @rpc_method
+    def PublishStream(self, request_iterator: Iterator[bytes],
+                      context: grpc.ServicerContext) -> Iterator[pb.PublishResponse]:
+        yield from serve_publish_stream(request_iterator, context, self._write_publish,
+                                        self._stopping)
+
+    def _write_publish(self, raw: bytes) -> Callable[[], pb.PublishResponse]:
+        """Write one PublishStream request now; the returned reply waits for its fsync.
+
+        The request arrives as wire bytes: its Arrow data is used in place
+        (npstream.proto.wire.split_bytes_field), not copied into a message and out
+        again - two copies of every ~4 MiB request saved.
+        """
+        try:
+            request, arrow = split_bytes_field(raw, pb.PublishRequest, "arrow_stream",
+                                               bail_on="messages")
+        except DecodeError as exc:
+            raise InvalidArgumentError(
+                f"malformed PublishRequest on PublishStream: {exc}") from None
+        stream, rows, ack = self._prepare_publish(request, arrow[-1] if arrow else None)
+        stream_log = self._registry.get(stream, create_if_missing=True)
+        if rows is None:
+            empty = pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
+            return lambda: empty
+        started = time.perf_counter()
+        result, sequence = self._on_log(stream, lambda: stream_log.append_unsynced(rows))
+        self._publish_fault.written()
+
+        def reply() -> pb.PublishResponse:
+            if ack is AckMode.FSYNC:
+                self._on_log(stream, lambda: stream_log.sync_through(sequence))
+            return self._published(stream, result, rows, started)
+
+        return reply
+
+    def _long_poll(self, stream_log: StreamLog, offset: int, wait_ms: int,
+                   context: grpc.ServicerContext) -> None:
+        """Wait until data past offset exists, the wait ends, the client leaves or we stop."""
+        wait_s = min(wait_ms, self._ctx.config.max_fetch_wait_ms) / 1000
+        remaining = context.time_remaining()
+        if remaining is not None:
+            wait_s = min(wait_s, max(remaining - 0.05, 0.0))
+        deadline = time.monotonic() + wait_s
+        while not self._stopping.is_set() and context.is_active():
+            left = deadline - time.monotonic()
+            if left <= 0 or stream_log.wait_for_data(offset, min(left, LONG_POLL_SLICE_S)):
+                return
+
+    @rpc_method
+    def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> pb.FetchResponse:
+        stream, end = check_fetch_request(request)
+        stream_log = self._registry.get(stream)
+        if (request.wait_ms > 0 and request.offset == stream_log.end_offset
+                and (end is None or end > request.offset)):
+            self._long_poll(stream_log, request.offset, request.wait_ms, context)
+        max_bytes = min(request.max_bytes or DEFAULT_FETCH_BYTES,
+                        self._ctx.config.max_message_bytes_limit)
+        result = self._on_log(stream, lambda: stream_log.read(
+            request.offset,
+            max_messages=request.max_messages or DEFAULT_FETCH_MESSAGES,
+            max_bytes=max_bytes,
+            end_offset=end,
+        ))
+        batches = [b if isinstance(b, bytes) else bytes(b) for b in result.batches]
+        self._metrics.fetch_requests.inc()
+        self._metrics.fetched_messages.inc(result.count)
+        self._metrics.fetched_bytes.inc(sum(len(b) for b in batches))
+        return pb.FetchResponse(
+            batches=batches,
+            next_offset=result.next_offset,
+            start_offset=stream_log.start_offset,
+            end_offset=stream_log.end_offset,
+            count=result.count,
+        )
+
+    @rpc_method
+    def OffsetForTimestamp(self, request: pb.OffsetForTimestampRequest,
+                           context: grpc.ServicerContext) -> pb.OffsetForTimestampResponse:
+        stream_log = self._registry.get(check_stream_name(request.stream))
+        offset = self._on_log(request.stream,
+                              lambda: stream_log.offset_for_timestamp(request.timestamp_ms))
+        return pb.OffsetForTimestampResponse(offset=offset)
+
+    @rpc_method
+    def EndOffsets(self, request: pb.EndOffsetsRequest,
+                   context: grpc.ServicerContext) -> pb.EndOffsetsResponse:
+        rows = self._registry.end_offsets(list(request.streams), request.pattern)
+        return pb.EndOffsetsResponse(streams=[
+            pb.StreamOffsets(stream=name, start_offset=start, end_offset=end)
+            for name, start, end in rows
+        ])
+
+
+def add_to_server(server: grpc.Server, ctx: BrokerContext, stopping: threading.Event) -> None:
+    """Register the service; PublishStream takes raw requests (see _write_publish)."""
+    add_service(server, "StreamService", StreamServicer(ctx, stopping),
+                raw_requests={"PublishStream"})

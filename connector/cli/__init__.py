@@ -1,0 +1,1 @@
+"""The ``npstream`` command line, one module per command group."""

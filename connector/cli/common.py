@@ -1,0 +1,120 @@
+"""What every ``npstream`` subcommand shares: connection flags, argument types, errors.
+
+Subcommand modules (cli_streams, cli_produce, cli_consume, cli_groups) add
+``add_client_options`` to their parsers and build clients with
+``client_from_args`` so that ``--broker``/``--token`` behave the same everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import NoReturn
+
+from npstream.client.client import Client
+from npstream.proto.names import validate_group_name, validate_stream_name
+from npstream.proto.units import parse_duration_ms, parse_size
+
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_USAGE",
+    "CliError",
+    "CliParser",
+    "add_client_options",
+    "client_from_args",
+    "duration_arg",
+    "group_arg",
+    "offset_arg",
+    "size_arg",
+    "stream_arg",
+]
+
+EXIT_ERROR = 1        # the broker refused or failed, or input data was bad
+EXIT_USAGE = 2        # the command line itself is wrong
+EXIT_INTERRUPTED = 130
+
+
+class CliError(Exception):
+    """An expected failure: printed as one ``npstream: error: ...`` line, no traceback."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class CliParser(argparse.ArgumentParser):
+    """argparse with usage errors on one line (``npstream: error: ...``) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CliError(f"{message} (see `{self.prog} --help`)", EXIT_USAGE)
+
+
+def add_client_options(parser: argparse.ArgumentParser) -> None:
+    """--broker and --token, with the environment defaults the docs promise."""
+    parser.add_argument(
+        "--broker",
+        default=os.environ.get("NPSTREAM_BROKER") or "localhost:7070",
+        metavar="HOST:PORT",
+        help="broker address (default: $NPSTREAM_BROKER, else localhost:7070)",
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("NPSTREAM_TOKEN") or None,
+        help="auth token sent as 'authorization: Bearer TOKEN' (default: $NPSTREAM_TOKEN)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="per-call deadline in seconds (default: 30)",
+    )
+    parser.add_argument(
+        "--retry-deadline",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="how long to retry an unreachable broker before failing (default: 15)",
+    )
+
+
+def client_from_args(args: argparse.Namespace) -> Client:
+    try:
+        return Client(
+            args.broker, args.token, timeout=args.timeout, retry_deadline=args.retry_deadline
+        )
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+
+
+def _argtype(check: Callable[[str], object], what: str, *, keep_text: bool = False) -> object:
+    """An argparse ``type=`` that reports check's ValueError as a usage error.
+
+    keep_text returns the text itself after checking (durations and sizes are
+    parsed again by the client, which keeps "7d" exact instead of a float).
+    """
+
+    def convert(text: str) -> object:
+        try:
+            value = check(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text if keep_text else value
+
+    convert.__name__ = what
+    return convert
+
+
+def _offset(text: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"invalid offset {text!r}: use an integer >= 0")
+    return int(text)
+
+
+stream_arg = _argtype(validate_stream_name, "stream name")
+group_arg = _argtype(validate_group_name, "group name")
+duration_arg = _argtype(parse_duration_ms, "duration", keep_text=True)
+size_arg = _argtype(parse_size, "size", keep_text=True)
+offset_arg = _argtype(_offset, "offset")

@@ -1,0 +1,306 @@
+"""The gRPC channel to one broker: address, TLS, auth metadata, and retry with backoff.
+
+Everything that crosses the wire goes through ``Connection.call`` (unary; also
+``call_serialized`` for requests already in wire bytes) or ``Connection.stream``
+(bidirectional), so the retry rules live in one place:
+
+* ``UNAVAILABLE`` is retried with exponential backoff and full jitter until
+  ``retry_deadline`` seconds have passed, then ``BrokerUnavailable`` is raised
+  naming the address and the last gRPC detail.
+* A call marked ``idempotent=False`` (a Publish without ids on every message)
+  is retried only when gRPC reports that it never reached the broker (the
+  connection could not be established). If the connection broke while the call
+  was in flight, the broker may or may not have stored it, so the error is
+  raised at once and says so.
+* Every other status goes through ``npstream.errors.from_rpc_error``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import grpc
+
+from npstream.errors import BrokerUnavailable, NpstreamError, from_rpc_error
+from npstream.proto import pb_grpc
+
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "MAX_MESSAGE_BYTES",
+    "Connection",
+    "StreamingCall",
+    "resolve_address",
+]
+
+log = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------- tuning
+# Address used when neither the caller nor NPSTREAM_BROKER names one.
+DEFAULT_ADDRESS = "localhost:7070"
+# gRPC message size limit, both directions; matches the broker's default so a
+# full 8 MiB fetch or a 4 MiB publish chunk never hits the 4 MiB gRPC default.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Our retry backoff: first sleep, growth factor and cap (seconds). Full jitter
+# (sleep uniformly in [0, backoff]) keeps many clients from reconnecting in
+# lockstep after a broker restart.
+RETRY_INITIAL_BACKOFF_S = 0.05
+RETRY_BACKOFF_MULTIPLIER = 2.0
+RETRY_MAX_BACKOFF_S = 1.0
+# gRPC's own reconnect backoff defaults to 1 s growing to 120 s; while it
+# waits, calls fail fast, so a broker that is back after a restart would stay
+# unreachable for seconds. Keep it short: a local broker is back quickly.
+RECONNECT_INITIAL_BACKOFF_MS = 100
+RECONNECT_MAX_BACKOFF_MS = 1000
+# Keepalive pings detect a dead broker on an idle connection (long polls).
+KEEPALIVE_TIME_MS = 30_000
+KEEPALIVE_TIMEOUT_MS = 10_000
+
+# gRPC details that mean the call was never written to a connection.
+_NOT_SENT_MARKERS = (
+    "failed to connect to all addresses",
+    "connections to all backends failing",
+    "dns resolution failed",
+    "name resolution",
+    "empty address list",
+)
+
+# The proto package of the services (method paths are /<package>.<Service>/<Method>).
+_PROTO_PACKAGE = "npstream.v1"
+
+_SERVICES: dict[str, Callable[[grpc.Channel], Any]] = {
+    "StreamService": pb_grpc.StreamServiceStub,
+    "StreamReadService": pb_grpc.StreamReadServiceStub,
+    "GroupService": pb_grpc.GroupServiceStub,
+    "SinkService": pb_grpc.SinkServiceStub,
+}
+
+
+def resolve_address(address: str | None) -> str:
+    """The broker address to use: the argument, else $NPSTREAM_BROKER, else localhost:7070."""
+    chosen = address or os.environ.get("NPSTREAM_BROKER") or DEFAULT_ADDRESS
+    chosen = chosen.strip()
+    if not chosen:
+        raise ValueError("empty broker address; use host:port")
+    return chosen
+
+
+def never_reached_broker(exc: grpc.RpcError) -> bool:
+    """True when gRPC says the call failed before any byte reached a broker."""
+    details = (exc.details() or "").lower() if hasattr(exc, "details") else ""
+    return any(marker in details for marker in _NOT_SENT_MARKERS)
+
+
+class Connection:
+    """One channel to one broker, with the stubs of every service and the retry loop."""
+
+    def __init__(
+        self,
+        address: str | None = None,
+        token: str | None = None,
+        *,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        timeout: float = 30.0,
+        retry_deadline: float = 15.0,
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if retry_deadline < 0:
+            raise ValueError(f"retry_deadline must be >= 0 seconds, got {retry_deadline!r}")
+        self.address = resolve_address(address)
+        self.timeout = float(timeout)
+        self.retry_deadline = float(retry_deadline)
+        self._metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
+        options = [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.initial_reconnect_backoff_ms", RECONNECT_INITIAL_BACKOFF_MS),
+            ("grpc.min_reconnect_backoff_ms", RECONNECT_INITIAL_BACKOFF_MS),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_MAX_BACKOFF_MS),
+            ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+            ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ]
+        if tls or root_certificates is not None:
+            credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+            self._channel = grpc.secure_channel(self.address, credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(self.address, options=options)
+        self._stubs = {name: make(self._channel) for name, make in _SERVICES.items()}
+        self._raw_streams: dict[str, Any] = {}
+        self._raw_unaries: dict[str, Any] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------ calls
+
+    def _method(self, rpc: str) -> Callable[..., Any]:
+        if self._closed:
+            raise NpstreamError(f"client for {self.address} is closed")
+        service, _, method = rpc.partition(".")
+        stub = self._stubs.get(service)
+        target = getattr(stub, method, None) if stub is not None and method else None
+        if target is None:
+            raise ValueError(
+                f"unknown rpc {rpc!r}; use 'Service.Method' with a service from {sorted(_SERVICES)}"
+            )
+        return target
+
+    def call(
+        self,
+        rpc: str,
+        request: Any,
+        *,
+        timeout: float | None = None,
+        idempotent: bool = True,
+    ) -> Any:
+        """Send one unary call; retry UNAVAILABLE as the module docstring says."""
+        method = self._method(rpc)
+        per_call = self.timeout if timeout is None else timeout
+        return self._retrying(
+            rpc, lambda: method(request, timeout=per_call, metadata=self._metadata), idempotent)
+
+    def _retrying(self, rpc: str, send: Callable[[], Any], idempotent: bool) -> Any:
+        """``send()`` until it succeeds, retrying UNAVAILABLE; the retry rules of ``call``."""
+        deadline = time.monotonic() + self.retry_deadline
+        backoff = RETRY_INITIAL_BACKOFF_S
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return send()
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise from_rpc_error(exc, self.address) from None
+                detail = exc.details() or ""
+                if not idempotent and not never_reached_broker(exc):
+                    raise BrokerUnavailable(
+                        f"{from_rpc_error(exc, self.address)} (during {rpc}; the request may "
+                        "or may not have been stored: give every message an id to make "
+                        "retries safe)"
+                    ) from None
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise BrokerUnavailable(
+                        f"{from_rpc_error(exc, self.address)} (gave up after {attempt} "
+                        f"attempt(s) over {self.retry_deadline:g}s)"
+                    ) from None
+                sleep = min(random.uniform(0, backoff), remaining)
+                log.debug("%s to %s unavailable (attempt %d), retrying in %.3fs: %s",
+                          rpc, self.address, attempt, sleep, detail)
+                time.sleep(sleep)
+                backoff = min(backoff * RETRY_BACKOFF_MULTIPLIER, RETRY_MAX_BACKOFF_S)
+
+    def stream(
+        self, rpc: str, request_iterator: Iterable[Any], *, timeout: float | None = None
+    ) -> StreamingCall:
+        """Open a bidirectional streaming call (GroupService.Subscribe).
+
+        Not retried: the caller owns the session state and reopens it.
+        ``timeout`` None means no deadline (a subscription lives until cancelled).
+        """
+        method = self._method(rpc)
+        return StreamingCall(
+            method(request_iterator, timeout=timeout, metadata=self._metadata), self.address
+        )
+
+    def server_stream(
+        self, rpc: str, request: Any, *, timeout: float | None = None
+    ) -> StreamingCall:
+        """Open a server-streaming call (StreamReadService.ReadRange); not retried."""
+        method = self._method(rpc)
+        return StreamingCall(
+            method(request, timeout=timeout, metadata=self._metadata), self.address
+        )
+
+    def call_serialized(
+        self, rpc: str, request: bytes, response_type: Any, *,
+        timeout: float | None = None, idempotent: bool = True,
+    ) -> Any:
+        """Like ``call`` for a request that is already protobuf wire bytes (same retries).
+
+        For unary hot paths whose request carries a big bytes field
+        (SinkClient.stage: the Arrow data appended by npstream.proto.wire), so it
+        is not copied into a message and serialized again. ``response_type``
+        is the response message class.
+        """
+        self._method(rpc)  # same checks: known rpc, open client
+        unary = self._raw_unaries.get(rpc)
+        if unary is None:
+            unary = self._channel.unary_unary(
+                self._path(rpc), request_serializer=None,
+                response_deserializer=response_type.FromString)
+            self._raw_unaries[rpc] = unary
+        per_call = self.timeout if timeout is None else timeout
+        return self._retrying(
+            rpc, lambda: unary(request, timeout=per_call, metadata=self._metadata), idempotent)
+
+    def stream_serialized(
+        self, rpc: str, request_iterator: Iterable[bytes], response_type: Any, *,
+        timeout: float | None = None,
+    ) -> StreamingCall:
+        """Like ``stream`` for requests that are already protobuf wire bytes.
+
+        For hot paths that build a request's bytes with fewer copies than
+        protobuf can (publish_batch: batching.encode_publish_request).
+        ``response_type`` is the response message class.
+        """
+        self._method(rpc)  # same checks: known rpc, open client
+        multi = self._raw_streams.get(rpc)
+        if multi is None:
+            multi = self._channel.stream_stream(
+                self._path(rpc), request_serializer=None,
+                response_deserializer=response_type.FromString,
+            )
+            self._raw_streams[rpc] = multi
+        return StreamingCall(
+            multi(request_iterator, timeout=timeout, metadata=self._metadata), self.address
+        )
+
+    @staticmethod
+    def _path(rpc: str) -> str:
+        """The gRPC method path of ``"Service.Method"``."""
+        service, _, method = rpc.partition(".")
+        return f"/{_PROTO_PACKAGE}.{service}/{method}"
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._channel.close()
+
+
+class StreamingCall:
+    """A streaming call's responses with errors mapped through ``from_rpc_error``.
+
+    Iterating yields the response messages. After ``cancel()`` iteration ends
+    quietly instead of raising CANCELLED. Other attributes (``code()``,
+    ``details()``, ``is_active()``, ``add_callback()``) are the gRPC call's.
+    """
+
+    def __init__(self, call: Any, address: str) -> None:
+        self._call = call
+        self._address = address
+        self._cancelled = False
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._call)
+        except grpc.RpcError as exc:
+            if self._cancelled and exc.code() == grpc.StatusCode.CANCELLED:
+                raise StopIteration from None
+            raise from_rpc_error(exc, self._address) from None
+
+    def cancel(self) -> bool:
+        self._cancelled = True
+        return bool(self._call.cancel())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._call, name)

@@ -1,0 +1,188 @@
+"""Result types of the client SDK: frozen dataclasses built from the wire messages.
+
+They mirror the protobuf messages field by field (times stay epoch ms, so no
+precision is lost) and add ``datetime`` views in UTC for people reading them;
+reprs show both.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from npstream.client.values import ms_to_iso
+from npstream.proto import pb
+
+__all__ = [
+    "BatchPublishResult",
+    "PublishResult",
+    "RepairResult",
+    "StreamConfig",
+    "StreamInfo",
+]
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _datetime(ms: int) -> dt.datetime | None:
+    return _EPOCH + dt.timedelta(milliseconds=ms) if ms else None
+
+
+def _show_ms(ms: int) -> str:
+    return f"{ms} ({ms_to_iso(ms)})" if ms else "0"
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """Effective configuration of a stream; 0 means unlimited / off (see the proto)."""
+
+    max_age_ms: int = 0
+    max_bytes: int = 0
+    dedup_window_ms: int = 0
+    max_message_bytes: int = 0
+
+    @classmethod
+    def from_pb(cls, message: pb.StreamConfig) -> StreamConfig:
+        return cls(
+            max_age_ms=message.max_age_ms,
+            max_bytes=message.max_bytes,
+            dedup_window_ms=message.dedup_window_ms,
+            max_message_bytes=message.max_message_bytes,
+        )
+
+
+@dataclass(frozen=True, repr=False)
+class StreamInfo:
+    """What the broker knows about one stream: offsets, size, times, config.
+
+    ``end_offset`` is the next offset to be written; the retained messages are
+    ``[start_offset, end_offset)``. ``error`` is non-empty when the stream
+    needs ``repair_stream``.
+    """
+
+    name: str
+    config: StreamConfig
+    start_offset: int
+    end_offset: int
+    message_count: int
+    bytes_on_disk: int
+    first_timestamp_ms: int
+    last_timestamp_ms: int
+    created_ms: int
+    segment_count: int
+    error: str = ""
+
+    @classmethod
+    def from_pb(cls, message: pb.StreamInfo) -> StreamInfo:
+        return cls(
+            name=message.name,
+            config=StreamConfig.from_pb(message.config),
+            start_offset=message.start_offset,
+            end_offset=message.end_offset,
+            message_count=message.message_count,
+            bytes_on_disk=message.bytes_on_disk,
+            first_timestamp_ms=message.first_timestamp_ms,
+            last_timestamp_ms=message.last_timestamp_ms,
+            created_ms=message.created_ms,
+            segment_count=message.segment_count,
+            error=message.error,
+        )
+
+    @property
+    def first_timestamp(self) -> dt.datetime | None:
+        """Append time of the first retained message (UTC), None when empty."""
+        return _datetime(self.first_timestamp_ms)
+
+    @property
+    def last_timestamp(self) -> dt.datetime | None:
+        """Append time of the last message (UTC), None when empty."""
+        return _datetime(self.last_timestamp_ms)
+
+    @property
+    def created(self) -> dt.datetime | None:
+        return _datetime(self.created_ms)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict (nested config, times in ms plus ISO strings)."""
+        data = asdict(self)
+        for name in ("first_timestamp", "last_timestamp", "created"):
+            ms = data[f"{name}_ms"]
+            data[name] = ms_to_iso(ms) if ms else None
+        return data
+
+    def __repr__(self) -> str:
+        c = self.config
+        parts = [
+            f"name={self.name!r}",
+            f"start_offset={self.start_offset}",
+            f"end_offset={self.end_offset}",
+            f"message_count={self.message_count}",
+            f"bytes_on_disk={self.bytes_on_disk}",
+            f"first_timestamp_ms={_show_ms(self.first_timestamp_ms)}",
+            f"last_timestamp_ms={_show_ms(self.last_timestamp_ms)}",
+            f"created_ms={_show_ms(self.created_ms)}",
+            f"segment_count={self.segment_count}",
+            f"config=StreamConfig(max_age_ms={c.max_age_ms}, max_bytes={c.max_bytes}, "
+            f"dedup_window_ms={c.dedup_window_ms}, max_message_bytes={c.max_message_bytes})",
+        ]
+        if self.error:
+            parts.append(f"error={self.error!r}")
+        return f"StreamInfo({', '.join(parts)})"
+
+
+@dataclass(frozen=True)
+class RepairResult:
+    """Outcome of ``repair_stream``: the repaired stream and what was cut."""
+
+    stream: StreamInfo
+    truncated_bytes: int
+    detail: str
+
+    @classmethod
+    def from_pb(cls, message: pb.RepairStreamResponse) -> RepairResult:
+        return cls(StreamInfo.from_pb(message.stream), message.truncated_bytes, message.detail)
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """Offset of a published message; ``duplicate`` means it was already stored there."""
+
+    offset: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, repr=False)
+class BatchPublishResult:
+    """Outcome of ``publish_batch``.
+
+    ``offsets[i]`` is the offset of input row ``i`` (for a duplicate, the
+    offset of the copy stored earlier). ``duplicates`` lists ``(input index,
+    original offset)``. ``first_offset`` is the offset of the first stored
+    row, or -1 when every row was a duplicate. Rows of one call are in input
+    order but need not be contiguous when the batch was split into several
+    requests and other producers wrote in between.
+    """
+
+    first_offset: int
+    stored_count: int
+    duplicates: list[tuple[int, int]] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+
+    @property
+    def last_offset(self) -> int:
+        """Highest offset given to a row of this batch, -1 when empty."""
+        return max(self.offsets) if self.offsets else -1
+
+    def __repr__(self) -> str:
+        shown = self.offsets if len(self.offsets) <= 6 else (
+            f"[{self.offsets[0]}, {self.offsets[1]}, {self.offsets[2]}, ..., {self.offsets[-1]}] "
+            f"({len(self.offsets)} rows)"
+        )
+        dups = self.duplicates if len(self.duplicates) <= 6 else (
+            f"[{self.duplicates[0]}, ..., {self.duplicates[-1]}] ({len(self.duplicates)})"
+        )
+        return (
+            f"BatchPublishResult(first_offset={self.first_offset}, "
+            f"stored_count={self.stored_count}, duplicates={dups}, offsets={shown})"
+        )

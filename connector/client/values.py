@@ -1,0 +1,170 @@
+"""How Python values become message bytes, and how the CLI shows bytes again.
+
+One rule everywhere (SDK, CLI, docs): ``bytes`` are sent as they are, ``str``
+as its UTF-8 bytes, anything else as compact JSON. Keys and header values are
+``bytes`` or ``str`` only: they are identifiers, and silently JSON-encoding
+them would make ``key=1`` and ``key="1"`` differ in a surprising way.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from npstream.errors import InvalidArgument
+from npstream.proto.schema import HEADERS_TYPE
+
+__all__ = [
+    "MESSAGE_FIELDS",
+    "decode_text",
+    "decode_value",
+    "encode_headers",
+    "encode_key",
+    "encode_value",
+    "messages_to_table",
+    "ms_to_iso",
+]
+
+# Keys a message dict may have in ``Client.publish_batch``.
+MESSAGE_FIELDS = ("value", "id", "key", "headers")
+
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def encode_value(value: object) -> bytes:
+    """Message bytes for ``value``: bytes as is, str as UTF-8, anything else as JSON."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(
+            f"value of type {type(value).__name__} cannot be sent: use bytes, str or a "
+            f"JSON-serializable object ({exc})"
+        ) from None
+
+
+def encode_key(key: object) -> bytes | None:
+    """Key bytes: None stays None, str is UTF-8, bytes as is; nothing else is accepted."""
+    if key is None:
+        return None
+    if isinstance(key, str):
+        return key.encode("utf-8")
+    if isinstance(key, _BYTES_LIKE):
+        return bytes(key)
+    raise InvalidArgument(f"key must be bytes or str, got {type(key).__name__}: {key!r}")
+
+
+def encode_headers(headers: Mapping[str, object] | None) -> dict[str, bytes]:
+    """Header map with bytes values; names must be str, values bytes or str."""
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise InvalidArgument(
+            f"headers must be a mapping of str to bytes or str, got {type(headers).__name__}"
+        )
+    encoded: dict[str, bytes] = {}
+    for name, value in headers.items():
+        if not isinstance(name, str):
+            raise InvalidArgument(f"header name must be str, got {type(name).__name__}: {name!r}")
+        if isinstance(value, str):
+            encoded[name] = value.encode("utf-8")
+        elif isinstance(value, _BYTES_LIKE):
+            encoded[name] = bytes(value)
+        else:
+            raise InvalidArgument(
+                f"header {name!r} must be bytes or str, got {type(value).__name__}"
+            )
+    return encoded
+
+
+def _check_id(message_id: object) -> str | None:
+    if message_id is None or isinstance(message_id, str):
+        return message_id
+    raise InvalidArgument(f"id must be str, got {type(message_id).__name__}: {message_id!r}")
+
+
+def messages_to_table(messages: Sequence[Mapping[str, Any]]) -> pa.Table:
+    """A publish table (PUBLISH_COLUMNS) from dicts with keys value/id/key/headers.
+
+    Columns other than ``value`` appear only when some message sets them, so
+    plain value-only batches stay small on the wire.
+    """
+    values: list[bytes] = []
+    ids: list[str | None] = []
+    keys: list[bytes | None] = []
+    headers: list[list[tuple[str, bytes]] | None] = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise InvalidArgument(
+                f"message {index} must be a dict with keys {list(MESSAGE_FIELDS)}, "
+                f"got {type(message).__name__}"
+            )
+        unknown = [name for name in message if name not in MESSAGE_FIELDS]
+        if unknown:
+            raise InvalidArgument(
+                f"message {index} has unknown key(s) {unknown}; accepted: {list(MESSAGE_FIELDS)}"
+            )
+        if "value" not in message or message["value"] is None:
+            raise InvalidArgument(f"message {index} has no value; 'value' is required")
+        try:
+            values.append(encode_value(message["value"]))
+            ids.append(_check_id(message.get("id")))
+            keys.append(encode_key(message.get("key")))
+            raw_headers = message.get("headers")
+            headers.append(
+                list(encode_headers(raw_headers).items()) if raw_headers is not None else None
+            )
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"message {index}: {exc}") from None
+    columns: dict[str, pa.Array] = {"value": pa.array(values, pa.binary())}
+    if any(i is not None for i in ids):
+        columns["id"] = pa.array(ids, pa.string())
+    if any(k is not None for k in keys):
+        columns["key"] = pa.array(keys, pa.binary())
+    if any(h is not None for h in headers):
+        columns["headers"] = pa.array(headers, HEADERS_TYPE)
+    return pa.table(columns)
+
+
+def decode_text(data: bytes | None) -> str | None:
+    """UTF-8 text when the bytes are valid UTF-8, else standard base64 (for display)."""
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return base64.b64encode(data).decode("ascii")
+
+
+def decode_value(data: bytes) -> object:
+    """The value as the CLI shows it: parsed JSON if it is JSON, else text, else base64."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return base64.b64encode(data).decode("ascii")
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except ValueError:
+        return text
+
+
+def ms_to_iso(ms: int) -> str:
+    """ISO-8601 UTC with milliseconds and a Z suffix, e.g. 2025-01-01T00:00:00.123Z."""
+    moment = _EPOCH + dt.timedelta(milliseconds=ms)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"

@@ -1,0 +1,1 @@
+"""Consumer groups on the client: cursor consumers, shared-group leases, admin."""

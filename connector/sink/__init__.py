@@ -1,0 +1,1 @@
+"""Client side of exactly-once writes: staging data and committing batches."""

@@ -1,0 +1,143 @@
+"""SharedGroup on a real storage engine and metadata, in-process (no gRPC), with a fake clock."""
+
+from __future__ import annotations
+
+import statistics
+import struct
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+
+from npstream.broker.groups.shared import SharedGroup
+from npstream.broker.groups.shared_config import SharedConfig
+from npstream.broker.groups.store import GroupStore, PositionWriter
+from npstream.broker.metadata import Metadata
+from npstream.broker.storage import AckMode, Storage, StorageSettings, StreamConfig
+from npstream.proto.schema import normalize_publish_table
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def parts(tmp_path):
+    storage = Storage(StorageSettings(data_dir=tmp_path))
+    stream_log = storage.open_log("s", StreamConfig(0, 0, 0, 1 << 20))
+    metadata = Metadata(tmp_path)
+    store = GroupStore(metadata)
+    config = SharedConfig(ack_wait_ms=1000, dead_letter_stream="s.dlq")
+    store.create("s", "g", "shared", 0, config)
+    writer = PositionWriter(store)
+    clock = Clock()
+    group = SharedGroup("s", "g", committed=0, dead_lettered=0, config=config,
+                        log_source=lambda: stream_log, writer=writer, dead_letters=None,
+                        clock=clock)
+    yield group, stream_log, store, writer, clock
+    group.close(RuntimeError("test over"))  # type: ignore[arg-type]
+    writer.close()
+    metadata.close()
+    storage.close()
+
+
+def append(stream_log, *values: bytes) -> None:
+    stream_log.append(normalize_publish_table(pa.table({"value": list(values)})), AckMode.WRITE)
+
+
+def test_receive_expiry_follows_the_injected_clock(parts):
+    group, stream_log, _store, _writer, clock = parts
+    append(stream_log, b"a", b"b")
+    first = group.receive("m1", 10, 0, ack_wait_ms=1000)
+    assert [(g.row.offset, g.attempt, g.expires_ms) for g in first] == [
+        (0, 1, 1_001_000), (1, 1, 1_001_000)]
+    clock.now += 999
+    assert group.receive("m2", 10, 0, ack_wait_ms=1000) == []
+    clock.now += 1
+    again = group.receive("m2", 10, 0, ack_wait_ms=1000)
+    assert [(g.row.offset, g.attempt) for g in again] == [(0, 2), (1, 2)]
+    snap = group.snapshot()
+    assert {m.member_id: m.in_flight for m in snap.members} == {"m1": 0, "m2": 2}
+
+
+def test_ack_position_is_durable_when_the_ticket_is_written(parts):
+    group, stream_log, store, writer, _clock = parts
+    append(stream_log, b"a", b"b", b"c")
+    grants = group.receive("m", 10, 0, ack_wait_ms=1000)
+    count, committed, ticket = group.ack([g.row.offset for g in grants[:2]], "m")
+    assert (count, committed) == (2, 2)
+    assert writer.wait(ticket, timeout=10)
+    assert store.get("s", "g").committed_offset == 2
+
+
+def test_receive_waiting_member_gets_each_append_promptly(parts):
+    """Regression: a waiter used to miss appends made just before it slept (0.5 s stalls)."""
+    group, stream_log, *_ = parts
+    append(stream_log, struct.pack(">q", time.monotonic_ns()))  # the first append opens files
+    latencies: list[float] = []
+
+    def consume() -> None:
+        while len(latencies) < 301:
+            for grant in group.receive("m", 100, 2.0, ack_wait_ms=30_000):
+                stamp = struct.unpack(">q", grant.row.value)[0]
+                latencies.append((time.monotonic_ns() - stamp) / 1e6)
+                group.ack([grant.row.offset], "m")
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    time.sleep(0.1)
+    for _ in range(300):
+        append(stream_log, struct.pack(">q", time.monotonic_ns()))
+        time.sleep(0.001)
+    consumer.join(30)
+    assert len(latencies) == 301
+    slow = [round(x) for x in latencies[1:] if x > 250]
+    assert len(slow) < 60, slow  # the bug: one missed wake-up left ~all later ones waiting
+    assert statistics.median(latencies[1:]) < 100.0
+
+
+def test_receive_larger_than_a_log_read_takes_everything_ready_in_one_call(parts):
+    """A Subscribe batch holds all ready messages that fit its credits, not one read's worth."""
+    from npstream.broker.groups.tuning import FRESH_READ_CHUNK
+
+    group, stream_log, *_ = parts
+    total = FRESH_READ_CHUNK * 2 + 100
+    append(stream_log, *[b"v%d" % i for i in range(total)])
+    first = group.receive("m", total - 50, 0, ack_wait_ms=1000)
+    assert [g.row.offset for g in first] == list(range(total - 50))
+    rest = group.receive("m", total, 0, ack_wait_ms=1000)
+    assert [g.row.offset for g in rest] == list(range(total - 50, total))
+    assert [g.row.value for g in rest[-2:]] == [b"v%d" % (total - 2), b"v%d" % (total - 1)]
+
+
+def test_append_never_waits_for_a_receive_holding_the_group_lock(parts):
+    """The append listener wakes waiting members without the group lock.
+
+    A receive building a large batch holds the group lock for milliseconds; a
+    publish to the stream must not queue behind it (it holds the log's append
+    lock meanwhile, which would stall every other publish too).
+    """
+    group, stream_log, *_ = parts
+    append(stream_log, b"first")
+    assert [g.row.value for g in group.receive("m", 10, 0, ack_wait_ms=1000)] == [b"first"]
+    got: list[bytes] = []
+    waiter = threading.Thread(
+        target=lambda: got.extend(g.row.value for g in group.receive("m", 10, 10.0, 1000)))
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while group._listening is not stream_log:  # the waiting member listens to the log
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.05)
+    with group._cond:  # what a receive building a large batch holds
+        writer = threading.Thread(target=append, args=(stream_log, b"second"))
+        writer.start()
+        writer.join(5)
+        assert not writer.is_alive(), "the append waited for the group lock"
+    waiter.join(10)
+    assert got == [b"second"]

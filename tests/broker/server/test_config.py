@@ -1,0 +1,141 @@
+"""Broker configuration: defaults, units, precedence, and refusals with clear messages."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from harness import REPO_ROOT
+from npstream.broker.__main__ import main
+from npstream.broker.server.config import KEYS, SECTIONS, ConfigError, default_config, load_config
+
+REPO = REPO_ROOT
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "broker.toml"
+    path.write_text(text)
+    return path
+
+
+def test_load_config_without_file_uses_documented_defaults():
+    config = load_config(None, env={})
+    assert (config.host, config.port, config.data_dir) == ("127.0.0.1", 7070, Path("data"))
+    assert config.default_max_age_ms == 7 * 86_400_000
+    assert config.default_max_bytes == 1 << 30
+    assert config.default_dedup_window_ms == 120_000
+    assert config.default_max_message_bytes == 1 << 20
+    assert config.auto_create_streams is True
+    assert config.max_open_files == 256
+    assert config.flush_interval_ms == 50
+    assert config.metrics_port == 7071
+    assert config.default_max_message_bytes < config.grpc_max_message_bytes
+
+
+def test_repo_broker_toml_lists_every_key_with_the_builtin_default():
+    path = REPO / "conf" / "broker.toml"
+    document = tomllib.loads(path.read_text())
+    assert set(document) == set(SECTIONS)
+    listed = {name for section in document.values() for name in section}
+    assert listed == {k.name for k in KEYS}
+    assert load_config(path, env={}) == default_config()
+
+
+def test_load_config_units_in_file_are_parsed(tmp_path):
+    path = write(tmp_path, """
+[streams]
+default_max_age = "36h"
+default_max_bytes = "512MiB"
+default_dedup_window = 90
+[storage]
+flush_interval = "5ms"
+max_open_files = 64
+[metrics]
+metrics_port = "off"
+""")
+    config = load_config(path, env={})
+    assert config.default_max_age_ms == 36 * 3_600_000
+    assert config.default_max_bytes == 512 << 20
+    assert config.default_dedup_window_ms == 90_000  # a bare duration number is seconds
+    assert config.flush_interval_ms == 5
+    assert config.max_open_files == 64
+    assert config.metrics_port is None
+
+
+def test_load_config_precedence_cli_over_env_over_file(tmp_path):
+    path = write(tmp_path, """
+[server]
+port = 7001
+host = "0.0.0.0"
+log_level = "ERROR"
+[storage]
+max_open_files = 100
+""")
+    env = {"NPSTREAM_PORT": "7002", "NPSTREAM_MAX_OPEN_FILES": "64",
+           "NPSTREAM_LOG_LEVEL": "warning", "NPSTREAM_BROKER": "ignored:1"}
+    config = load_config(path, env=env, cli={"port": 7003, "host": None})
+    assert config.port == 7003            # CLI beats env and file
+    assert config.max_open_files == 64    # env beats file
+    assert config.log_level == "WARNING"  # env beats file
+    assert config.host == "0.0.0.0"       # file beats default; None CLI value is ignored
+
+
+def test_load_config_file_from_env_variable(tmp_path):
+    path = write(tmp_path, "[streams]\nauto_create_streams = false\n")
+    assert load_config(None, env={"NPSTREAM_CONFIG": str(path)}).auto_create_streams is False
+
+
+def test_load_config_metrics_port_env_zero_and_off():
+    assert load_config(None, env={"NPSTREAM_METRICS_PORT": "0"}).metrics_port == 0
+    assert load_config(None, env={"NPSTREAM_METRICS_PORT": "off"}).metrics_port is None
+
+
+def test_load_config_unknown_key_names_the_key(tmp_path):
+    path = write(tmp_path, "[storage]\nmax_open_file = 64\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'max_open_file' in \[storage\]"):
+        load_config(path, env={})
+
+
+def test_load_config_key_in_wrong_section_says_where_it_belongs(tmp_path):
+    path = write(tmp_path, "port = 1\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'port'.*belongs in the \[server\]"):
+        load_config(path, env={})
+    path = write(tmp_path, "[server]\nmax_open_files = 1\n")
+    with pytest.raises(ConfigError,
+                       match=r"'max_open_files' in \[server\].*belongs in \[storage\]"):
+        load_config(path, env={})
+
+
+def test_load_config_bad_value_names_key_and_origin(tmp_path):
+    with pytest.raises(ConfigError,
+                       match=r"bad value for 'default_max_bytes' from the environment"):
+        load_config(None, env={"NPSTREAM_DEFAULT_MAX_BYTES": "lots"})
+    path = write(tmp_path, "[server]\nport = \"seventy\"\n")
+    with pytest.raises(ConfigError, match=r"bad value for 'port' from config file"):
+        load_config(path, env={})
+
+
+def test_load_config_message_limit_above_half_grpc_limit_is_refused():
+    with pytest.raises(ConfigError, match=r"default_max_message_bytes=33554433 must be within"):
+        load_config(None, env={"NPSTREAM_DEFAULT_MAX_MESSAGE_BYTES": str(32 * 2**20 + 1)})
+
+
+def test_load_config_tls_needs_both_files():
+    with pytest.raises(ConfigError, match="tls_cert_file and tls_key_file must be set together"):
+        load_config(None, env={"NPSTREAM_TLS_CERT_FILE": "/nonexistent.pem"})
+
+
+def test_load_config_invalid_toml_is_reported(tmp_path):
+    path = write(tmp_path, "[server\n")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        load_config(path, env={})
+
+
+def test_main_unknown_key_exits_2_naming_the_key(tmp_path, capsys):
+    path = write(tmp_path, "[streams]\nauto_create = true\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", str(path), "--data-dir", str(tmp_path / "d")])
+    assert exit_info.value.code == 2
+    assert "unknown key 'auto_create' in [streams]" in capsys.readouterr().err

@@ -1,0 +1,195 @@
+"""Batched push delivery: SubscribeBatches on a real broker, and the client's ack/credit outbox."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import grpc
+
+from npstream import Client
+from npstream.groups.shared import ACK_FLUSH_INTERVAL_S, SubscriptionStats, _Connection, _Counters
+from npstream.proto import pb, pb_grpc
+
+
+def wait_until(predicate, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_subscribe_busy_stream_arrives_in_few_batches_and_acks_share_requests(broker_factory):
+    broker = broker_factory()
+    with Client(broker.address) as client:
+        client.create_stream("s")
+        client.publish_batch("s", [{"value": f"m{i}"} for i in range(2000)])
+        handled: list[int] = []
+        lock = threading.Lock()
+
+        def handle(lease) -> None:
+            with lock:
+                handled.append(lease.offset)
+
+        sub = client.subscribe("s", "g", handle, max_in_flight=100)
+        try:
+            wait_until(lambda: len(handled) >= 2000, what="2000 deliveries")
+            wait_until(lambda: client.describe_group("s", "g").committed_offset == 2000,
+                       what="committed offset 2000")
+        finally:
+            sub.stop()
+        stats = sub.stats()
+        info = client.describe_group("s", "g")
+    assert sorted(handled) == list(range(2000))  # each once, none lost
+    assert (info.in_flight, info.lag) == (0, 0)
+    assert (stats.deliveries, stats.acks, stats.nacks) == (2000, 2000, 0)
+    # One stream message per delivery and one request per ack is what batching removes:
+    # the first batch alone carries all 100 opening credits' worth.
+    assert stats.batches * 5 <= stats.deliveries, stats
+    assert stats.requests * 5 <= stats.acks, stats
+    assert stats.credits <= 2000 + 100  # flow control: a credit per settled lease, no more
+    # The broker counts the same stream messages and requests (only this call ran).
+    metrics = broker.metrics()
+    assert metrics["npstream_group_deliveries_total"] == 2000
+    assert metrics["npstream_group_subscribe_messages_total"] == stats.batches
+    assert metrics["npstream_group_subscribe_requests_total"] == stats.requests
+
+
+def test_subscribe_lone_message_is_delivered_and_acked_promptly(client, stream_name):
+    client.create_stream(stream_name)
+    handled = threading.Event()
+    done_at: list[float] = []
+
+    def handle(lease) -> None:
+        done_at.append(time.monotonic())
+        handled.set()
+
+    with client.subscribe(stream_name, "g", handle, max_in_flight=100) as sub:
+        sent_at = time.monotonic()
+        client.publish(stream_name, "only")
+        assert handled.wait(10)
+        wait_until(lambda: client.describe_group(stream_name, "g").committed_offset == 1,
+                   timeout=10, what="the ack")
+        acked_at = time.monotonic()
+        stats = sub.stats()
+    assert done_at[0] - sent_at < 2.0  # no batch to fill: sent as soon as it was there
+    assert acked_at - done_at[0] < 2.0  # its ack did not wait for company
+    assert (stats.deliveries, stats.batches, stats.acks) == (1, 1, 1)
+
+
+def test_subscribe_batches_never_exceed_credits_and_take_all_ready(client, stream_name):
+    """Raw SubscribeBatches: one message holds every ready delivery that fits the credits."""
+    client.create_stream(stream_name)
+    client.publish_batch(stream_name, [{"value": f"m{i}"} for i in range(10)])
+    requests: queue.SimpleQueue = queue.SimpleQueue()
+    opening = pb.SubscribeRequest(credits=3)
+    opening.open.CopyFrom(pb.SubscribeRequest.Open(stream=stream_name, group="fc",
+                                                   member_id="raw"))
+    requests.put(opening)
+
+    def request_iter():
+        while (item := requests.get()) is not None:
+            yield item
+
+    channel = grpc.insecure_channel(client.address)
+    call = pb_grpc.GroupServiceStub(channel).SubscribeBatches(request_iter())
+    batches: queue.SimpleQueue = queue.SimpleQueue()
+
+    def read() -> None:
+        try:
+            for batch in call:
+                batches.put([d.offset for d in batch.deliveries])
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.CANCELLED  # by the finally below
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert batches.get(timeout=10) == [0, 1, 2]
+        time.sleep(0.4)
+        assert batches.empty()  # no credit, no delivery, although 7 are waiting
+        requests.put(pb.SubscribeRequest(ack_offsets=[0, 1, 2], credits=5))
+        assert batches.get(timeout=10) == [3, 4, 5, 6, 7]
+        time.sleep(0.4)
+        assert batches.empty()
+        info = client.describe_group(stream_name, "fc")
+        assert (info.in_flight, info.committed_offset) == (5, 3)
+    finally:
+        requests.put(None)
+        call.cancel()
+        channel.close()
+
+
+# ---------------------------------------------------------------- the client's outbox
+
+
+def opened(credits: int = 4) -> _Connection:
+    opening = pb.SubscribeRequest(credits=credits)
+    opening.open.stream = "s"
+    return _Connection(opening, credit_batch=4, counters=_Counters())
+
+
+def sent_by(connection: _Connection) -> queue.SimpleQueue:
+    """Run the request iterator like gRPC's sender thread; (monotonic time, request) items."""
+    out: queue.SimpleQueue = queue.SimpleQueue()
+
+    def run() -> None:
+        for request in connection.request_iterator():
+            out.put((time.monotonic(), request))
+        out.put(None)
+
+    threading.Thread(target=run, daemon=True).start()
+    return out
+
+
+def test_outbox_sends_opening_at_once_and_coalesces_acks_until_the_interval():
+    connection = opened()
+    out = sent_by(connection)
+    _t, first = out.get(timeout=5)
+    assert first.HasField("open") and first.credits == 4
+    added_at = time.monotonic()
+    for offset in (0, 1, 2):
+        assert connection.ack(offset)
+    connection.grant(3)  # below credit_batch (4): waits for the interval
+    sent_at, request = out.get(timeout=5)
+    assert list(request.ack_offsets) == [0, 1, 2] and request.credits == 3
+    assert sent_at - added_at >= ACK_FLUSH_INTERVAL_S * 0.9
+    assert out.empty()
+    connection.close()
+    assert out.get(timeout=5) is None
+
+
+def test_outbox_sends_at_once_when_a_credit_batch_is_free():
+    connection = opened()
+    out = sent_by(connection)
+    out.get(timeout=5)  # the opening
+    time.sleep(0.05)
+    connection.ack(7)
+    connection.grant(4)
+    _t, request = out.get(timeout=5)
+    assert (list(request.ack_offsets), request.credits) == ([7], 4)
+    connection.close()
+    assert out.get(timeout=5) is None
+
+
+def test_outbox_nacks_per_delay_and_close_flushes_everything_before_half_close():
+    connection = opened()
+    out = sent_by(connection)
+    out.get(timeout=5)
+    with connection._cond:  # queue everything before the sender can look
+        connection._acks.append(1)
+        connection._nacks.update({0: [2, 3], 5000: [4]})
+        connection._nacked = 3
+        connection._since = time.monotonic()
+        connection.open = False
+        connection._cond.notify()
+    sent = []
+    while (item := out.get(timeout=5)) is not None:
+        sent.append(item[1])
+    assert [(list(r.ack_offsets), list(r.nack_offsets), r.nack_delay_ms, r.credits)
+            for r in sent] == [([1], [2, 3], 0, 0), ([], [4], 5000, 0)]
+    assert not connection.ack(9)  # closed: the caller settles with a unary call instead
+    assert connection._counters.snapshot() == SubscriptionStats(
+        requests=3, acks=1, nacks=3, credits=4)

@@ -1,0 +1,95 @@
+"""How a subscription runs its handlers: the thread that reads a batch runs a handler itself.
+
+These pin the promises that must survive that (docs/groups.md, "Push"): leases
+start in delivery order, one handler slot means one thread in offset order, a
+handler that blocks never holds up the messages behind it, and stop() ends the
+subscription even when every handler thread is stuck.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from npstream.groups.shared import Lease
+
+# Guards against a hung test only; nothing is asserted about durations.
+GUARD_S = 30.0
+
+
+def wait_until(predicate, what: str) -> None:
+    deadline = time.monotonic() + GUARD_S
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"timed out after {GUARD_S}s waiting for {what}")
+
+
+def test_one_slot_runs_every_handler_on_one_thread_in_offset_order(client, stream_name):
+    client.create_stream(stream_name)
+    client.publish_batch(stream_name, [{"value": f"m{i}"} for i in range(40)])
+    seen: list[tuple[int, str]] = []
+
+    def handle(lease: Lease) -> None:
+        seen.append((lease.offset, threading.current_thread().name))
+
+    with client.subscribe(stream_name, "g", handle, max_in_flight=1):
+        for i in range(40, 60):  # these arrive one at a time, while the subscription runs
+            client.publish(stream_name, f"m{i}")
+        wait_until(lambda: len(seen) == 60, "60 handled messages")
+    assert [offset for offset, _ in seen] == list(range(60))
+    assert len({thread for _, thread in seen}) == 1
+    assert client.describe_group(stream_name, "g").committed_offset == 60
+
+
+def test_blocked_handler_does_not_hold_up_later_messages(client, stream_name):
+    client.create_stream(stream_name)
+    release = threading.Event()
+    started = threading.Event()
+    handled: list[int] = []
+    lock = threading.Lock()
+
+    def handle(lease: Lease) -> None:
+        if lease.offset == 0:
+            started.set()
+            assert release.wait(GUARD_S), "never released"
+        with lock:
+            handled.append(lease.offset)
+
+    with client.subscribe(stream_name, "g", handle, max_in_flight=4):
+        client.publish(stream_name, "m0")
+        assert started.wait(GUARD_S)
+        # The thread that read offset 0 is stuck in its handler: the later messages,
+        # each its own batch, are read and handled by the others meanwhile.
+        for i in range(1, 4):
+            client.publish(stream_name, f"m{i}")
+        wait_until(lambda: sorted(handled) == [1, 2, 3], "offsets 1-3 while 0 blocks")
+        release.set()
+        wait_until(lambda: len(handled) == 4, "offset 0 after release")
+        wait_until(lambda: client.describe_group(stream_name, "g").committed_offset == 4,
+                   "all acked")
+
+
+def test_stop_ends_the_subscription_when_every_handler_thread_is_stuck(client, stream_name):
+    client.create_stream(stream_name)
+    client.publish(stream_name, "m0")
+    release = threading.Event()
+    started = threading.Event()
+
+    def handle(lease: Lease) -> None:
+        started.set()
+        release.wait(GUARD_S)
+
+    sub = client.subscribe(stream_name, "g", handle, max_in_flight=1)
+    try:
+        assert started.wait(GUARD_S)
+        # Its only thread is in the handler, so no thread reads the call's end.
+        sub.stop(timeout=0.2)
+        sub.join(GUARD_S)
+        assert not sub.running
+    finally:
+        release.set()
+    # The stuck handler's lease is settled by a unary ack once it returns.
+    wait_until(lambda: client.describe_group(stream_name, "g").committed_offset == 1,
+               "the late ack")
