@@ -2,14 +2,15 @@
 
 ``from_rpc_error`` is the single place where a ``grpc.RpcError`` becomes one of
 these. OUT_OF_RANGE errors carry the stream's offsets as trailing metadata
-(``x-npstream-stream``, ``x-npstream-offset``, ``x-npstream-start-offset``,
-``x-npstream-end-offset``), so callers such as the Spark reader's data-loss
+(``npstream.proto.metadata_keys.OFFSET_KEYS``), so callers such as the Spark reader's data-loss
 check get numbers, not text to parse.
 """
 
 from __future__ import annotations
 
 import grpc
+
+from npstream.proto import metadata_keys
 
 __all__ = [
     "AlreadyExists",
@@ -23,13 +24,6 @@ __all__ = [
     "Unauthenticated",
     "from_rpc_error",
 ]
-
-OFFSET_METADATA_KEYS = (
-    "x-npstream-stream",
-    "x-npstream-offset",
-    "x-npstream-start-offset",
-    "x-npstream-end-offset",
-)
 
 
 class NpstreamError(Exception):
@@ -111,10 +105,10 @@ def from_rpc_error(exc: grpc.RpcError, address: str) -> NpstreamError:
 
         return OffsetOutOfRange(
             details,
-            stream=str(meta.get("x-npstream-stream", "")),
-            offset=num("x-npstream-offset"),
-            start_offset=num("x-npstream-start-offset"),
-            end_offset=num("x-npstream-end-offset"),
+            stream=str(meta.get(metadata_keys.STREAM, "")),
+            offset=num(metadata_keys.OFFSET),
+            start_offset=num(metadata_keys.START_OFFSET),
+            end_offset=num(metadata_keys.END_OFFSET),
         )
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return BrokerUnavailable(f"broker at {address} is unavailable: {details}", code=code)

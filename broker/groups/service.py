@@ -39,14 +39,13 @@ from npstream.broker.groups.tuning import (
 )
 from npstream.broker.rpc.status import rpc_method
 from npstream.broker.server.context import BrokerContext
-from npstream.proto import pb, pb_grpc
+from npstream.proto import metadata_keys, pb, pb_grpc
 
 __all__ = ["GroupServicer", "add_to_server"]
 
 log = logging.getLogger(__name__)
 
 # Initial metadata sent once a Subscribe call has joined its group (value: member id).
-MEMBER_HEADER = "x-npstream-member-id"
 
 
 def _status_pb(status: GroupStatus) -> pb.GroupInfo:
@@ -272,7 +271,8 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
                                   name=f"npstream-subscribe-{member}")
         group.connect(member)
         try:
-            context.send_initial_metadata(((MEMBER_HEADER, member),))  # the client's handshake
+            # the client's handshake
+            context.send_initial_metadata(((metadata_keys.MEMBER_ID, member),))
             log.info("member '%s' subscribed to group '%s' on stream '%s'", member, group.group,
                      group.stream)
             reader.start()

@@ -2,7 +2,7 @@
 
 Servicers raise typed ``BrokerError``s; ``rpc_method`` turns each into its
 ``grpc_code`` with the error's message as details. OUT_OF_RANGE also carries
-the stream's offsets as trailing metadata (keys in npstream.errors), so
+the stream's offsets as trailing metadata (keys in npstream.proto.metadata_keys), so
 clients get numbers rather than text to parse. Anything else is a bug: it is
 logged once at ERROR with its traceback and reported as INTERNAL, never
 swallowed.
@@ -20,6 +20,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from npstream.broker.errors import BrokerError, OffsetOutOfRangeError
+from npstream.proto import metadata_keys
 
 __all__ = ["AuthInterceptor", "abort_with", "observe_errors", "rpc_method"]
 
@@ -46,10 +47,10 @@ def abort_with(context: grpc.ServicerContext, exc: BaseException, method: str = 
         code = exc.grpc_code
         if isinstance(exc, OffsetOutOfRangeError):
             context.set_trailing_metadata((
-                ("x-npstream-stream", exc.stream),
-                ("x-npstream-offset", str(exc.offset)),
-                ("x-npstream-start-offset", str(exc.start)),
-                ("x-npstream-end-offset", str(exc.end)),
+                (metadata_keys.STREAM, exc.stream),
+                (metadata_keys.OFFSET, str(exc.offset)),
+                (metadata_keys.START_OFFSET, str(exc.start)),
+                (metadata_keys.END_OFFSET, str(exc.end)),
             ))
         details = str(exc)
         log.debug("%s failed with %s: %s", method, code.name, details)
@@ -108,7 +109,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
     def _authorized(self, details: grpc.HandlerCallDetails) -> bool:
         for key, value in details.invocation_metadata or ():
-            if key == "authorization":
+            if key == metadata_keys.AUTHORIZATION:
                 given = value.encode() if isinstance(value, str) else value
                 return hmac.compare_digest(given, self._expected)
         return False

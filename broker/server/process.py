@@ -28,11 +28,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from npstream.broker.groups import service as group_service
 from npstream.broker.metadata import Metadata
 from npstream.broker.rpc import status as grpc_errors
 from npstream.broker.server.config import BrokerConfig
 from npstream.broker.server.context import BrokerContext
 from npstream.broker.server.metrics import BrokerMetrics
+from npstream.broker.sink import service as sink_service
 from npstream.broker.storage import Storage, StorageSettings
 from npstream.broker.streams import reads as service_reads
 from npstream.broker.streams import service as service_streams
@@ -143,13 +145,10 @@ class BrokerServer:
             ],
             maximum_concurrent_rpcs=config.max_concurrent_rpcs or None,
         )
-        service_streams.add_to_server(server, ctx, self.stopping)
-        service_reads.add_to_server(server, ctx, self.stopping)
-        # Imported here: they import this package, and they are other modules' jobs.
-        from npstream.broker.groups import service as group_service
-        from npstream.broker.sink import service as sink_service
-
-        for add in (group_service.add_to_server, sink_service.add_to_server):
+        # Every service registers the same way: add_to_server(server, ctx),
+        # returning what must be closed at stop (or None).
+        for add in (service_streams.add_to_server, service_reads.add_to_server,
+                    group_service.add_to_server, sink_service.add_to_server):
             closeable = add(server, ctx)
             if closeable is not None:
                 self._closeables.append(closeable)

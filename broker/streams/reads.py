@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import threading
 from collections.abc import Iterator
 
 import grpc
@@ -47,11 +46,11 @@ READ_RANGE_MAX_MESSAGES = 100_000
 
 
 class StreamReadServicer:
-    def __init__(self, ctx: BrokerContext, stopping: threading.Event) -> None:
+    def __init__(self, ctx: BrokerContext) -> None:
         self._ctx = ctx
         self._registry = ctx.registry
         self._metrics = ctx.metrics
-        self._stopping = stopping
+        self._stopping = ctx.stopping
         self._host_id = boot_id() if ctx.config.local_reads else ""
 
     @rpc_method
@@ -109,7 +108,7 @@ class StreamReadServicer:
                 return
 
 
-def add_to_server(server: grpc.Server, ctx: BrokerContext, stopping: threading.Event) -> None:
+def add_to_server(server: grpc.Server, ctx: BrokerContext) -> None:
     """Register the service; ReadRange replies are pre-encoded bytes (npstream.proto.wire)."""
-    add_service(server, "StreamReadService", StreamReadServicer(ctx, stopping),
+    add_service(server, "StreamReadService", StreamReadServicer(ctx),
                 raw_responses={"ReadRange"})

@@ -10,7 +10,6 @@ Fetch returns the stored Arrow IPC batches as they are.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
@@ -148,11 +147,11 @@ def check_fetch_request(request: pb.FetchRequest) -> tuple[str, int | None]:
 
 
 class StreamServicer(pb_grpc.StreamServiceServicer):
-    def __init__(self, ctx: BrokerContext, stopping: threading.Event) -> None:
+    def __init__(self, ctx: BrokerContext) -> None:
         self._ctx = ctx
         self._registry = ctx.registry
         self._metrics = ctx.metrics
-        self._stopping = stopping
+        self._stopping = ctx.stopping
         self._publish_fault = PublishFault.from_env()
 
     def _on_log(self, stream: str, action: Callable[[], T]) -> T:
@@ -360,7 +359,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         ])
 
 
-def add_to_server(server: grpc.Server, ctx: BrokerContext, stopping: threading.Event) -> None:
+def add_to_server(server: grpc.Server, ctx: BrokerContext) -> None:
     """Register the service; PublishStream takes raw requests (see _write_publish)."""
-    add_service(server, "StreamService", StreamServicer(ctx, stopping),
+    add_service(server, "StreamService", StreamServicer(ctx),
                 raw_requests={"PublishStream"})

@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 
 from npstream.errors import BrokerUnavailable, NpstreamError, from_rpc_error
-from npstream.proto import pb_grpc
+from npstream.proto import metadata_keys, pb_grpc
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -116,7 +116,7 @@ class Connection:
         self.timeout = float(timeout)
         self.retry_deadline = float(retry_deadline)
         self._metadata: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {token}"),) if token else ()
+            ((metadata_keys.AUTHORIZATION, f"Bearer {token}"),) if token else ()
         )
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

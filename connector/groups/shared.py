@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from npstream.errors import BrokerUnavailable, InvalidArgument, NpstreamError
-from npstream.proto import pb
+from npstream.proto import metadata_keys, pb
 from npstream.proto.names import validate_group_name, validate_stream_name
 from npstream.proto.units import parse_duration_ms
 
@@ -65,7 +65,6 @@ STOP_TIMEOUT_S = 30.0
 # raises BrokerUnavailable (the client's default retry_deadline).
 FIRST_CONNECT_DEADLINE_S = 15.0
 # Initial-metadata key the broker sends once a Subscribe call has joined the group.
-MEMBER_HEADER = "x-npstream-member-id"
 # Coalescing of what a subscription sends back on its stream (acks, nacks and
 # the credits their handlers freed): one SubscribeRequest carries everything
 # settled since the previous one. It is sent ACK_FLUSH_INTERVAL_S after the
@@ -694,7 +693,7 @@ class Subscription:
         try:
             # The broker sends headers once it has opened the group: the handshake
             # that lets subscribe() return only when the member is in the group.
-            if any(key == MEMBER_HEADER for key, _ in call.initial_metadata() or ()):
+            if any(key == metadata_keys.MEMBER_ID for key, _ in call.initial_metadata() or ()):
                 self._started.set()
             self._workers.serve(_Feed(call, self._leases))
         finally:

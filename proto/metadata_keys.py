@@ -1,0 +1,31 @@
+"""gRPC metadata keys both sides send or read: one spelling, defined once.
+
+Metadata keys are lower-case ASCII (gRPC requires it). Trailing metadata on a
+failed call carries numbers and reasons so that clients never parse message
+text.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AUTHORIZATION",
+    "END_OFFSET",
+    "MEMBER_ID",
+    "OFFSET",
+    "OFFSET_KEYS",
+    "START_OFFSET",
+    "STREAM",
+]
+
+# Request metadata: ``authorization: Bearer <token>`` when the broker has a token.
+AUTHORIZATION = "authorization"
+# Request metadata of shared-group calls: the consumer member the call is for.
+MEMBER_ID = "x-npstream-member-id"
+
+# Trailing metadata of OUT_OF_RANGE errors: the stream, the offset asked for
+# and the stream's [start, end) at the time of the call, as decimal strings.
+STREAM = "x-npstream-stream"
+OFFSET = "x-npstream-offset"
+START_OFFSET = "x-npstream-start-offset"
+END_OFFSET = "x-npstream-end-offset"
+OFFSET_KEYS = (STREAM, OFFSET, START_OFFSET, END_OFFSET)
