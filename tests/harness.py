@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["REPO_ROOT", "BrokerProcess"]
+__all__ = ["REPO_ROOT", "BrokerProcess", "build_wheel"]
 
 # The repository checkout the tests run from (docs, examples, bench, conf).
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -116,3 +117,25 @@ class BrokerProcess:
 
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+
+def build_wheel(work: Path) -> tuple[Path, str]:
+    """Build the wheel from a copy of the packaged sources; return it and pip's output.
+
+    A copy, so that no build/ or egg-info lands in the shared tree; the output
+    (pip -v, which shows the build backend's messages) lets tests check that
+    the build prints no setuptools warnings.
+    """
+    source = work / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (REPO_ROOT / name).exists():
+            shutil.copy2(REPO_ROOT / name, source / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for package_root in ("connector", "broker", "proto"):  # pyproject's package-dir
+        shutil.copytree(REPO_ROOT / package_root, source / package_root, ignore=ignore)
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps",
+                             "--no-build-isolation", "-w", str(work / "dist"), str(source)],
+                            check=True, timeout=300, capture_output=True, text=True)
+    (wheel,) = (work / "dist").glob("npstream-*.whl")
+    return wheel, result.stdout + result.stderr

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import REPO_ROOT
+from harness import REPO_ROOT, build_wheel
 from npstream.spark import FORMAT, NpstreamDataSource, register
 from npstream.spark.batch_reader import pushdown_requested
 
@@ -74,27 +73,11 @@ DISCOVERY_JOB = textwrap.dedent("""
 """)
 
 
-def build_wheel(work: Path) -> Path:
-    """Build from a copy of the packaged sources so no build/ lands in the shared tree."""
-    source = work / "src"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        if (REPO / name).exists():
-            shutil.copy2(REPO / name, source / name)
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for package_root in ("connector", "broker", "proto"):  # pyproject's package-dir
-        shutil.copytree(REPO / package_root, source / package_root, ignore=ignore)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "--quiet", "-w", str(work / "dist"), str(source)], check=True, timeout=300)
-    (wheel,) = (work / "dist").glob("npstream-*.whl")
-    return wheel
-
-
 @pytest.mark.slow
 def test_discovery_from_wheel_install_reads_without_register(broker, client, stream_name,
                                                               tmp_path):
     client.publish_batch(stream_name, [{"value": f"m{i}"} for i in range(4)])
-    wheel = build_wheel(tmp_path)
+    wheel, _ = build_wheel(tmp_path)
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--quiet",
                     "--target", str(target), str(wheel)], check=True, timeout=300)
