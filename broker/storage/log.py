@@ -61,7 +61,7 @@ from npstream.broker.storage.reader import (
     LogView,
     locate_range,
     offset_for_timestamp,
-    read_range,
+    read_stored_batches,
     timestamp_at,
 )
 from npstream.broker.storage.results import AppendResult, LogStats, ReadResult, StoredRow
@@ -481,9 +481,9 @@ class StreamLog:
         """Stored batches from ``offset``; OffsetOutOfRangeError outside [start, end]."""
         self._check_readable()
         try:
-            return read_range(self._view, self._cache, self.name, offset,
-                              max_messages=max_messages, max_bytes=max_bytes,
-                              end_offset=end_offset)
+            return read_stored_batches(self._view, self._cache, self.name, offset,
+                                       max_messages=max_messages, max_bytes=max_bytes,
+                                       end_offset=end_offset)
         except FileNotFoundError:  # retention deleted the segment under the read
             view = self._view
             raise OffsetOutOfRangeError(self.name, offset, view.start, view.end) from None

@@ -40,7 +40,7 @@ __all__ = [
     "iter_frames",
     "locate_range",
     "offset_for_timestamp",
-    "read_range",
+    "read_stored_batches",
     "timestamp_at",
 ]
 
@@ -127,7 +127,7 @@ def _range_stop(view: LogView, stream: str, offset: int, max_messages: int,
     return min(stop, offset + max(0, max_messages))
 
 
-def read_range(
+def read_stored_batches(
     view: LogView, cache: FileCache, stream: str, offset: int, *, max_messages: int,
     max_bytes: int, end_offset: int | None,
 ) -> ReadResult:

@@ -11,6 +11,7 @@ import datetime as dt
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from npstream.client import group_rpc
 from npstream.client.values import ms_to_iso
 from npstream.errors import InvalidArgument
 from npstream.proto import pb
@@ -113,20 +114,17 @@ def _check(stream: str, group: str | None = None) -> None:
 def list_groups(client: Client, stream: str) -> list[GroupInfo]:
     """Every group of the stream, by name."""
     _check(stream)
-    response = client.call("GroupService.ListGroups", pb.ListGroupsRequest(stream=stream))
+    response = group_rpc.list_groups(client, stream)
     return [GroupInfo.from_pb(g) for g in response.groups]
 
 
 def describe_group(client: Client, stream: str, group: str) -> GroupInfo:
     """One group; GroupNotFound when it does not exist."""
     _check(stream, group)
-    return GroupInfo.from_pb(client.call(
-        "GroupService.DescribeGroup", pb.DescribeGroupRequest(stream=stream, group=group)))
+    return GroupInfo.from_pb(group_rpc.describe_group(client, stream, group))
 
 
 def delete_group(client: Client, stream: str, group: str) -> bool:
     """Delete the group (position, settings, leases); False when there was none."""
     _check(stream, group)
-    response = client.call("GroupService.DeleteGroup",
-                           pb.DeleteGroupRequest(stream=stream, group=group))
-    return bool(response.deleted)
+    return bool(group_rpc.delete_group(client, stream, group).deleted)

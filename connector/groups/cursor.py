@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from npstream.client import group_rpc
 from npstream.errors import InvalidArgument
 from npstream.proto import pb
 from npstream.proto.names import validate_group_name, validate_stream_name
@@ -199,10 +200,7 @@ class Consumer:
         self.stream = stream
         self.group = group
         where = start_from_pb(start_from) if start_from is not None else None
-        request = pb.OpenConsumerRequest(stream=stream, group=group)
-        if where is not None:
-            request.start_from.CopyFrom(where)
-        response = client.call("GroupService.OpenConsumer", request)
+        response = group_rpc.open_consumer(client, stream, group, where)
         self.created: bool = response.created
         self.start_from_ignored: bool = response.start_from_ignored
         self._position: int = response.position.committed_offset
@@ -224,13 +222,8 @@ class Consumer:
             raise InvalidArgument(f"limit={limit} must be >= 1")
         if wait < 0:
             raise InvalidArgument(f"wait={wait} must be >= 0 seconds")
-        response = self.client.call(
-            "GroupService.Pull",
-            pb.PullRequest(stream=self.stream, group=self.group, limit=limit,
-                           wait_ms=int(wait * 1000), auto_commit=auto_commit),
-            timeout=self.client.timeout + wait,
-            idempotent=not auto_commit,  # a retried auto-commit pull would skip messages
-        )
+        response = group_rpc.pull(self.client, self.stream, self.group, limit=limit, wait=wait,
+                                  auto_commit=auto_commit)
         result = MessageTable(_table(list(response.batches)))
         self._position = response.next_offset
         if len(result):
@@ -246,16 +239,12 @@ class Consumer:
         """
         if offset is not None and next_offset is not None:
             raise InvalidArgument("give offset or next_offset, not both")
-        request = pb.CommitRequest(stream=self.stream, group=self.group)
-        if next_offset is not None:
-            request.next_offset = next_offset
-        elif offset is not None:
-            request.offset = offset
-        elif self._last_pulled is not None:
-            request.offset = self._last_pulled
-        else:
-            raise InvalidArgument("nothing pulled yet: give the offset to commit")
-        response = self.client.call("GroupService.Commit", request)
+        if next_offset is None and offset is None:
+            if self._last_pulled is None:
+                raise InvalidArgument("nothing pulled yet: give the offset to commit")
+            offset = self._last_pulled
+        response = group_rpc.commit(self.client, self.stream, self.group, offset=offset,
+                                    next_offset=next_offset)
         self._position = response.position.committed_offset
         return self._position
 
@@ -278,9 +267,7 @@ class Consumer:
             where = start_from_pb({"timestamp": timestamp}, "timestamp")
         else:
             where = start_from_pb(to, "seek target")
-        response = self.client.call(
-            "GroupService.Seek", pb.SeekRequest(stream=self.stream, group=self.group, to=where)
-        )
+        response = group_rpc.seek(self.client, self.stream, self.group, where)
         self._position = response.position.committed_offset
         self._last_pulled = None
         return SeekResult(self._position, response.clamped_to_start, response.clamped_to_end)

@@ -36,7 +36,7 @@ from pyspark.sql.datasource import (
 
 from npstream.spark.options import InvalidOptionError, ReadOptions
 from npstream.spark.partitioning import OffsetRange, split_ranges
-from npstream.spark.range_reader import RangePartition, read_range
+from npstream.spark.range_reader import RangePartition, read_partition
 from npstream.spark.stream_reader import check_start, resolve_start, subscribed_bounds
 
 if TYPE_CHECKING:
@@ -267,7 +267,7 @@ class NpstreamBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
-        return read_range(self._options, partition)
+        return read_partition(self._options, partition)
 
 
 class NpstreamPushdownBatchReader(NpstreamBatchReader):

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RangePartition",
     "arrow_read_schema",
-    "read_range",
+    "read_partition",
     "spark_read_schema",
     "to_spark_batch",
 ]
@@ -113,8 +113,8 @@ class RangePartition(InputPartition):
         return hash(self.value)
 
 
-def read_range(options: ReadOptions, part: RangePartition,
-               client: Client | None = None) -> Iterator[pa.RecordBatch]:
+def read_partition(options: ReadOptions, part: RangePartition,
+                   client: Client | None = None) -> Iterator[pa.RecordBatch]:
     """Yield every message of ``part`` as Spark-ready batches (task side).
 
     Opens its own client unless one is given. A gap left by retention, a

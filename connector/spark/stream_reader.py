@@ -34,7 +34,7 @@ from npstream.spark.data_loss import report_data_loss
 from npstream.spark.offsets import SourceOffset
 from npstream.spark.options import InvalidOptionError, ReadOptions
 from npstream.spark.partitioning import OffsetRange, prorate, split_ranges
-from npstream.spark.range_reader import RangePartition, read_range
+from npstream.spark.range_reader import RangePartition, read_partition
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -72,11 +72,9 @@ def subscribed_bounds(client: Client, options: ReadOptions) -> Bounds:
 def group_position(client: Client, stream: str, group: str) -> int | None:
     """The group's committed offset on the stream; None when the group does not exist."""
     from npstream.errors import GroupNotFound, StreamNotFound
-    from npstream.proto import pb
 
     try:
-        info = client.call("GroupService.DescribeGroup",
-                           pb.DescribeGroupRequest(stream=stream, group=group))
+        info = client.describe_group(stream, group)
     except (GroupNotFound, StreamNotFound):
         return None
     return int(info.committed_offset)
@@ -306,7 +304,7 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
-        return read_range(self._options, partition)
+        return read_partition(self._options, partition)
 
     # ------------------------------------------------------------ driver: progress
 
@@ -344,15 +342,14 @@ def _is_fresh(position: int | None, end: int) -> bool:
 
 def commit_group_position(client: Client, stream: str, group: str, next_offset: int) -> None:
     """Set the group's position to ``next_offset``, creating the group when it is new."""
+    from npstream.client import group_rpc
     from npstream.errors import GroupNotFound, StreamNotFound
     from npstream.proto import pb
 
-    request = pb.CommitRequest(stream=stream, group=group, next_offset=next_offset)
     try:
-        client.call("GroupService.Commit", request)
+        group_rpc.commit(client, stream, group, next_offset=next_offset)
     except StreamNotFound:
         log.debug("not committing group '%s': stream '%s' no longer exists", group, stream)
     except GroupNotFound:
-        client.call("GroupService.OpenConsumer", pb.OpenConsumerRequest(
-            stream=stream, group=group, start_from=pb.StartFrom(offset=next_offset)))
-        client.call("GroupService.Commit", request)
+        group_rpc.open_consumer(client, stream, group, pb.StartFrom(offset=next_offset))
+        group_rpc.commit(client, stream, group, next_offset=next_offset)

@@ -61,7 +61,7 @@ def test_list_streams_prefix_pattern_and_every_page(client, stream_name, monkeyp
     for name in names:
         client.create_stream(name)
     client.create_stream(f"x{stream_name}")
-    monkeypatch.setattr("npstream.client.client.LIST_PAGE_SIZE", 2)  # 5 streams = 3 pages
+    monkeypatch.setattr("npstream.client.stream_admin.LIST_PAGE_SIZE", 2)  # 5 streams = 3 pages
     assert [s.name for s in client.list_streams(prefix=f"{stream_name}-")] == names
     assert [s.name for s in client.list_streams(pattern=f"{stream_name}-[13]")] == [
         names[1], names[3]]

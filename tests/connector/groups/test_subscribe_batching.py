@@ -9,7 +9,8 @@ import time
 import grpc
 
 from npstream import Client
-from npstream.groups.shared import ACK_FLUSH_INTERVAL_S, SubscriptionStats, _Connection, _Counters
+from npstream.groups.outbox import ACK_FLUSH_INTERVAL_S, Outbox
+from npstream.groups.subscription import SubscriptionCounters, SubscriptionStats
 from npstream.proto import pb, pb_grpc
 
 
@@ -125,13 +126,13 @@ def test_subscribe_batches_never_exceed_credits_and_take_all_ready(client, strea
 # ---------------------------------------------------------------- the client's outbox
 
 
-def opened(credits: int = 4) -> _Connection:
+def opened(credits: int = 4) -> Outbox:
     opening = pb.SubscribeRequest(credits=credits)
     opening.open.stream = "s"
-    return _Connection(opening, credit_batch=4, counters=_Counters())
+    return Outbox(opening, credit_batch=4, counters=SubscriptionCounters())
 
 
-def sent_by(connection: _Connection) -> queue.SimpleQueue:
+def sent_by(connection: Outbox) -> queue.SimpleQueue:
     """Run the request iterator like gRPC's sender thread; (monotonic time, request) items."""
     out: queue.SimpleQueue = queue.SimpleQueue()
 

@@ -1,0 +1,144 @@
+"""GroupService as typed calls: the one place on the client side that names its methods.
+
+The group code (``npstream.groups``) and the Spark reader build on these
+instead of ``client.call("GroupService.X", request)``, so a method name
+is spelled once, a caller sees the response type it gets back, and the
+per-RPC call rules live with the RPC: the timeout of a long poll grows by its
+wait, an auto-commit Pull is never resent (a retry would skip messages).
+
+Arguments are not checked here; the public methods that take them from users
+(``npstream.groups``) check names and values first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from npstream.proto import pb
+
+if TYPE_CHECKING:
+    from npstream.client.connection import StreamingCall
+    from npstream.client.core import ClientCore
+
+__all__ = [
+    "SUBSCRIBE_RPC",
+    "ack",
+    "commit",
+    "delete_group",
+    "describe_group",
+    "list_groups",
+    "nack",
+    "open_consumer",
+    "pull",
+    "receive",
+    "seek",
+    "subscribe_batches",
+]
+
+# The rpc subscriptions use; GroupService.Subscribe (one message per delivery)
+# is kept on the broker for older clients.
+SUBSCRIBE_RPC = "GroupService.SubscribeBatches"
+
+
+# ---------------------------------------------------------------- cursor groups
+
+def open_consumer(client: ClientCore, stream: str, group: str,
+                  start_from: pb.StartFrom | None = None) -> pb.OpenConsumerResponse:
+    """Open (and create, at ``start_from``, if new) a cursor group."""
+    request = pb.OpenConsumerRequest(stream=stream, group=group)
+    if start_from is not None:
+        request.start_from.CopyFrom(start_from)
+    response: pb.OpenConsumerResponse = client.call("GroupService.OpenConsumer", request)
+    return response
+
+
+def pull(client: ClientCore, stream: str, group: str, *, limit: int, wait: float,
+         auto_commit: bool) -> pb.PullResponse:
+    """The next messages after the group's position; ``wait`` seconds long-polls."""
+    response: pb.PullResponse = client.call(
+        "GroupService.Pull",
+        pb.PullRequest(stream=stream, group=group, limit=limit,
+                       wait_ms=int(wait * 1000), auto_commit=auto_commit),
+        timeout=client.timeout + wait,
+        idempotent=not auto_commit,  # a retried auto-commit pull would skip messages
+    )
+    return response
+
+
+def commit(client: ClientCore, stream: str, group: str, *, offset: int | None = None,
+           next_offset: int | None = None) -> pb.CommitResponse:
+    """Move the group past ``offset``, or to ``next_offset`` (give one of them)."""
+    request = pb.CommitRequest(stream=stream, group=group)
+    if next_offset is not None:
+        request.next_offset = next_offset
+    elif offset is not None:
+        request.offset = offset
+    response: pb.CommitResponse = client.call("GroupService.Commit", request)
+    return response
+
+
+def seek(client: ClientCore, stream: str, group: str, to: pb.StartFrom) -> pb.SeekResponse:
+    """Move the group to ``to`` (clamped to the stream)."""
+    response: pb.SeekResponse = client.call(
+        "GroupService.Seek", pb.SeekRequest(stream=stream, group=group, to=to))
+    return response
+
+
+# ---------------------------------------------------------------- any group
+
+def list_groups(client: ClientCore, stream: str) -> pb.ListGroupsResponse:
+    """Every group of the stream."""
+    response: pb.ListGroupsResponse = client.call(
+        "GroupService.ListGroups", pb.ListGroupsRequest(stream=stream))
+    return response
+
+
+def describe_group(client: ClientCore, stream: str, group: str) -> pb.GroupInfo:
+    """One group's state; GroupNotFound when it does not exist."""
+    response: pb.GroupInfo = client.call(
+        "GroupService.DescribeGroup", pb.DescribeGroupRequest(stream=stream, group=group))
+    return response
+
+
+def delete_group(client: ClientCore, stream: str, group: str) -> pb.DeleteGroupResponse:
+    """Delete the group's position, settings and leases."""
+    response: pb.DeleteGroupResponse = client.call(
+        "GroupService.DeleteGroup", pb.DeleteGroupRequest(stream=stream, group=group))
+    return response
+
+
+# ---------------------------------------------------------------- shared groups
+
+def receive(client: ClientCore, stream: str, group: str, *, member_id: str, max_messages: int,
+            wait: float, config: pb.SharedGroupConfig) -> pb.ReceiveResponse:
+    """Lease up to ``max_messages``; ``wait`` seconds long-polls."""
+    response: pb.ReceiveResponse = client.call(
+        "GroupService.Receive",
+        pb.ReceiveRequest(stream=stream, group=group, member_id=member_id,
+                          max_messages=max_messages, wait_ms=int(wait * 1000), config=config),
+        timeout=client.timeout + wait,
+    )
+    return response
+
+
+def ack(client: ClientCore, stream: str, group: str, offsets: Sequence[int],
+        member_id: str = "") -> pb.AckResponse:
+    """Settle leases as done."""
+    response: pb.AckResponse = client.call("GroupService.Ack", pb.AckRequest(
+        stream=stream, group=group, offsets=offsets, member_id=member_id))
+    return response
+
+
+def nack(client: ClientCore, stream: str, group: str, offsets: Sequence[int], *,
+         delay_ms: int, member_id: str = "") -> pb.NackResponse:
+    """Settle leases as not done: redeliver after ``delay_ms``."""
+    response: pb.NackResponse = client.call("GroupService.Nack", pb.NackRequest(
+        stream=stream, group=group, offsets=offsets, delay_ms=delay_ms, member_id=member_id))
+    return response
+
+
+def subscribe_batches(client: ClientCore,
+                      requests: Iterable[pb.SubscribeRequest]) -> StreamingCall:
+    """Open a push subscription call; its responses are ``pb.DeliveryBatch``es. Not retried."""
+    return client.stream(SUBSCRIBE_RPC, requests)

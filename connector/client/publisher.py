@@ -1,0 +1,252 @@
+"""The publishing part of ``npstream.Client``: ``publish`` and ``publish_batch``.
+
+Kept apart because publishing is where the client decides how data travels:
+one message as a unary call; a table as ~4 MiB Arrow IPC requests, pipelined
+on one PublishStream call (``npstream.client.publishing``) with a fallback
+to one unary call at a time when the broker lacks PublishStream or the stream
+broke where a resend is safe; an iterator of tables streamed without
+fallback, since it cannot be rewound. The retry rule for publishes (no blind
+resend without ids) is applied here, per request.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, cast
+
+import grpc
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from npstream.client.batching import (
+    encode_ipc_stream,
+    encode_publish_request,
+    iter_slices,
+    row_sizes,
+    split_rows,
+)
+from npstream.client.checks import checked_stream
+from npstream.client.connection import StreamingCall
+from npstream.client.core import ClientCore
+from npstream.client.models import BatchPublishResult, PublishResult
+from npstream.client.publishing import NotSent, PublishTally, RequestPlan, pipelined
+from npstream.client.values import encode_headers, encode_key, encode_value, messages_to_table
+from npstream.errors import BrokerUnavailable, InvalidArgument, NpstreamError
+from npstream.proto import pb
+from npstream.proto.schema import normalize_publish_table
+
+__all__ = ["Publisher"]
+
+log = logging.getLogger(__name__)
+
+_ACKS = {"fsync": pb.ACK_FSYNC, "write": pb.ACK_WRITE}
+
+
+def _ack(ack: str) -> pb.Ack:
+    try:
+        return _ACKS[ack]
+    except (KeyError, TypeError):
+        raise InvalidArgument(f"invalid ack {ack!r}: use 'fsync' or 'write'") from None
+
+
+_NOTHING = object()  # an empty iterable of messages
+
+
+def _publish_table(data: pa.Table | pa.RecordBatch) -> pa.Table:
+    try:
+        return normalize_publish_table(data)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+
+
+def _all_have_ids(table: pa.Table) -> bool:
+    """True when every row carries a non-empty id: the broker's dedup makes a resend safe."""
+    if "id" not in table.column_names:
+        return False
+    ids = table.column("id")
+    return ids.null_count == 0 and bool(pc.all(pc.greater(pc.binary_length(ids), 0)).as_py())
+
+
+class Publisher(ClientCore):
+    """Publishing methods of ``Client`` (docs/client.md, "Publishing")."""
+
+    def publish(
+        self,
+        stream: str,
+        value: object,
+        id: str | None = None,
+        key: bytes | str | None = None,
+        headers: Mapping[str, bytes | str] | None = None,
+        ack: str = "fsync",
+    ) -> PublishResult:
+        """Append one message; with an ``id`` a resend within the dedup window is a no-op."""
+        if id is not None and not isinstance(id, str):
+            raise InvalidArgument(f"id must be str, got {type(id).__name__}: {id!r}")
+        message = pb.Message(
+            id=id or "", value=encode_value(value), headers=encode_headers(headers)
+        )
+        encoded_key = encode_key(key)
+        if encoded_key is not None:
+            message.key = encoded_key
+        request = pb.PublishRequest(stream=checked_stream(stream), messages=[message],
+                                    ack=_ack(ack))
+        response = self.call("StreamService.Publish", request, idempotent=bool(id))
+        if response.duplicates:
+            return PublishResult(offset=response.duplicates[0].offset, duplicate=True)
+        return PublishResult(offset=response.first_offset, duplicate=False)
+
+    def publish_batch(
+        self,
+        stream: str,
+        messages: (Sequence[Mapping[str, Any]] | pa.Table | pa.RecordBatch
+                   | Iterable[pa.Table | pa.RecordBatch]),
+        ack: str = "fsync",
+    ) -> BatchPublishResult:
+        """Append many messages in order, as Arrow IPC requests of about 4 MiB each.
+
+        ``messages`` is a list of dicts (keys value/id/key/headers), a pyarrow
+        Table/RecordBatch with PUBLISH_COLUMNS (value required), or an iterable
+        of such tables (e.g. a generator or ``ParquetFile.iter_batches()``):
+        all of them are published in order on one PublishStream call, each
+        table read from the iterator only when the requests before it are on
+        the wire, so memory stays bounded and building the next table
+        overlaps sending the previous ones. A table of
+        several requests goes on one PublishStream call with up to
+        PUBLISH_WINDOW requests in flight (their fsyncs overlap); offsets still
+        follow the input order. Nothing of a request is stored when the broker
+        rejects it (e.g. an oversized message); earlier requests stay stored,
+        later ones are not stored, and the raised error carries a note saying
+        how many rows were stored.
+        """
+        name = checked_stream(stream)
+        ack_mode = _ack(ack)
+        if isinstance(messages, (pa.Table, pa.RecordBatch)):
+            table = _publish_table(messages)
+        else:
+            items = iter(messages)
+            first = next(items, _NOTHING)
+            if first is _NOTHING:
+                table = messages_to_table([])
+            elif not isinstance(first, (pa.Table, pa.RecordBatch)):
+                # dicts, in a list or any iterable
+                table = messages_to_table(cast(list[Mapping[str, Any]], [first, *items]))
+            else:
+                return self._publish_tables(name, itertools.chain([first], items), ack_mode)
+        if table.num_rows == 0:
+            return BatchPublishResult(first_offset=-1, stored_count=0, duplicates=[], offsets=[])
+        safe_to_resend = _all_have_ids(table)
+        ranges = split_rows(row_sizes(table))
+        tally = PublishTally()
+        try:
+            if len(ranges) > 1:
+                self._publish_pipelined(name, table, ranges, ack_mode, safe_to_resend, tally)
+            else:
+                self._publish_one_by_one(name, table, ranges, ack_mode, safe_to_resend, tally)
+        except NpstreamError as exc:
+            tally.note_failure(exc)
+            raise
+        log.debug("published %d message(s) to '%s' in %d request(s): %d stored, %d duplicate(s)",
+                  table.num_rows, name, len(ranges), tally.stored, len(tally.duplicates))
+        return tally.result()
+
+    def _publish_tables(
+        self, name: str, tables: Iterator[pa.Table | pa.RecordBatch], ack_mode: pb.Ack
+    ) -> BatchPublishResult:
+        """An iterator of tables as one stream of requests (see publish_batch).
+
+        The tables are built by the caller's iterator while earlier requests
+        are in flight. No fallback to unary calls: the input cannot be rewound.
+        """
+
+        def prepare(item: object) -> tuple[pa.Table, list[tuple[int, int]]]:
+            if not isinstance(item, (pa.Table, pa.RecordBatch)):
+                raise InvalidArgument("publish_batch iterates pyarrow Tables or RecordBatches, "
+                                      f"got {type(item).__name__}")
+            table = _publish_table(item)
+            return table, split_rows(row_sizes(table)) if table.num_rows else []
+
+        plan = RequestPlan(tables, prepare,
+                           lambda part: encode_publish_request(name, ack_mode, part))
+        tally = PublishTally()
+        try:
+            for index, response in enumerate(pipelined(
+                functools.partial(self._open_publish_stream, timeout=None),
+                iter(plan),
+            )):
+                start, stop = plan.ranges[index]
+                tally.add(start, stop - start, response)
+            if plan.error is not None:
+                raise plan.error
+        except NpstreamError as exc:
+            if exc.code == grpc.StatusCode.UNIMPLEMENTED and not tally.rows_done:
+                # An older broker: nothing was stored, and the tables already taken
+                # from the caller's iterator cannot be given back for unary calls.
+                raise NpstreamError(
+                    f"the broker at {self.address} has no StreamService.PublishStream (it "
+                    "predates it), which publish_batch needs for an iterator of tables; "
+                    "nothing was stored: pass one Table (sent with unary calls) or upgrade "
+                    "the broker", code=exc.code) from exc
+            tally.note_failure(exc)
+            raise
+        except Exception as exc:  # the caller's iterator failed
+            tally.note_failure(exc)
+            raise
+        log.debug("published %d message(s) to '%s' in %d request(s) from an iterator",
+                  tally.rows_done, name, len(plan.ranges))
+        return tally.result()
+
+    def _open_publish_stream(self, requests: Iterable[bytes], *,
+                             timeout: float | None) -> StreamingCall:
+        """A PublishStream call sending ``requests`` (PublishRequest wire bytes)."""
+        return self._conn.stream_serialized("StreamService.PublishStream", requests,
+                                            pb.PublishResponse, timeout=timeout)
+
+    def _publish_one_by_one(
+        self, name: str, table: pa.Table, ranges: list[tuple[int, int]], ack_mode: pb.Ack,
+        safe_to_resend: bool, tally: PublishTally,
+    ) -> None:
+        """Unary Publish per request, each after the previous one's reply (and retried)."""
+        for (start, _stop), part in zip(ranges, iter_slices(table, ranges), strict=True):
+            request = pb.PublishRequest(
+                stream=name, arrow_stream=encode_ipc_stream(part), ack=ack_mode
+            )
+            response = self.call("StreamService.Publish", request, idempotent=safe_to_resend)
+            tally.add(start, part.num_rows, response)
+
+    def _publish_pipelined(
+        self, name: str, table: pa.Table, ranges: list[tuple[int, int]], ack_mode: pb.Ack,
+        safe_to_resend: bool, tally: PublishTally,
+    ) -> None:
+        """All requests on one PublishStream call, several in flight (publishing.py).
+
+        Falls back to one unary call at a time from the first request without
+        a reply when the broker has no PublishStream (UNIMPLEMENTED), and when
+        the stream broke (UNAVAILABLE) where a unary retry would be allowed:
+        every row has an id, or the call never reached the broker.
+        """
+        requests = (encode_publish_request(name, ack_mode, part)
+                    for part in iter_slices(table, ranges))
+        done = 0
+        try:
+            for response in pipelined(
+                functools.partial(self._open_publish_stream,
+                                  timeout=self.timeout * len(ranges)),
+                requests,
+            ):
+                start, stop = ranges[done]
+                tally.add(start, stop - start, response)
+                done += 1
+        except NpstreamError as exc:
+            unimplemented = exc.code == grpc.StatusCode.UNIMPLEMENTED
+            retryable = isinstance(exc, NotSent) or (
+                isinstance(exc, BrokerUnavailable) and safe_to_resend
+            )
+            if not (unimplemented or retryable):
+                raise
+            log.debug("publish stream to '%s' failed after %d of %d request(s) (%s); "
+                      "sending the rest one at a time", name, done, len(ranges), exc)
+            self._publish_one_by_one(name, table, ranges[done:], ack_mode, safe_to_resend,
+                                     tally)

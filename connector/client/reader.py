@@ -1,0 +1,260 @@
+"""The reading part of ``npstream.Client``: fetches, exact range reads, offset lookups.
+
+Kept apart because reading is where the client chooses a path for the bytes:
+on the broker's machine the stored frames are read straight from its segment
+files (``npstream.client.local_reads``, after one Locate call), elsewhere one
+Fetch or one server-streaming ReadRange call. Either way the broker's stored
+record batches are decoded without per-row work and only trimmed at the
+range edges, so the choice never shows in the result.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Iterable, Iterator
+from typing import NoReturn
+
+import pyarrow as pa
+
+from npstream.client.checks import checked_offset, checked_stream, parsed
+from npstream.client.core import ClientCore
+from npstream.client.local_reads import (
+    LocalReadUnavailable,
+    LocalSpans,
+    check_same_host,
+    iter_local,
+)
+from npstream.errors import InvalidArgument, OffsetOutOfRange
+from npstream.proto import pb
+from npstream.proto.schema import MESSAGE_SCHEMA
+from npstream.proto.units import parse_timestamp_ms
+
+__all__ = ["DEFAULT_FETCH_BYTES", "DEFAULT_FETCH_MESSAGES", "Reader"]
+
+log = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------- tuning
+# Defaults of fetch(); 0 on the wire would mean the same, but explicit values
+# make the docs and the code agree.
+DEFAULT_FETCH_MESSAGES = 10_000
+DEFAULT_FETCH_BYTES = 8 << 20
+MAX_INT32 = (1 << 31) - 1  # FetchRequest.max_messages is an int32
+
+
+def _decode_batches(batches: Iterable[bytes]) -> list[pa.RecordBatch]:
+    return [pa.ipc.read_record_batch(pa.py_buffer(data), MESSAGE_SCHEMA) for data in batches]
+
+
+def _trim(batch: pa.RecordBatch, start: int, end: int | None) -> pa.RecordBatch:
+    """Cut a batch to [start, end) by its (dense) offsets; O(1) unless it must cut."""
+    if batch.num_rows == 0:
+        return batch
+    offsets = batch.column(0)
+    first, last = offsets[0].as_py(), offsets[-1].as_py()
+    if first >= start and (end is None or last < end):
+        return batch
+    lo = max(start - first, 0)
+    hi = batch.num_rows if end is None else min(end - first, batch.num_rows)
+    return batch.slice(lo, max(hi - lo, 0))
+
+
+class Reader(ClientCore):
+    """Reading methods of ``Client`` (docs/client.md, "Reading")."""
+
+    def _fetch(
+        self,
+        stream: str,
+        offset: int,
+        max_messages: int,
+        max_bytes: int,
+        wait: float,
+        end_offset: int | None,
+    ) -> pb.FetchResponse:
+        if max_messages <= 0 or max_bytes <= 0:
+            raise InvalidArgument(
+                f"max_messages and max_bytes must be > 0, got {max_messages} and {max_bytes}"
+            )
+        if wait < 0:
+            raise InvalidArgument(f"wait must be >= 0 seconds, got {wait!r}")
+        request = pb.FetchRequest(
+            stream=checked_stream(stream),
+            offset=checked_offset("offset", offset),
+            max_messages=max_messages,
+            max_bytes=max_bytes,
+            wait_ms=int(wait * 1000),
+            end_offset=0 if end_offset is None else end_offset,
+        )
+        return self.call("StreamService.Fetch", request, timeout=self.timeout + wait)
+
+    def fetch_batches(
+        self,
+        stream: str,
+        offset: int,
+        *,
+        end_offset: int | None = None,
+        max_messages: int = DEFAULT_FETCH_MESSAGES,
+        max_bytes: int = DEFAULT_FETCH_BYTES,
+        wait: float = 0.0,
+    ) -> tuple[list[pa.RecordBatch], int]:
+        """Messages from ``offset`` (up to ``end_offset``, exclusive) as record batches.
+
+        Returns ``(batches, next_offset)``. ``wait`` > 0 long-polls when
+        ``offset`` is the end of the stream. The batches are decoded from the
+        broker's bytes without per-row work.
+        """
+        if end_offset is not None and checked_offset("end_offset", end_offset) <= offset:
+            return [], offset
+        response = self._fetch(stream, offset, max_messages, max_bytes, wait, end_offset)
+        batches = [
+            _trim(batch, offset, end_offset) for batch in _decode_batches(response.batches)
+        ]
+        return [b for b in batches if b.num_rows], max(response.next_offset, offset)
+
+    def fetch(
+        self,
+        stream: str,
+        offset: int,
+        max_messages: int = DEFAULT_FETCH_MESSAGES,
+        max_bytes: int = DEFAULT_FETCH_BYTES,
+        wait: float = 0.0,
+        end_offset: int | None = None,
+    ) -> pa.Table:
+        """Like ``fetch_batches`` but one Table (MESSAGE_SCHEMA; empty when nothing)."""
+        batches, _ = self.fetch_batches(
+            stream, offset, end_offset=end_offset, max_messages=max_messages,
+            max_bytes=max_bytes, wait=wait,
+        )
+        # from_batches, not Schema.empty_table(): the latter imports pandas (~0.5 s).
+        return pa.Table.from_batches(batches, schema=MESSAGE_SCHEMA)
+
+    def read_batches(
+        self,
+        stream: str,
+        offset: int,
+        *,
+        end_offset: int | None = None,
+        max_messages: int = DEFAULT_FETCH_MESSAGES,
+        max_bytes: int = DEFAULT_FETCH_BYTES,
+    ) -> tuple[list[pa.RecordBatch], int]:
+        """Like ``fetch_batches`` without a long poll, reading the broker's files when local.
+
+        On the broker's machine the stored frames are read from its segment
+        files (local reads, docs/client.md), else this is one Fetch. Errors
+        are Fetch's: OffsetOutOfRange, StreamNotFound.
+        """
+        if end_offset is not None and checked_offset("end_offset", end_offset) <= offset:
+            return [], offset
+        if self._local_reads:
+            located = self._locate(stream, offset, end_offset, max_messages)
+            if located is not None:
+                batches: list[pa.RecordBatch] = []
+                position, total = offset, 0
+                try:
+                    for batch, after, size in iter_local(located):
+                        batches.append(batch)
+                        position = after
+                        total += size
+                        if total >= max_bytes:
+                            break
+                    return batches, position
+                except LocalReadUnavailable as exc:
+                    self._local_read_failed(stream, exc)
+                    if batches:
+                        return batches, position
+        return self.fetch_batches(stream, offset, end_offset=end_offset,
+                                  max_messages=max_messages, max_bytes=max_bytes)
+
+    def _locate(self, stream: str, offset: int, end_offset: int | None,
+                max_messages: int) -> LocalSpans | None:
+        """Where [offset, end) is stored, or None when this client cannot read it locally."""
+        request = pb.FetchRequest(
+            stream=checked_stream(stream), offset=checked_offset("offset", offset),
+            max_messages=min(max_messages, MAX_INT32),
+            end_offset=0 if end_offset is None else end_offset,
+        )
+        response = self.call("StreamReadService.Locate", request)
+        try:
+            check_same_host(response)
+        except LocalReadUnavailable as exc:
+            self._local_read_failed(stream, exc)
+            return None
+        return LocalSpans(response, offset)
+
+    def _local_read_failed(self, stream: str, exc: LocalReadUnavailable) -> None:
+        if exc.permanent:
+            self._local_reads = False
+            log.info("local reads from %s are off for this client: %s", self.address, exc)
+        else:
+            log.debug("local read of stream '%s' fell back to gRPC: %s", stream, exc)
+
+    def read_range(
+        self, stream: str, start: int, end: int, *, max_bytes: int = DEFAULT_FETCH_BYTES
+    ) -> Iterator[pa.RecordBatch]:
+        """Every message in ``[start, end)``, as record batches, read as fast as the broker allows.
+
+        Local reads when the broker runs on this machine, else one
+        server-streaming ReadRange call; ``max_bytes`` bounds each step.
+        Raises OffsetOutOfRange when ``start`` is below the stream's
+        start_offset (retention removed it) or ``end`` is beyond its end_offset.
+        """
+        offset = checked_offset("start", start)
+        if checked_offset("end", end) < offset:
+            raise InvalidArgument(f"read_range: end {end} is before start {start}")
+        while offset < end and self._local_reads:
+            located = self._locate(stream, offset, end, end - offset)
+            if located is None:
+                break
+            if located.next_offset <= offset:
+                self._range_not_written(stream, start, end, located.response)
+            try:
+                for batch, after, _size in iter_local(located):
+                    offset = after
+                    yield batch
+            except LocalReadUnavailable as exc:
+                self._local_read_failed(stream, exc)
+                break
+        if offset >= end:
+            return
+        request = pb.FetchRequest(stream=checked_stream(stream), offset=offset, max_bytes=max_bytes,
+                                  end_offset=end)
+        response = None
+        for response in self._conn.server_stream("StreamReadService.ReadRange", request,
+                                                  timeout=None):
+            for batch in _decode_batches(response.batches):
+                batch = _trim(batch, offset, end)
+                if batch.num_rows:
+                    yield batch
+            offset = max(offset, response.next_offset)
+        if offset < end:
+            self._range_not_written(stream, start, end, response)
+
+    @staticmethod
+    def _range_not_written(stream: str, start: int, end: int,
+                           response: pb.FetchResponse | pb.LocateResponse | None) -> NoReturn:
+        first = response.start_offset if response is not None else -1
+        last = response.end_offset if response is not None else -1
+        raise OffsetOutOfRange(
+            f"range [{start}, {end}) of stream '{stream}' is not fully written: "
+            f"start_offset={first}, end_offset={last}",
+            stream=stream, offset=end, start_offset=first, end_offset=last,
+        )
+
+    def offset_for_timestamp(self, stream: str, ts: dt.datetime | str | int) -> int:
+        """First offset appended at or after ``ts`` (datetime, ISO-8601, epoch ms); else end."""
+        request = pb.OffsetForTimestampRequest(
+            stream=checked_stream(stream), timestamp_ms=parsed(parse_timestamp_ms, "ts", ts)
+        )
+        return int(self.call("StreamService.OffsetForTimestamp", request).offset)
+
+    def end_offsets(
+        self, streams: Iterable[str] | None = None, pattern: str | None = None
+    ) -> dict[str, tuple[int, int]]:
+        """``{stream: (start_offset, end_offset)}`` in one RPC; no arguments means every stream."""
+        names = [checked_stream(name) for name in streams] if streams is not None else []
+        if streams is None and pattern is None:
+            pattern = "*"
+        response = self.call(
+            "StreamService.EndOffsets", pb.EndOffsetsRequest(streams=names, pattern=pattern or "")
+        )
+        return {s.stream: (s.start_offset, s.end_offset) for s in response.streams}

@@ -1,0 +1,131 @@
+"""The streams part of ``npstream.Client``: create, describe, list, change, delete, repair.
+
+Kept apart from publishing and reading because it is the control plane:
+small unary calls whose arguments (names, durations, sizes) are checked here
+so that a mistake fails before a round trip, and whose effects are logged
+(docs/client.md, "Logging") since they change what every other client sees.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from npstream.client.checks import Duration, Size, checked_offset, checked_stream, parsed
+from npstream.client.core import ClientCore
+from npstream.client.models import RepairResult, StreamInfo
+from npstream.proto import pb
+from npstream.proto.units import parse_duration_ms, parse_size
+
+__all__ = ["LIST_PAGE_SIZE", "StreamAdmin"]
+
+log = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------- tuning
+# Page size for ListStreams (the broker's maximum is 10000).
+LIST_PAGE_SIZE = 1000
+
+
+def _config(
+    max_age: Duration | None,
+    max_bytes: Size | None,
+    dedup_window: Duration | None,
+    max_message_bytes: Size | None,
+) -> pb.StreamConfig:
+    """A wire StreamConfig with only the given fields set (absent = broker default)."""
+    config = pb.StreamConfig()
+    if max_age is not None:
+        config.max_age_ms = parsed(parse_duration_ms, "max_age", max_age)
+    if max_bytes is not None:
+        config.max_bytes = parsed(parse_size, "max_bytes", max_bytes)
+    if dedup_window is not None:
+        config.dedup_window_ms = parsed(parse_duration_ms, "dedup_window", dedup_window)
+    if max_message_bytes is not None:
+        config.max_message_bytes = parsed(parse_size, "max_message_bytes", max_message_bytes)
+    return config
+
+
+class StreamAdmin(ClientCore):
+    """Stream lifecycle methods of ``Client`` (docs/client.md, "Streams")."""
+
+    def create_stream(
+        self,
+        name: str,
+        max_age: Duration | None = None,
+        max_bytes: Size | None = None,
+        dedup_window: Duration | None = None,
+        max_message_bytes: Size | None = None,
+        exist_ok: bool = False,
+    ) -> StreamInfo:
+        request = pb.CreateStreamRequest(
+            name=checked_stream(name),
+            config=_config(max_age, max_bytes, dedup_window, max_message_bytes),
+            exist_ok=exist_ok,
+        )
+        info = StreamInfo.from_pb(self.call("StreamService.CreateStream", request))
+        log.info("created stream '%s' (or it existed): %s", info.name, info.config)
+        return info
+
+    def stream_info(self, name: str) -> StreamInfo:
+        request = pb.DescribeStreamRequest(name=checked_stream(name))
+        return StreamInfo.from_pb(self.call("StreamService.DescribeStream", request))
+
+    def list_streams(
+        self, prefix: str | None = None, pattern: str | None = None
+    ) -> list[StreamInfo]:
+        """Every stream matching ``prefix`` and/or the glob ``pattern``, sorted by the broker."""
+        streams: list[StreamInfo] = []
+        token = ""
+        while True:
+            response = self.call(
+                "StreamService.ListStreams",
+                pb.ListStreamsRequest(
+                    prefix=prefix or "", pattern=pattern or "", page_size=LIST_PAGE_SIZE,
+                    page_token=token,
+                ),
+            )
+            streams.extend(StreamInfo.from_pb(info) for info in response.streams)
+            token = response.next_page_token
+            if not token:
+                return streams
+
+    def update_stream(
+        self,
+        name: str,
+        max_age: Duration | None = None,
+        max_bytes: Size | None = None,
+        dedup_window: Duration | None = None,
+        max_message_bytes: Size | None = None,
+    ) -> StreamInfo:
+        """Change only the given settings (0 = unlimited/off); None leaves one as it is."""
+        request = pb.UpdateStreamRequest(
+            name=checked_stream(name),
+            config=_config(max_age, max_bytes, dedup_window, max_message_bytes),
+        )
+        info = StreamInfo.from_pb(self.call("StreamService.UpdateStream", request))
+        log.info("updated stream '%s': %s", info.name, info.config)
+        return info
+
+    def delete_stream(self, name: str) -> bool:
+        request = pb.DeleteStreamRequest(name=checked_stream(name))
+        response = self.call("StreamService.DeleteStream", request)
+        log.info("deleted stream '%s': %s", name, response.deleted)
+        return bool(response.deleted)
+
+    def delete_messages(self, name: str, before_offset: int | None = None) -> StreamInfo:
+        """Drop messages below ``before_offset`` (it becomes start_offset), or all when None."""
+        request = pb.DeleteMessagesRequest(name=checked_stream(name))
+        if before_offset is not None:
+            request.before_offset = checked_offset("before_offset", before_offset)
+        info = StreamInfo.from_pb(self.call("StreamService.DeleteMessages", request))
+        log.info("deleted messages of stream '%s' before offset %s: now [%d, %d)",
+                 name, "end" if before_offset is None else before_offset,
+                 info.start_offset, info.end_offset)
+        return info
+
+    def repair_stream(self, name: str) -> RepairResult:
+        request = pb.RepairStreamRequest(name=checked_stream(name))
+        response = self.call("StreamService.RepairStream", request)
+        result = RepairResult.from_pb(response)
+        log.warning("repaired stream '%s': truncated %d bytes at %s",
+                    name, result.truncated_bytes, result.detail)
+        return result

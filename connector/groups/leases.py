@@ -1,0 +1,157 @@
+"""Shared-group leases: what a consumer holds for one delivery, and how it is settled.
+
+Both ways of consuming a shared group (pull: ``npstream.groups.pull``; push:
+``npstream.groups.subscription``) hand out the same ``Lease`` and take the
+same group settings, so the lease, the settings check and the unary way of
+settling live here, under neither. A lease only knows a settle function: a
+pulled lease acks with a unary call, a pushed one rides its subscription's
+stream (and falls back to the unary call when that stream is gone).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from npstream.client import group_rpc
+from npstream.errors import InvalidArgument
+from npstream.proto import pb
+from npstream.proto.names import validate_group_name, validate_stream_name
+from npstream.proto.units import parse_duration_ms
+
+if TYPE_CHECKING:
+    from npstream.client.client import Client
+
+__all__ = [
+    "Lease",
+    "Settle",
+    "ack_leases",
+    "check_group",
+    "default_member_id",
+    "shared_group_config",
+    "unary_settler",
+]
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+# How a lease is settled: settle(lease, "ack" | "nack", delay_ms).
+Settle = Callable[["Lease", str, int], None]
+
+
+def default_member_id() -> str:
+    """"host-pid": one member per process for receive() unless member_id is given."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def shared_group_config(stream: str, ack_wait: object, max_deliver: int,
+                        backoff: Sequence[object] | None, dead_letter_stream: str | None
+                        ) -> pb.SharedGroupConfig:
+    """The group settings of a receive or subscribe call, checked before any round trip."""
+    try:
+        validate_stream_name(stream)
+        ack_wait_ms = parse_duration_ms(ack_wait)
+        backoff_ms = [parse_duration_ms(b) for b in (backoff or ())]
+        if dead_letter_stream is not None:
+            validate_stream_name(dead_letter_stream)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    if ack_wait_ms < 1:
+        raise InvalidArgument(f"ack_wait={ack_wait!r} must be at least 1 ms")
+    if isinstance(max_deliver, bool) or not isinstance(max_deliver, int) or max_deliver < 0:
+        raise InvalidArgument(f"max_deliver={max_deliver!r} must be an int >= 0 (0 = unlimited)")
+    return pb.SharedGroupConfig(ack_wait_ms=ack_wait_ms, max_deliver=max_deliver,
+                                backoff_ms=backoff_ms,
+                                dead_letter_stream=dead_letter_stream or "")
+
+
+def check_group(group: str) -> None:
+    """InvalidArgument unless ``group`` is a valid group name."""
+    try:
+        validate_group_name(group)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+
+
+@dataclass(eq=False)
+class Lease:
+    """One delivery of one message; settle it with ``ack()`` or ``nack(delay)``.
+
+    ``attempt`` is 1 on the first delivery. ``lease_expires_ms`` is when the
+    broker gives the message to someone else unless it is settled.
+    Settling twice is a no-op.
+    """
+
+    stream: str
+    group: str
+    offset: int
+    id: str
+    key: bytes | None
+    value: bytes
+    headers: dict[str, bytes]
+    timestamp_ms: int
+    attempt: int
+    lease_expires_ms: int
+    _settle: Settle = field(repr=False, compare=False)
+    settled: str = ""  # "", "ack" or "nack"
+
+    @classmethod
+    def from_pb(cls, stream: str, group: str, d: pb.Delivery, settle: Settle) -> Lease:
+        return cls(stream, group, d.offset, d.id, d.key if d.HasField("key") else None,
+                   d.value, dict(d.headers) if d.headers else {}, d.timestamp_ms, d.attempt,
+                   d.lease_expires_ms, settle)
+
+    @property
+    def timestamp(self) -> dt.datetime:
+        return _EPOCH + dt.timedelta(milliseconds=self.timestamp_ms)
+
+    @property
+    def lease_expires(self) -> dt.datetime:
+        return _EPOCH + dt.timedelta(milliseconds=self.lease_expires_ms)
+
+    def text(self) -> str:
+        return self.value.decode("utf-8")
+
+    def ack(self) -> None:
+        """Done: the message is not delivered again."""
+        if not self.settled:
+            self.settled = "ack"
+            self._settle(self, "ack", 0)
+
+    def nack(self, delay: float = 0) -> None:
+        """Not done: redeliver (to any member) now, or after ``delay`` seconds."""
+        if not self.settled:
+            try:
+                delay_ms = parse_duration_ms(delay)
+            except ValueError as exc:
+                raise InvalidArgument(f"nack delay: {exc}") from None
+            self.settled = "nack"
+            self._settle(self, "nack", delay_ms)
+
+
+def unary_settler(client: Client, member_id: str) -> Settle:
+    """Settle each lease with its own Ack / Nack call, as ``member_id``."""
+    def settle(lease: Lease, how: str, delay_ms: int) -> None:
+        if how == "ack":
+            group_rpc.ack(client, lease.stream, lease.group, [lease.offset],
+                          member_id=member_id)
+        else:
+            group_rpc.nack(client, lease.stream, lease.group, [lease.offset],
+                           delay_ms=delay_ms, member_id=member_id)
+    return settle
+
+
+def ack_leases(client: Client, leases: Sequence[Lease]) -> int:
+    """Ack many leases with one call per (stream, group); returns how many the broker counted."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for lease in leases:
+        if not lease.settled:
+            lease.settled = "ack"
+            groups.setdefault((lease.stream, lease.group), []).append(lease.offset)
+    acked = 0
+    for (stream, group), offsets in groups.items():
+        acked += group_rpc.ack(client, stream, group, offsets).acked
+    return acked

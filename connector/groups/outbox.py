@@ -1,0 +1,145 @@
+"""Request coalescing for push subscriptions: acks, nacks and credits sent together.
+
+Why: one gRPC stream message per ack and per freed credit is what limits a
+Python consumer, so a subscription does not send them as they happen. It
+puts them in the ``Outbox`` of its current call, and the call's request
+iterator (run by gRPC's sender thread) sends everything that piled up as one
+SubscribeRequest once enough has piled up or a short timer ran out. The
+broker does the same in the other direction (one DeliveryBatch per send).
+
+An outbox belongs to one Subscribe call: once the call is closed it refuses
+new items, and the subscription settles those leases with unary calls.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from npstream.proto import pb
+
+if TYPE_CHECKING:
+    from npstream.client.connection import StreamingCall
+    from npstream.groups.subscription import SubscriptionCounters
+
+__all__ = ["ACK_FLUSH_INTERVAL_S", "ACK_FLUSH_MAX", "CREDIT_BATCH_DIVISOR", "Outbox"]
+
+# ---------------------------------------------------------------- tuning
+# Coalescing of what a subscription sends back on its stream (acks, nacks and
+# the credits their handlers freed): one SubscribeRequest carries everything
+# settled since the previous one. It is sent ACK_FLUSH_INTERVAL_S after the
+# first unsent item at the latest, so a lone message is acked within a few
+# ms; sooner when max_in_flight // CREDIT_BATCH_DIVISOR credits are free (so
+# a busy subscription does not wait for the timer, and the broker is not left
+# without credits while the rest of a batch is handled) or ACK_FLUSH_MAX
+# acks/nacks are pending (bounds the request size).
+ACK_FLUSH_INTERVAL_S = 0.002
+CREDIT_BATCH_DIVISOR = 4
+ACK_FLUSH_MAX = 1000
+
+
+class Outbox:
+    """One Subscribe call: an outbox of acks, nacks and credits, and the response iterator.
+
+    The request iterator (run by gRPC's sender thread) sends whatever piled up
+    as one request (plus one per further nack delay) once the outbox is due:
+    ``credit_batch`` credits or ACK_FLUSH_MAX acks/nacks are waiting, or the
+    oldest item has waited ACK_FLUSH_INTERVAL_S, or the call is closing.
+    """
+
+    def __init__(self, opening: pb.SubscribeRequest, credit_batch: int,
+                 counters: SubscriptionCounters) -> None:
+        self._cond = threading.Condition()
+        self._opening: pb.SubscribeRequest | None = opening
+        self._credit_batch = credit_batch
+        self._counters = counters
+        self._acks: list[int] = []
+        self._nacks: dict[int, list[int]] = {}  # delay_ms -> offsets
+        self._nacked = 0
+        self._credits = 0
+        self._since: float | None = None  # when the oldest unsent item was added
+        self.open = True
+        self.call: StreamingCall | None = None
+
+    def _due_locked(self) -> bool:
+        return (self._opening is not None or self._credits >= self._credit_batch
+                or len(self._acks) + self._nacked >= ACK_FLUSH_MAX)
+
+    def _drain_locked(self) -> list[pb.SubscribeRequest]:
+        out: list[pb.SubscribeRequest] = []
+        credits = self._credits
+        if self._opening is not None:
+            credits += self._opening.credits
+            out.append(self._opening)
+            self._opening = None
+        nacks = list(self._nacks.items())
+        if self._acks or self._credits or nacks:
+            request = pb.SubscribeRequest(ack_offsets=self._acks, credits=self._credits)
+            if nacks:  # the first nack delay rides along, further ones need a request each
+                delay_ms, offsets = nacks.pop(0)
+                request.nack_offsets.extend(offsets)
+                request.nack_delay_ms = delay_ms
+            out.append(request)
+        out.extend(pb.SubscribeRequest(nack_offsets=offsets, nack_delay_ms=delay_ms)
+                   for delay_ms, offsets in nacks)
+        if out:
+            self._counters.add(requests=len(out), acks=len(self._acks), nacks=self._nacked,
+                               credits=credits)
+        self._acks, self._nacks, self._nacked, self._credits = [], {}, 0, 0
+        self._since = None
+        return out
+
+    def request_iterator(self) -> Iterator[pb.SubscribeRequest]:
+        while True:
+            with self._cond:
+                while self.open and not self._due_locked():
+                    if self._since is None:
+                        self._cond.wait()
+                        continue
+                    left = self._since + ACK_FLUSH_INTERVAL_S - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                batch = self._drain_locked()
+                if not batch and not self.open:
+                    return  # half-close once everything queued was sent
+            yield from batch
+
+    def _add_locked(self) -> bool:
+        """After adding an item: wake the sender if it must arm its timer or send now."""
+        if self._since is None:
+            self._since = time.monotonic()
+            self._cond.notify()
+        elif self._due_locked():
+            self._cond.notify()
+        return True
+
+    def ack(self, offset: int) -> bool:
+        with self._cond:
+            if not self.open:
+                return False
+            self._acks.append(offset)
+            return self._add_locked()
+
+    def nack(self, offset: int, delay_ms: int) -> bool:
+        with self._cond:
+            if not self.open:
+                return False
+            self._nacks.setdefault(delay_ms, []).append(offset)
+            self._nacked += 1
+            return self._add_locked()
+
+    def grant(self, credits: int) -> bool:
+        with self._cond:
+            if not self.open:
+                return False
+            self._credits += credits
+            return self._add_locked()
+
+    def close(self) -> None:
+        """Send what is queued at once, then half-close."""
+        with self._cond:
+            self.open = False
+            self._cond.notify()
