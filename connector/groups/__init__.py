@@ -1,1 +1,1 @@
-"""Consumer groups on the client: cursor consumers, shared-group leases, admin."""
+"""Consumer groups on the client: cursor consumers, shared groups (leases, pull, push), admin."""
