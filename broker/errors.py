@@ -1,9 +1,12 @@
 """Typed broker errors, one root, each carrying the values an operator needs.
 
-Every error knows its gRPC status code (``grpc_code``), so the service layer
-maps them in one place (npstream.broker.rpc.status) and never guesses.
-Messages always name the stream and, for offsets, the offending and valid
-values.
+Every error knows its gRPC status code (``grpc_code``) and its
+``npstream.v1.ErrorReason`` (``reason``), so the service layer maps them in
+one place (npstream.broker.rpc.status) and never guesses, and clients tell
+failures apart by reason rather than by reading the message. A new error
+class needs its own reason in the proto (tests check that every subclass
+declares one). Messages always name the stream and, for offsets, the
+offending and valid values.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
+
+from npstream.proto import pb
 
 __all__ = [
     "AlreadyExistsError",
@@ -30,14 +35,17 @@ class BrokerError(Exception):
     """Root of every error the broker reports to a client."""
 
     grpc_code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    reason: pb.ErrorReason = pb.ERROR_REASON_INTERNAL
 
 
 class InvalidArgumentError(BrokerError, ValueError):
     grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = pb.ERROR_REASON_INVALID_ARGUMENT
 
 
 class StreamNotFoundError(BrokerError, KeyError):
     grpc_code = grpc.StatusCode.NOT_FOUND
+    reason = pb.ERROR_REASON_STREAM_NOT_FOUND
 
     def __init__(self, stream: str) -> None:
         super().__init__(f"stream '{stream}' does not exist")
@@ -49,6 +57,7 @@ class StreamNotFoundError(BrokerError, KeyError):
 
 class GroupNotFoundError(BrokerError, KeyError):
     grpc_code = grpc.StatusCode.NOT_FOUND
+    reason = pb.ERROR_REASON_GROUP_NOT_FOUND
 
     def __init__(self, stream: str, group: str) -> None:
         super().__init__(f"group '{group}' does not exist on stream '{stream}'")
@@ -61,10 +70,12 @@ class GroupNotFoundError(BrokerError, KeyError):
 
 class AlreadyExistsError(BrokerError):
     grpc_code = grpc.StatusCode.ALREADY_EXISTS
+    reason = pb.ERROR_REASON_ALREADY_EXISTS
 
 
 class OffsetOutOfRangeError(BrokerError):
     grpc_code = grpc.StatusCode.OUT_OF_RANGE
+    reason = pb.ERROR_REASON_OFFSET_OUT_OF_RANGE
 
     def __init__(self, stream: str, offset: int, start: int, end: int) -> None:
         super().__init__(
@@ -79,6 +90,7 @@ class OffsetOutOfRangeError(BrokerError):
 
 class MessageTooLargeError(BrokerError):
     grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = pb.ERROR_REASON_MESSAGE_TOO_LARGE
 
     def __init__(self, stream: str, index: int, size: int, limit: int) -> None:
         super().__init__(
@@ -95,6 +107,7 @@ class CorruptRecordError(BrokerError):
     """A frame before the tail failed its length or CRC check."""
 
     grpc_code = grpc.StatusCode.DATA_LOSS
+    reason = pb.ERROR_REASON_CORRUPT_RECORD
 
     def __init__(self, path: Path | str, position: int, detail: str) -> None:
         super().__init__(f"corrupt record in {path} at byte {position}: {detail}")
@@ -105,6 +118,7 @@ class CorruptRecordError(BrokerError):
 
 class StreamNeedsRepairError(BrokerError):
     grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = pb.ERROR_REASON_STREAM_NEEDS_REPAIR
 
     def __init__(self, stream: str, cause: CorruptRecordError) -> None:
         super().__init__(
@@ -117,3 +131,4 @@ class StreamNeedsRepairError(BrokerError):
 
 class ShuttingDownError(BrokerError):
     grpc_code = grpc.StatusCode.UNAVAILABLE
+    reason = pb.ERROR_REASON_SHUTTING_DOWN

@@ -1,44 +1,88 @@
-"""Client-side exceptions: one root, one class per gRPC status a caller handles.
+"""Client-side exceptions: one root, one class per failure a caller handles.
 
 ``from_rpc_error`` is the single place where a ``grpc.RpcError`` becomes one of
-these. OUT_OF_RANGE errors carry the stream's offsets as trailing metadata
-(``npstream.proto.metadata_keys.OFFSET_KEYS``), so callers such as the Spark reader's data-loss
-check get numbers, not text to parse.
+these. The broker names every failure with an ``npstream.v1.ErrorReason`` in
+the trailing metadata (``npstream.proto.metadata_keys.REASON``); the class is
+chosen from that reason (``REASON_CLASSES``), because one status code can mean
+several failures (NOT_FOUND: a stream or a group; FAILED_PRECONDITION: a
+stream that needs repair, a sink conflict or missing staging) and message
+text is for humans, free to change. Only when a reason is absent (an error
+raised by gRPC itself, or a broker that predates reasons) does the status code
+decide (``CODE_CLASSES``). OUT_OF_RANGE errors also carry the stream's offsets
+as trailing metadata (``npstream.proto.metadata_keys.OFFSET_KEYS``), so
+callers such as the Spark reader's data-loss check get numbers, not text to
+parse.
+
+Every exception this package raises on purpose derives from ``NpstreamError``;
+where a builtin says the same thing (``ValueError``, ``LookupError``,
+``IndexError``, ``ConnectionError``) the class subclasses it too, so plain
+Python ``except`` clauses work.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import cast
+
 import grpc
 
-from npstream.proto import metadata_keys
+from npstream.proto import metadata_keys, pb
 
 __all__ = [
+    "CODE_CLASSES",
+    "REASON_CLASSES",
     "AlreadyExists",
+    "BrokerInternalError",
     "BrokerUnavailable",
+    "CorruptRecord",
     "GroupNotFound",
     "InvalidArgument",
+    "MessageTooLarge",
     "NpstreamError",
     "OffsetOutOfRange",
+    "SinkConflict",
+    "StagingNotFound",
     "StreamNeedsRepair",
     "StreamNotFound",
     "Unauthenticated",
+    "error_class",
     "from_rpc_error",
+    "reason_of",
 ]
 
 
 class NpstreamError(Exception):
-    """Root of every error the client raises; ``code`` is the gRPC status, if any."""
+    """Root of every error the client raises.
+
+    ``code`` is the gRPC status, if the error came from a call; ``reason`` is
+    the ``pb.ErrorReason`` the broker sent with it (None when the error did not
+    come from the broker, or the broker sent none): compare it with
+    ``pb.ERROR_REASON_*`` when a class is not specific enough.
+    """
 
     code: grpc.StatusCode | None = None
+    reason: pb.ErrorReason | None = None
 
-    def __init__(self, message: str, *, code: grpc.StatusCode | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: grpc.StatusCode | None = None,
+        reason: pb.ErrorReason | None = None,
+    ) -> None:
         super().__init__(message)
         if code is not None:
             self.code = code
+        if reason is not None:
+            self.reason = reason
 
 
 class InvalidArgument(NpstreamError, ValueError):
     code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class MessageTooLarge(InvalidArgument):
+    """A message is over the stream's max_message_bytes; nothing of the request was stored."""
 
 
 class StreamNotFound(NpstreamError, LookupError):
@@ -78,6 +122,28 @@ class StreamNeedsRepair(NpstreamError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class SinkConflict(NpstreamError):
+    """The broker refused a sink call given the sink's state (FAILED_PRECONDITION).
+
+    For example: a batch is committed while an earlier batch's commit is
+    unfinished, or a batch is aborted after its commit started. Missing
+    staging is the subclass StagingNotFound, so one ``except SinkConflict``
+    still catches every sink refusal.
+    """
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class StagingNotFound(SinkConflict):
+    """A commit lists staging the broker does not hold (aborted, expired or never staged)."""
+
+
+class CorruptRecord(NpstreamError):
+    """A stored record failed its length or CRC check while the broker read it."""
+
+    code = grpc.StatusCode.DATA_LOSS
+
+
 class Unauthenticated(NpstreamError):
     code = grpc.StatusCode.UNAUTHENTICATED
 
@@ -88,14 +154,92 @@ class BrokerUnavailable(NpstreamError, ConnectionError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class BrokerInternalError(NpstreamError):
+    """The broker failed with a bug (INTERNAL); its log holds the traceback."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
+# The class for each reason the broker sends. Every ErrorReason except
+# UNSPECIFIED must be here (tests/connector/client/test_error_reasons.py fails
+# otherwise), so a reason added to the proto cannot silently fall back to a
+# status code.
+REASON_CLASSES: Mapping[pb.ErrorReason, type[NpstreamError]] = {
+    pb.ERROR_REASON_INVALID_ARGUMENT: InvalidArgument,
+    pb.ERROR_REASON_MESSAGE_TOO_LARGE: MessageTooLarge,
+    pb.ERROR_REASON_STREAM_NOT_FOUND: StreamNotFound,
+    pb.ERROR_REASON_GROUP_NOT_FOUND: GroupNotFound,
+    pb.ERROR_REASON_ALREADY_EXISTS: AlreadyExists,
+    pb.ERROR_REASON_OFFSET_OUT_OF_RANGE: OffsetOutOfRange,
+    pb.ERROR_REASON_STREAM_NEEDS_REPAIR: StreamNeedsRepair,
+    pb.ERROR_REASON_SINK_CONFLICT: SinkConflict,
+    pb.ERROR_REASON_STAGING_NOT_FOUND: StagingNotFound,
+    pb.ERROR_REASON_CORRUPT_RECORD: CorruptRecord,
+    pb.ERROR_REASON_SHUTTING_DOWN: BrokerUnavailable,
+    pb.ERROR_REASON_UNAUTHENTICATED: Unauthenticated,
+    pb.ERROR_REASON_INTERNAL: BrokerInternalError,
+}
+
+# The class when no reason came with the error: gRPC's own failures
+# (unreachable broker, deadline) and brokers older than ErrorReason. Where a
+# code is ambiguous this picks its most common meaning (NOT_FOUND: a stream).
+# INTERNAL is absent on purpose: without the broker's reason it may be a
+# transport failure, not a broker bug; it stays a plain NpstreamError.
+CODE_CLASSES: Mapping[grpc.StatusCode, type[NpstreamError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: StreamNotFound,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
+    grpc.StatusCode.OUT_OF_RANGE: OffsetOutOfRange,
+    grpc.StatusCode.FAILED_PRECONDITION: StreamNeedsRepair,
+    grpc.StatusCode.DATA_LOSS: CorruptRecord,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.UNAVAILABLE: BrokerUnavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: BrokerUnavailable,
+}
+
+
+def _trailing(exc: grpc.RpcError) -> dict[str, str]:
+    """The call's trailing metadata as a dict ({} when the error has none)."""
+    if not hasattr(exc, "trailing_metadata"):
+        return {}
+    # grpc returns (key, value) pairs (namedtuples); its stubs declare objects
+    # with .key/.value only, which fakes in tests do not have.
+    entries = cast(Iterable[tuple[str, str | bytes]], exc.trailing_metadata() or ())
+    return {key: value.decode() if isinstance(value, bytes) else value
+            for key, value in entries}
+
+
+def reason_of(meta: Mapping[str, str]) -> pb.ErrorReason | None:
+    """The ErrorReason named in trailing metadata; None when absent or unknown to this client."""
+    name = meta.get(metadata_keys.REASON)
+    if not name:
+        return None
+    try:
+        reason = cast(pb.ErrorReason, pb.ErrorReason.Value(name))
+    except ValueError:  # a newer broker's reason: go by the status code
+        return None
+    return None if reason == pb.ERROR_REASON_UNSPECIFIED else reason
+
+
+def error_class(reason: pb.ErrorReason | None,
+                code: grpc.StatusCode | None) -> type[NpstreamError]:
+    """The class for an error: by reason when there is one, else by status code."""
+    if reason is not None and reason in REASON_CLASSES:
+        return REASON_CLASSES[reason]
+    if code is not None and code in CODE_CLASSES:
+        return CODE_CLASSES[code]
+    return NpstreamError
+
+
 def from_rpc_error(exc: grpc.RpcError, address: str) -> NpstreamError:
     """Translate a gRPC error into the matching NpstreamError (message kept)."""
     code = exc.code() if hasattr(exc, "code") else None
     details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
-    if code == grpc.StatusCode.OUT_OF_RANGE:
-        meta = {k: v for k, v in (exc.trailing_metadata() or ())} if hasattr(
-            exc, "trailing_metadata"
-        ) else {}
+    meta = _trailing(exc)
+    reason = reason_of(meta)
+    cls = error_class(reason, code)
+    error: NpstreamError
+    if issubclass(cls, OffsetOutOfRange):
 
         def num(key: str) -> int:
             try:
@@ -103,25 +247,18 @@ def from_rpc_error(exc: grpc.RpcError, address: str) -> NpstreamError:
             except (TypeError, ValueError):
                 return -1
 
-        return OffsetOutOfRange(
+        error = cls(
             details,
-            stream=str(meta.get(metadata_keys.STREAM, "")),
+            stream=meta.get(metadata_keys.STREAM, ""),
             offset=num(metadata_keys.OFFSET),
             start_offset=num(metadata_keys.START_OFFSET),
             end_offset=num(metadata_keys.END_OFFSET),
         )
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return BrokerUnavailable(f"broker at {address} is unavailable: {details}", code=code)
-    by_code: dict[grpc.StatusCode, type[NpstreamError]] = {
-        grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-        grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
-        grpc.StatusCode.FAILED_PRECONDITION: StreamNeedsRepair,
-        grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
-    }
-    if code == grpc.StatusCode.NOT_FOUND:
-        cls: type[NpstreamError] = GroupNotFound if "group" in details.split("'")[0] else (
-            StreamNotFound
-        )
-        return cls(details)
-    cls = by_code.get(code, NpstreamError)  # type: ignore[arg-type]
-    return cls(details, code=code) if cls is NpstreamError else cls(details)
+    elif issubclass(cls, BrokerUnavailable):
+        error = cls(f"broker at {address} is unavailable: {details}")
+    else:
+        error = cls(details)
+    if code is not None:
+        error.code = code
+    error.reason = reason
+    return error

@@ -13,6 +13,7 @@ __all__ = [
     "MEMBER_ID",
     "OFFSET",
     "OFFSET_KEYS",
+    "REASON",
     "START_OFFSET",
     "STREAM",
 ]
@@ -21,6 +22,12 @@ __all__ = [
 AUTHORIZATION = "authorization"
 # Request metadata of shared-group calls: the consumer member the call is for.
 MEMBER_ID = "x-npstream-member-id"
+
+# Trailing metadata of every error the broker reports: the name of its
+# npstream.v1.ErrorReason (e.g. "ERROR_REASON_GROUP_NOT_FOUND"), which tells a
+# client what failed where the status code is ambiguous (NOT_FOUND: stream or
+# group; FAILED_PRECONDITION: repair, sink conflict or missing staging).
+REASON = "x-npstream-reason"
 
 # Trailing metadata of OUT_OF_RANGE errors: the stream, the offset asked for
 # and the stream's [start, end) at the time of the call, as decimal strings.

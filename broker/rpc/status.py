@@ -1,11 +1,14 @@
 """Broker errors to gRPC statuses, in one place, and the auth-token check.
 
 Servicers raise typed ``BrokerError``s; ``rpc_method`` turns each into its
-``grpc_code`` with the error's message as details. OUT_OF_RANGE also carries
-the stream's offsets as trailing metadata (keys in npstream.proto.metadata_keys), so
-clients get numbers rather than text to parse. Anything else is a bug: it is
-logged once at ERROR with its traceback and reported as INTERNAL, never
-swallowed.
+``grpc_code`` with the error's message as details, and its ``reason`` (an
+``npstream.v1.ErrorReason``) as trailing metadata, so that clients tell a
+missing group from a missing stream without reading text. OUT_OF_RANGE also
+carries the stream's offsets as trailing metadata (keys in
+npstream.proto.metadata_keys). Anything else is a bug: it is logged once at
+ERROR with its traceback and reported as INTERNAL (reason INTERNAL), never
+swallowed. The auth interceptor's UNAUTHENTICATED carries its reason too:
+every error the broker itself reports has one.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from npstream.broker.errors import BrokerError, OffsetOutOfRangeError
-from npstream.proto import metadata_keys
+from npstream.proto import metadata_keys, pb
 
-__all__ = ["AuthInterceptor", "abort_with", "observe_errors", "rpc_method"]
+__all__ = ["AuthInterceptor", "abort_with", "observe_errors", "reason_metadata", "rpc_method"]
 
 log = logging.getLogger(__name__)
 
@@ -41,25 +44,34 @@ def observe_errors(observer: Callable[[str], None] | None) -> None:
     _error_observer = observer
 
 
+def reason_metadata(reason: pb.ErrorReason) -> tuple[str, str]:
+    """The trailing-metadata entry that names ``reason`` (its enum name, as the proto says)."""
+    return (metadata_keys.REASON, pb.ErrorReason.Name(reason))
+
+
 def abort_with(context: grpc.ServicerContext, exc: BaseException, method: str = "") -> NoReturn:
-    """End the RPC with the status for exc (INTERNAL, logged, when exc is not a BrokerError)."""
+    """End the RPC with the status and reason for exc (INTERNAL, logged, for non-BrokerErrors)."""
+    trailing: list[tuple[str, str]]
     if isinstance(exc, BrokerError):
         code = exc.grpc_code
+        trailing = [reason_metadata(exc.reason)]
         if isinstance(exc, OffsetOutOfRangeError):
-            context.set_trailing_metadata((
+            trailing += [
                 (metadata_keys.STREAM, exc.stream),
                 (metadata_keys.OFFSET, str(exc.offset)),
                 (metadata_keys.START_OFFSET, str(exc.start)),
                 (metadata_keys.END_OFFSET, str(exc.end)),
-            ))
+            ]
         details = str(exc)
         log.debug("%s failed with %s: %s", method, code.name, details)
     else:
         code = grpc.StatusCode.INTERNAL
+        trailing = [reason_metadata(pb.ERROR_REASON_INTERNAL)]
         details = f"internal broker error in {method}: {type(exc).__name__}: {exc}"
         log.error("unexpected error in %s", method, exc_info=exc)
     if _error_observer is not None:
         _error_observer(code.name)
+    context.set_trailing_metadata(tuple(trailing))
     context.abort(code, details)
     raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
 
@@ -130,6 +142,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
             _error_observer(grpc.StatusCode.UNAUTHENTICATED.name)
 
         def deny(_request: object, context: grpc.ServicerContext) -> None:
+            context.set_trailing_metadata((reason_metadata(pb.ERROR_REASON_UNAUTHENTICATED),))
             context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
                 "missing or invalid auth token: send metadata 'authorization: Bearer <token>'",

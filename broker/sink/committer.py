@@ -98,6 +98,7 @@ from npstream.broker.sink.staging import (
     remove_staging,
 )
 from npstream.broker.sink.staging_format import FORMAT, StagedFrames
+from npstream.proto import pb
 
 if TYPE_CHECKING:
     from npstream.broker.metadata import Metadata
@@ -156,12 +157,14 @@ class SinkConflictError(BrokerError):
     """The request contradicts the sink's state (another batch's commit is unfinished)."""
 
     grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = pb.ERROR_REASON_SINK_CONFLICT
 
 
 class StagingNotFoundError(BrokerError):
     """A commit lists a staging id the broker does not hold (aborted, expired or never staged)."""
 
     grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = pb.ERROR_REASON_STAGING_NOT_FOUND
 
 
 @dataclass(frozen=True)

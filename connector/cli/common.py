@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from npstream.client.client import Client
+from npstream.errors import NpstreamError
 from npstream.proto.names import validate_group_name, validate_stream_name
 from npstream.proto.units import parse_duration_ms, parse_size
 
@@ -36,7 +37,7 @@ EXIT_USAGE = 2        # the command line itself is wrong
 EXIT_INTERRUPTED = 130
 
 
-class CliError(Exception):
+class CliError(NpstreamError):
     """An expected failure: printed as one ``npstream: error: ...`` line, no traceback."""
 
     def __init__(self, message: str, exit_code: int = EXIT_ERROR) -> None:

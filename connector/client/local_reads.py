@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from npstream.errors import NpstreamError
 from npstream.proto import pb
 from npstream.proto.frames.payload import decode_payload
 from npstream.proto.frames.reader import BadFrame, FrameReader
@@ -39,7 +40,7 @@ __all__ = ["LocalReadUnavailable", "LocalSpans", "check_same_host", "iter_local"
 READ_CHUNK_BYTES = 8 << 20
 
 
-class LocalReadUnavailable(Exception):
+class LocalReadUnavailable(NpstreamError):
     """This range cannot be read locally; ``permanent``: nothing this client reads locally can."""
 
     def __init__(self, reason: str, *, permanent: bool) -> None:

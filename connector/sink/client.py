@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import pyarrow as pa
 
-from npstream.errors import NpstreamError, StreamNeedsRepair
+from npstream.errors import NpstreamError, SinkConflict
 from npstream.proto import pb
 from npstream.proto.wire import encode_with_bytes
 from npstream.sink.inbox import InboxUnavailable, StageInboxWriter, turn_off, writer_for
@@ -48,16 +48,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class SinkConflict(NpstreamError):
-    """The broker refused a sink call given the sink's state (FAILED_PRECONDITION).
-
-    For example: a commit lists staging that was aborted or expired, or a
-    batch is committed while an earlier batch's commit is unfinished.
-    """
-
-    code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 @dataclass(frozen=True)
@@ -104,9 +94,16 @@ def encode_stage_request(head: pb.StageRequest, table: pa.Table | pa.RecordBatch
 
 
 def _sink_error(exc: NpstreamError) -> NpstreamError:
-    """FAILED_PRECONDITION from the sink is a SinkConflict unless a stream needs repair."""
-    if isinstance(exc, StreamNeedsRepair) and "streams repair" not in str(exc):
-        return SinkConflict(str(exc))
+    """The error a sink call raises: the broker's reason decides (npstream.errors).
+
+    Only a FAILED_PRECONDITION without a reason (a broker older than
+    ErrorReason) is guessed: from a sink call it is most likely a conflict
+    with the sink's state, so it becomes SinkConflict rather than the
+    code's general meaning, StreamNeedsRepair.
+    """
+    if (exc.reason is None and exc.code == grpc.StatusCode.FAILED_PRECONDITION
+            and not isinstance(exc, SinkConflict)):
+        return SinkConflict(str(exc), code=exc.code)
     return exc
 
 
@@ -127,7 +124,7 @@ class SinkClient:
 
     @staticmethod
     def _converted(send: Callable[[], Any]) -> Any:
-        """``send()``'s reply; a conflict the broker reports is raised as SinkConflict."""
+        """``send()``'s reply; a reasonless FAILED_PRECONDITION is raised as SinkConflict."""
         try:
             return send()
         except NpstreamError as exc:

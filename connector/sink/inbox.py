@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from npstream.errors import NpstreamError
 from npstream.proto import pb
 from npstream.proto.host_identity import boot_id
 
@@ -54,7 +55,7 @@ _GROW_STEP = 1 << 20
 _FILE_MODE = 0o640
 
 
-class InboxUnavailable(Exception):
+class InboxUnavailable(NpstreamError):
     """This process cannot hand data over through the broker's inbox (the reason says why)."""
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 
+from npstream.errors import NpstreamError
+
 __all__ = ["DataLossError", "report_data_loss"]
 
 log = logging.getLogger("npstream.spark.data_loss")
@@ -22,7 +24,7 @@ _FIX = (
 )
 
 
-class DataLossError(RuntimeError):
+class DataLossError(NpstreamError, RuntimeError):
     """Messages the query needs are gone and ``failOnDataLoss`` is true."""
 
     def __init__(self, message: str, *, stream: str, start: int, end: int | None) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from npstream.errors import NpstreamError
 from npstream.proto.names import validate_group_name, validate_stream_name
 from npstream.proto.units import parse_duration_ms, parse_size, parse_timestamp_ms
 
@@ -70,7 +71,7 @@ DEFAULT_FETCH_MAX_BYTES = "8MiB"
 MAX_FETCH_MAX_BYTES = 64 << 20
 
 
-class InvalidOptionError(ValueError):
+class InvalidOptionError(NpstreamError, ValueError):
     """A read or write option is unknown, malformed or conflicts with another one."""
 
 

@@ -7,11 +7,42 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_REASON_UNSPECIFIED: _ClassVar[ErrorReason]
+    ERROR_REASON_INVALID_ARGUMENT: _ClassVar[ErrorReason]
+    ERROR_REASON_MESSAGE_TOO_LARGE: _ClassVar[ErrorReason]
+    ERROR_REASON_STREAM_NOT_FOUND: _ClassVar[ErrorReason]
+    ERROR_REASON_GROUP_NOT_FOUND: _ClassVar[ErrorReason]
+    ERROR_REASON_ALREADY_EXISTS: _ClassVar[ErrorReason]
+    ERROR_REASON_OFFSET_OUT_OF_RANGE: _ClassVar[ErrorReason]
+    ERROR_REASON_STREAM_NEEDS_REPAIR: _ClassVar[ErrorReason]
+    ERROR_REASON_SINK_CONFLICT: _ClassVar[ErrorReason]
+    ERROR_REASON_STAGING_NOT_FOUND: _ClassVar[ErrorReason]
+    ERROR_REASON_CORRUPT_RECORD: _ClassVar[ErrorReason]
+    ERROR_REASON_SHUTTING_DOWN: _ClassVar[ErrorReason]
+    ERROR_REASON_UNAUTHENTICATED: _ClassVar[ErrorReason]
+    ERROR_REASON_INTERNAL: _ClassVar[ErrorReason]
+
 class Ack(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ACK_UNSPECIFIED: _ClassVar[Ack]
     ACK_FSYNC: _ClassVar[Ack]
     ACK_WRITE: _ClassVar[Ack]
+ERROR_REASON_UNSPECIFIED: ErrorReason
+ERROR_REASON_INVALID_ARGUMENT: ErrorReason
+ERROR_REASON_MESSAGE_TOO_LARGE: ErrorReason
+ERROR_REASON_STREAM_NOT_FOUND: ErrorReason
+ERROR_REASON_GROUP_NOT_FOUND: ErrorReason
+ERROR_REASON_ALREADY_EXISTS: ErrorReason
+ERROR_REASON_OFFSET_OUT_OF_RANGE: ErrorReason
+ERROR_REASON_STREAM_NEEDS_REPAIR: ErrorReason
+ERROR_REASON_SINK_CONFLICT: ErrorReason
+ERROR_REASON_STAGING_NOT_FOUND: ErrorReason
+ERROR_REASON_CORRUPT_RECORD: ErrorReason
+ERROR_REASON_SHUTTING_DOWN: ErrorReason
+ERROR_REASON_UNAUTHENTICATED: ErrorReason
+ERROR_REASON_INTERNAL: ErrorReason
 ACK_UNSPECIFIED: Ack
 ACK_FSYNC: Ack
 ACK_WRITE: Ack
