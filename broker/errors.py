@@ -132,3 +132,25 @@ class StreamNeedsRepairError(BrokerError):
 class ShuttingDownError(BrokerError):
     grpc_code = grpc.StatusCode.UNAVAILABLE
     reason = pb.ERROR_REASON_SHUTTING_DOWN
+
+
+class StagingFormatError(BrokerError):
+    """Sink staging in a staging format this broker does not read (an older broker wrote it).
+
+    Only the current format is read, so for a client such a staging is one
+    the broker does not hold, answered like a missing staging; the remedy is
+    the same (stage the batch again).
+    """
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = pb.ERROR_REASON_STAGING_NOT_FOUND
+
+    def __init__(self, path: Path | str, found: int, supported: int) -> None:
+        super().__init__(
+            f"staging file {path} is in staging format {found}, written by an older broker; "
+            f"this broker reads staging format {supported} only: stage the batch again "
+            "(the staging sweep deletes the old file after sink_staging_ttl)"
+        )
+        self.path = Path(path)
+        self.found = found
+        self.supported = supported

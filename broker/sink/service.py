@@ -1,21 +1,21 @@
 """SinkService: the gRPC face of exactly-once writes (Stage, CommitBatch, AbortBatch, SinkState).
 
-The protocol lives in sink_commit (commit, recovery, GC) and sink_staging
-(what a Stage stores); this module decodes requests (Stage's from its wire
-bytes, its Arrow data used in place), maps them onto those, counts what
-happened in metrics, and runs the staging sweep thread. A Stage request may
-name a file of the stage inbox instead of carrying its data (stage_inbox.py);
-a file that cannot be used is answered with ``inbox_refused`` and the client
-sends the rows again over gRPC. Sink recovery runs
-inside ``add_to_server``, before the server starts, so no client ever sees a
-half-finished commit of a previous run.
+The protocol lives in the rest of the package: committer.py (commit, abort),
+markers.py (what a commit records), recovery.py (finishing interrupted
+commits), gc.py (deleting staging nothing will commit, the sweep thread),
+staging.py and staging_format.py (what a Stage stores). This module decodes
+requests (Stage's from its wire bytes, its Arrow data used in place), maps
+them onto those, counts what happened in metrics, and wires the parts
+together. A Stage request may name a file of the stage inbox instead of
+carrying its data (inbox.py); a file that cannot be used is answered with
+``inbox_refused`` and the client sends the rows again over gRPC. Sink
+recovery runs inside ``add_to_server``, before the server starts, so no
+client ever sees a half-finished commit of a previous run.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from typing import TYPE_CHECKING, cast
 
 import grpc
@@ -23,15 +23,15 @@ import pyarrow as pa
 from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
+from npstream.broker import faults
 from npstream.broker.errors import InvalidArgumentError, StreamNotFoundError
 from npstream.broker.rpc.registration import add_service
 from npstream.broker.rpc.status import rpc_method
-from npstream.broker.sink.committer import (
-    FAULT_ENV,
-    SinkCommitter,
-    parse_fault,
-)
+from npstream.broker.sink.committer import SinkCommitter
+from npstream.broker.sink.gc import StagingGC, StagingSweeper
 from npstream.broker.sink.inbox import INBOX_DIR_NAME, InboxRefused, StageInbox
+from npstream.broker.sink.markers import SinkMarkers
+from npstream.broker.sink.recovery import recover
 from npstream.broker.sink.staging import (
     StagingArea,
     check_batch_id,
@@ -45,18 +45,9 @@ from npstream.proto.wire import split_bytes_field
 if TYPE_CHECKING:
     from npstream.broker.server.context import BrokerContext
 
-__all__ = ["SinkMetrics", "SinkServicer", "StagingSweeper", "add_to_server"]
+__all__ = ["SinkMetrics", "SinkServicer", "add_to_server"]
 
 log = logging.getLogger(__name__)
-
-# ---- tuning -------------------------------------------------------------
-# The sweep runs a quarter of the TTL apart, so staging lives at most 1.25 x
-# sink_staging_ttl; never more often than every SWEEP_MIN_INTERVAL_S (a short
-# TTL in tests) and never less often than every SWEEP_MAX_INTERVAL_S (a sweep
-# also deletes staging left behind by committed batches).
-SWEEP_TTL_FRACTION = 0.25
-SWEEP_MIN_INTERVAL_S = 0.2
-SWEEP_MAX_INTERVAL_S = 60.0
 
 
 class SinkMetrics:
@@ -206,57 +197,20 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
         return self._inbox.describe() if self._inbox is not None else pb.StageInboxResponse()
 
 
-class StagingSweeper:
-    """Background thread deleting expired and committed staging and idle inbox files.
-
-    ``close()`` stops it.
-    """
-
-    def __init__(self, committer: SinkCommitter, ttl_ms: int, metrics: SinkMetrics,
-                 inbox: StageInbox | None = None) -> None:
-        self._committer = committer
-        self._inbox = inbox
-        self.ttl_ms = ttl_ms
-        self._metrics = metrics
-        self.interval_s = min(max(ttl_ms / 1000 * SWEEP_TTL_FRACTION, SWEEP_MIN_INTERVAL_S),
-                              SWEEP_MAX_INTERVAL_S)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="sink-sweep", daemon=True)
-
-    def start(self) -> StagingSweeper:
-        self._thread.start()
-        return self
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self._metrics.dropped_staging.inc(self._committer.sweep(self.ttl_ms))
-                if self._inbox is not None:
-                    self._inbox.sweep()
-            except Exception:
-                log.exception("sink staging sweep failed; retrying in %.1fs", self.interval_s)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-
 def add_to_server(server: grpc.Server, ctx: BrokerContext) -> StagingSweeper:
     """Recover unfinished commits, register SinkService, start the staging sweep."""
     config = ctx.config
+    faults.arm_from_env()  # tests' crash points; ValueError for a malformed value
     staging = StagingArea(config.data_dir / "sink", max_frame_bytes=config.max_batch_bytes,
                           direct_writes=config.sink_direct_writes)
-    committer = SinkCommitter(
-        ctx.metadata, ctx.registry, staging,
-        streams_dir=config.data_dir / "streams",
-        durable_metadata=config.metadata_sync != "full",
-        fault=parse_fault(os.environ.get(FAULT_ENV)),
-        adopt_min_bytes=config.sink_adopt_min_bytes,
-    )
-    finished = committer.recover()
+    markers = SinkMarkers(ctx.metadata, durable=config.metadata_sync != "full")
+    committer = SinkCommitter(markers, ctx.registry, staging,
+                              adopt_min_bytes=config.sink_adopt_min_bytes)
+    gc = StagingGC(markers, staging)
+    finished = recover(committer, gc)
     if finished:
         log.warning("sink recovery finished %d interrupted commit(s)", finished)
-    ctx.on_stream_deleted.append(committer.on_stream_deleted)
+    ctx.on_stream_deleted.append(gc.on_stream_deleted)
     metrics = SinkMetrics(ctx)
     inbox = None
     if config.sink_stage_inbox:
@@ -265,7 +219,7 @@ def add_to_server(server: grpc.Server, ctx: BrokerContext) -> StagingSweeper:
     add_service(server, "SinkService", SinkServicer(ctx, committer, metrics, inbox),
                 raw_requests={"Stage"})
     ttl_ms = config.sink_staging_ttl_ms
-    sweeper = StagingSweeper(committer, ttl_ms, metrics, inbox).start()
+    sweeper = StagingSweeper(gc, ttl_ms, metrics.dropped_staging.inc, inbox).start()
     log.info("sink service ready: staging in %s, stage inbox %s, staging ttl %d ms, "
              "sweep every %.1fs", staging.root, inbox.root if inbox else "off", ttl_ms,
              sweeper.interval_s)

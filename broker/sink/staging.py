@@ -13,13 +13,11 @@ Layout::
     <data_dir>/sink/<sink_id>/<batch_id>/<staging_id>.index   their JSON index
 
 The data file holds, per target stream, the rows as ready-to-append frames
-(sink_frames.py has the format and the reason); the index lists the target
+(staging_format.py has the format and the reason); the index lists the target
 streams, the row count and every frame, so listing what a staging targets
 reads a few hundred bytes, not the data. A commit may move a data file into
-a stream as a segment; its index stays until the batch is dropped. Files
-written by older brokers (an Arrow IPC stream with a ``stream`` column and
-the targets in the schema metadata, or the frames with the index in a
-trailer) are still read.
+a stream as a segment; its index stays until the batch is dropped. Staging
+written by older brokers, in older formats, is refused (staging_format.py).
 
 Rows staged without an id get one here, in the shape of the broker's
 generated ids (16 random hex characters per file and stream, then the row's
@@ -324,36 +322,30 @@ class StagingArea:
         return self.path(sink_id, batch_id, staging_id).is_file()
 
     def targets(self, sink_id: str, batch_id: int, staging_id: str) -> list[str]:
-        """The streams a staging file writes to (reads only its schema)."""
-        return _targets_of(self.path(sink_id, batch_id, staging_id))
+        """The streams a staging file writes to (reads only its index)."""
+        index = read_index(self.path(sink_id, batch_id, staging_id))
+        return list(index["streams"])  # type: ignore[call-overload]
 
     def read(self, sink_id: str, batch_id: int, staging_id: str) -> StagedTable:
-        """The staged rows as a table (any file format); for checks and old files."""
+        """The staged rows as one table with their target streams (for checks and tests)."""
         frames = self.open_frames(sink_id, batch_id, staging_id)
-        if frames is not None:
-            parts = []
-            for stream in frames.streams:
-                rows = frames.rows_for(stream)
-                parts.append(rows.add_column(0, "stream", pa.repeat(
-                    pa.scalar(stream, pa.string()), rows.num_rows)))
-            table = pa.concat_tables(parts) if parts else pa.table(
-                {"stream": pa.array([], pa.string()), "value": pa.array([], pa.binary())})
-            return StagedTable(staging_id, table, frames.streams)
-        with pa.memory_map(str(self.path(sink_id, batch_id, staging_id))) as source:
-            table = pa.ipc.open_stream(source).read_all()
-        return StagedTable(staging_id, table, _streams_from_schema(table.schema))
+        parts = []
+        for stream in frames.streams:
+            rows = frames.rows_for(stream)
+            parts.append(rows.add_column(0, "stream", pa.repeat(
+                pa.scalar(stream, pa.string()), rows.num_rows)))
+        table = pa.concat_tables(parts) if parts else pa.table(
+            {"stream": pa.array([], pa.string()), "value": pa.array([], pa.binary())})
+        return StagedTable(staging_id, table, frames.streams)
 
-    def open_frames(self, sink_id: str, batch_id: int, staging_id: str) -> StagedFrames | None:
-        """The staged frames (mapped only when copied); None for a file in format 0.
+    def open_frames(self, sink_id: str, batch_id: int, staging_id: str) -> StagedFrames:
+        """The staged frames (mapped only when copied); StagingFormatError for old staging.
 
         Opens a staging whose data file was adopted too (its index remains).
         """
         path = self.path(sink_id, batch_id, staging_id)
-        index = read_index(path)
-        if index is None:
-            return None
-        return StagedFrames(staging_id, path, index, self._writer,
-                            self._written_blocks.blocks(path))
+        return StagedFrames(staging_id, path, read_index(path), direct=self._writer.direct,
+                            known_blocks=self._written_blocks.blocks(path))
 
     def drop(self, sink_id: str, batch_id: int, staging_ids: list[str] | None = None) -> int:
         """Delete the listed stagings of a batch (all when None); returns files deleted."""
@@ -430,19 +422,6 @@ def _subdirs(directory: Path) -> list[Path]:
         return [p for p in directory.iterdir() if p.is_dir()]
     except FileNotFoundError:
         return []
-
-
-def _streams_from_schema(schema: pa.Schema) -> list[str]:
-    metadata = schema.metadata or {}
-    return list(json.loads(metadata.get(_META_STREAMS, b"[]")))
-
-
-def _targets_of(path: Path) -> list[str]:
-    index = read_index(path)
-    if index is not None:
-        return list(index["streams"])  # type: ignore[call-overload]
-    with pa.memory_map(str(path)) as source:
-        return _streams_from_schema(pa.ipc.open_stream(source).schema)
 
 
 def remove_staging(path: Path) -> None:

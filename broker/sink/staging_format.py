@@ -4,14 +4,15 @@ A commit used to re-read every staged row, complete its columns, generate ids,
 build and serialize stored batches and write them: the rows were encoded twice
 and copied several times, all while every Spark task of the micro-batch
 waited. Now Stage does that work once, in parallel with the tasks, and stores
-the result: for each target stream, frames in the segment layout
-(storage/record_batch.py) whose payloads are MESSAGE_SCHEMA record-batch
-messages with placeholder offsets (0..) and timestamps (0), and final ids
-(rows staged without an id get one here: 16 random hex characters chosen per
-staging file and stream, then the row's index as 16 hex digits, the shape of
-the broker's generated ids). Each frame starts with a placeholder header
-(storage/staged_segment.py): right length, count and flags, no offsets, no
-CRC.
+the result: for each target stream, frames in the segment layout whose
+payloads are MESSAGE_SCHEMA record-batch messages with placeholder offsets
+(0..) and timestamps (0), and final ids (rows staged without an id get one
+here: 16 random hex characters chosen per staging file and stream, then the
+row's index as 16 hex digits, the shape of the broker's generated ids). Each
+frame starts with a placeholder header: right length, count and flags, no
+offsets, no CRC. The frames themselves are storage's layout, built by
+storage (storage/staged_segment.py); this module decides which rows go into
+which file and writes down where each frame is.
 
 A file whose rows all go to one stream is therefore a segment once stamped:
 a large one is adopted by the commit (stamped in place, renamed into the
@@ -33,61 +34,59 @@ The index stays a separate file because an adopted data file must hold
 frames and nothing else; it outlives the data file until the batch is
 dropped, so that a commit resumed after a crash still knows how many rows an
 adopted staging held. Its last four fields per frame let the commit stamp
-the file without reading it (staged_segment.py, crc_patch.py): the data file
-is written around the page cache (storage/direct_write.py), so a read would
-come from the disk.
+the file without reading it (storage/staged_segment.py, proto/frames/crc_patch.py):
+the data file is written around the page cache (storage/direct_write.py), so a
+read would come from the disk.
 
-Older formats are still read (files staged by older brokers), and copied,
-never adopted: format 2, the same files without those four fields; format 1,
-an Arrow IPC stream of the payloads with the same index in a trailer (the
-index's JSON padded to 8 bytes, then u64 position of the index and the magic
-b"NPSTG\x00\x00\x01"), and format 0, an Arrow IPC stream with a ``stream``
-column (sink_staging.py).
+Only this format is read. Staging written by an older broker (formats 0-2:
+no index file, or an index of another format) is refused with
+StagingFormatError naming its format and this one, and the first refusal is
+logged; a query that re-stages the batch writes it anew, and the staging
+sweep deletes the old files after ``sink_staging_ttl`` like any other.
+Reading older formats as well cost a second commit path (rows re-encoded at
+commit) for files no released broker wrote.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import mmap
 import os
 import secrets
-import struct
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import BinaryIO
 
-import crc32c
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from npstream.broker.storage.batch_builder import (
-    build_message_batch,
-    complete_publish_table,
-    message_sizes,
-    producer_id_mask,
-)
-from npstream.broker.storage.direct_write import DirectFileWriter
-from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_ranges
+from npstream.broker.errors import StagingFormatError
+from npstream.broker.storage.prebuilt import PrebuiltFrame
 from npstream.broker.storage.staged_segment import (
     FrameSlot,
     StagedSegment,
     StampSlot,
-    placeholder_header,
+    build_staged_frames,
 )
 from npstream.proto.frames.payload import decode_payload
-from npstream.proto.frames.record_batch import FLAG_PRODUCER_IDS, HEADER_SIZE
 
-__all__ = ["FORMAT", "INDEX_SUFFIX", "MAGIC", "StagedFrames", "build_staging", "frame_slots",
+__all__ = ["FORMAT", "INDEX_SUFFIX", "StagedFrames", "build_staging", "frame_slots",
            "index_path", "read_index"]
+
+log = logging.getLogger(__name__)
 
 FORMAT = 3
 INDEX_SUFFIX = ".index"
-MAGIC = b"NPSTG\x00\x00\x01"  # format 1's trailer
-_TRAILER = struct.Struct("<Q8s")
+# Format 1 ended its data file with this magic (and kept its index inside);
+# recognised only to name the format of what is refused.
+_FORMAT_1_MAGIC = b"NPSTG\x00\x00\x01"
 # Chunks smaller than this are grouped (one copy) so that frames are not tiny;
 # bigger chunks become stored batches without being copied.
 _MIN_PART_BYTES = 256 << 10
 _ID_PREFIX_BYTES = 8  # random bytes -> 16 hex characters, as the broker's generated ids
+
+_refusal_logged = threading.Event()
 
 
 def build_staging(table: pa.Table, max_frame_bytes: int) -> tuple[list[object], dict[str, object]]:
@@ -107,25 +106,16 @@ def build_staging(table: pa.Table, max_frame_bytes: int) -> tuple[list[object], 
         id_prefix = secrets.token_hex(_ID_PREFIX_BYTES).encode()
         first = 0
         for part in _parts(rows.drop_columns(["stream"])):
-            part = complete_publish_table(part)
-            ids = part.column("id").chunk(0)
-            supplied = producer_id_mask(ids) if ids.null_count < len(ids) else None
-            sizes = message_sizes(part)
             # Placeholder offsets first.. keep the generated ids unique within the file.
-            batch = build_message_batch(part, first, 0, id_prefix)
-            for start, count in _frame_slices(batch, max_frame_bytes):
-                piece = batch if count == batch.num_rows else batch.slice(start, count)
-                flags = 0
-                if supplied is not None and pc.any(supplied.slice(start, count)).as_py():
-                    flags = FLAG_PRODUCER_IDS
-                payload = piece.serialize()
-                _batch, ((offsets_at, _), (timestamps_at, _)) = stamp_ranges(payload)
-                pieces += [placeholder_header(payload.size, count, flags), payload]
-                position += HEADER_SIZE
-                frames.append([stream, count, flags, position, payload.size,
-                               int(sizes[start:start + count].max()), first + start,
-                               offsets_at, timestamps_at, crc32c.crc32c(payload)])
-                position += payload.size
+            buffers, slots = build_staged_frames(part, first, position, max_frame_bytes,
+                                                 id_prefix)
+            pieces += buffers
+            frames += [[stream, slot.count, slot.flags, slot.payload_position,
+                        slot.payload_length, slot.max_message_bytes,
+                        slot.stamp.placeholder_base, slot.stamp.offsets_position,
+                        slot.stamp.timestamps_position, slot.stamp.payload_crc]
+                       for slot in slots]
+            position = slots[-1].payload_position + slots[-1].payload_length
             first += part.num_rows
     return pieces, {"format": FORMAT, "rows": table.num_rows, "bytes": position,
                     "streams": streams, "frames": frames}
@@ -147,70 +137,71 @@ def _parts(rows: pa.Table) -> Iterator[pa.Table]:
         yield pa.Table.from_batches(group)
 
 
-def _frame_slices(batch: pa.RecordBatch, max_frame_bytes: int) -> list[tuple[int, int]]:
-    """(first row, rows) of the frames of ``batch``: serialize_frames' cut, sized not serialized."""
-    size = pa.ipc.get_record_batch_size(batch)
-    if size <= max_frame_bytes or batch.num_rows <= 1:
-        return [(0, batch.num_rows)]
-    step = max(1, batch.num_rows * max_frame_bytes // size)
-    return [(start, min(step, batch.num_rows - start))
-            for start in range(0, batch.num_rows, step)]
-
-
-def _index_position(handle: BinaryIO) -> int | None:
-    """Where a format-1 file's index starts, from its trailer; None without one."""
-    size = handle.seek(0, os.SEEK_END)
-    if size < _TRAILER.size:
-        return None
-    handle.seek(size - _TRAILER.size)
-    position, magic = _TRAILER.unpack(handle.read(_TRAILER.size))
-    return position if magic == MAGIC and position <= size - _TRAILER.size else None
-
-
 def index_path(path: Path) -> Path:
     """The index file next to a staging data file."""
     return path.with_suffix(INDEX_SUFFIX)
 
 
-def read_index(path: Path) -> dict[str, object] | None:
-    """The index of the staging whose data file is ``path``; None for a format-0 file.
+def read_index(path: Path) -> dict[str, object]:
+    """The index of the staging whose data file is ``path`` (which may be gone: adopted).
 
-    Formats 2 and 3 read the index file (the data file may be gone:
-    adopted); format 1 the trailer. FileNotFoundError when neither file exists.
+    FileNotFoundError when neither file exists; StagingFormatError for
+    staging of an older format (module doc).
     """
     try:
-        return json.loads(index_path(path).read_bytes())
+        index = json.loads(index_path(path).read_bytes())
     except FileNotFoundError:
-        pass
-    with open(path, "rb") as handle:
-        position = _index_position(handle)
-        if position is None:
-            return None
-        handle.seek(position)
-        index = json.loads(handle.read()[:-_TRAILER.size])
-    index["format"] = 1
+        if not path.exists():
+            raise
+        raise _refused(path, _format_without_index(path)) from None
+    found = index.get("format") if isinstance(index, dict) else None
+    if found != FORMAT:
+        raise _refused(path, found if isinstance(found, int) else -1)
     return index
+
+
+def _format_without_index(path: Path) -> int:
+    """Format of a staging data file without an index file: 1 with its trailer, else 0."""
+    try:
+        with open(path, "rb") as handle:
+            if handle.seek(0, os.SEEK_END) >= len(_FORMAT_1_MAGIC):
+                handle.seek(-len(_FORMAT_1_MAGIC), os.SEEK_END)
+                if handle.read() == _FORMAT_1_MAGIC:
+                    return 1
+    except FileNotFoundError:  # dropped meanwhile: still not a current staging
+        pass
+    return 0
+
+
+def _refused(path: Path, found: int) -> StagingFormatError:
+    """The error for staging of another format; the first one of the process is logged."""
+    error = StagingFormatError(path, found, FORMAT)
+    if not _refusal_logged.is_set():
+        _refusal_logged.set()
+        log.error("staging directory %s holds staging of an older broker (%s is in staging "
+                  "format %d, this broker reads format %d only): commits listing it are "
+                  "refused, and it is deleted by the staging sweep after sink_staging_ttl; "
+                  "further refusals are not logged", path.parent, path.name, found, FORMAT)
+    return error
 
 
 def frame_slots(index: dict[str, object]) -> list[tuple[str, FrameSlot]]:
     """(target stream, slot) of every frame an index lists, in file order."""
     # Index entries: [stream, count, flags, payload position, payload length, largest,
-    # then from format 3: placeholder base offset, offsets position, timestamps
-    # position (both in the payload), payload CRC32C]
-    return [(f[0], FrameSlot(f[3], f[4], f[1], f[2], f[5],
-                             StampSlot(*f[6:10]) if len(f) >= 10 else None))
+    # placeholder base offset, offsets position, timestamps position (both in the
+    # payload), payload CRC32C]
+    return [(f[0], FrameSlot(f[3], f[4], f[1], f[2], f[5], StampSlot(*f[6:10])))
             for f in index["frames"]]  # type: ignore[attr-defined]
 
 
 class StagedFrames:
     """A staging's frames: mapped copy-on-write to be stamped and copied, or adopted whole."""
 
-    def __init__(self, staging_id: str, path: Path, index: dict[str, object],
-                 writer: DirectFileWriter | None = None,
-                 known_blocks: Mapping[int, bytes] | None = None) -> None:
+    def __init__(self, staging_id: str, path: Path, index: dict[str, object], *,
+                 direct: bool = False, known_blocks: Mapping[int, bytes] | None = None) -> None:
         self.staging_id = staging_id
         self.path = path
-        self._writer = writer  # how the data file was written: stamping writes alike
+        self._direct = direct  # the data file was written around the page cache
         self._known_blocks = known_blocks or {}  # blocks as Stage wrote them (stamping)
         self.format = int(index["format"])  # type: ignore[call-overload]
         self.streams: list[str] = list(index["streams"])  # type: ignore[call-overload]
@@ -221,20 +212,16 @@ class StagedFrames:
     def count_for(self, stream: str) -> int:
         return sum(slot.count for target, slot in self._frames if target == stream)
 
-    def bytes_for(self, stream: str) -> int:
-        return sum(slot.payload_length for target, slot in self._frames if target == stream)
-
     def segment_for(self, stream: str) -> StagedSegment | None:
-        """The data file as a segment to adopt for ``stream`` if it can be one.
+        """The data file as a segment for ``stream``, if it holds rows of ``stream`` only.
 
-        It can when it is in the segment layout with what stamping needs in
-        its index (format 3) and holds rows of ``stream`` only. Format-2 files
-        (staged by an older broker) are copied.
+        Whether it is then adopted or copied is storage's call
+        (StreamLog.can_adopt).
         """
-        if self.format < FORMAT or self.streams != [stream]:
+        if self.streams != [stream]:
             return None
         return StagedSegment(self.path, tuple(slot for _target, slot in self._frames),
-                             writer=self._writer, known_blocks=self._known_blocks)
+                             direct=self._direct, known_blocks=self._known_blocks)
 
     def _mapped(self) -> mmap.mmap | None:
         if self._map is None:

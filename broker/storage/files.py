@@ -33,9 +33,11 @@ __all__ = [
     "START_OFFSET_FILE",
     "TIME_INDEX_SUFFIX",
     "TMP_SUFFIX",
+    "cut_file",
     "fsync_dir",
     "list_segment_bases",
     "offset_index_path",
+    "segment_file_sizes",
     "segment_path",
     "stream_dir",
     "streams_root",
@@ -92,6 +94,31 @@ def list_segment_bases(directory: Path) -> list[int]:
             bases.append(int(stem))
     bases.sort()
     return bases
+
+
+def segment_file_sizes(directory: Path) -> dict[Path, int]:
+    """Size of every segment file in ``directory`` now; {} if it does not exist."""
+    sizes: dict[Path, int] = {}
+    for base in list_segment_bases(directory):
+        path = segment_path(directory, base)
+        try:
+            sizes[path] = path.stat().st_size
+        except FileNotFoundError:  # deleted by retention meanwhile
+            continue
+    return sizes
+
+
+def cut_file(path: Path, size: int) -> None:
+    """Cut ``path`` back to ``size`` bytes, durably.
+
+    Storage cuts its own files through the segment it owns; this is for what
+    lies outside a log's state, like the torn write a test fault leaves
+    (npstream.broker.faults), which the next open must find and repair.
+    """
+    with open(path, "r+b") as handle:
+        handle.truncate(size)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def fsync_dir(directory: Path) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import secrets
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -66,7 +67,6 @@ from npstream.broker.storage.reader import (
 )
 from npstream.broker.storage.results import AppendResult, LogStats, ReadResult, StoredRow
 from npstream.broker.storage.retention import plan_retention
-from npstream.broker.storage.segment import FaultHook
 from npstream.broker.storage.segment_list import SegmentList, UndoFailedError
 from npstream.broker.storage.settings import AckMode, StorageSettings, StreamConfig
 from npstream.broker.storage.small_append import (
@@ -120,7 +120,6 @@ class StreamLog:
         settings: StorageSettings,
         cache: FileCache,
         clock: Callable[[], int],
-        fault_hook: FaultHook | None = None,
         on_dirty: Callable[[StreamLog], None] | None = None,
     ) -> None:
         self.name = name
@@ -130,7 +129,7 @@ class StreamLog:
         self._clock = clock
         self._on_dirty = on_dirty
         self._segments = SegmentList(name, directory, loaded.segments, settings=settings,
-                                     cache=cache, fault_hook=fault_hook)
+                                     cache=cache)
         self._last_timestamp = max((s.max_timestamp for s in loaded.segments), default=-1)
         self._append_lock = threading.RLock()
         self._state = threading.Condition()
@@ -298,6 +297,21 @@ class StreamLog:
         self._sync_through(sequence)
         return AppendResult(first, count, [], now)
 
+    def can_adopt(self, staged: StagedSegment, min_bytes: int) -> bool:
+        """Whether append_prebuilt should adopt ``staged`` as a segment rather than copy it.
+
+        Adopting renames the file into this stream's directory, which cannot
+        cross a filesystem. And every adopted file becomes a segment, so one
+        whose payloads are under ``min_bytes`` is copied instead: a low-rate
+        writer would otherwise leave thousands of tiny segments.
+        """
+        if staged.payload_bytes < min_bytes:
+            return False
+        try:
+            return os.stat(staged.path).st_dev == os.stat(self._directory.parent).st_dev
+        except FileNotFoundError:
+            return False
+
     def _write_parts_locked(self, parts: Sequence[PrebuiltFrame | StagedSegment], first: int,
                             now: int) -> list[pa.RecordBatch]:
         """Write runs of frames and adopt staged files in order; see append_prebuilt."""
@@ -307,7 +321,7 @@ class StreamLog:
         # Staged files are stamped first, all at once: nothing is in the log yet, so a
         # failure there leaves it unchanged, and the stamps' disk waits overlap.
         stamps = dict(zip(staged, stamp_all([(parts[i], bases[i]) for i in staged],  # type: ignore[misc]
-                                            now, self._segments.fault_hook), strict=True))
+                                            now), strict=True))
         reached = first
         try:
             for begin, end, write in self._write_steps(parts, bases, stamps, now):

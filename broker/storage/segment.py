@@ -18,9 +18,10 @@ import contextlib
 import errno
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
+from npstream.broker import faults
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.files import offset_index_path, segment_path, time_index_path
 from npstream.broker.storage.offset_index import OffsetIndex
@@ -30,13 +31,9 @@ from npstream.broker.storage.time_index import TimeIndex
 from npstream.proto.frames.reader import BadFrame, FrameReader
 from npstream.proto.frames.record_batch import FrameHeader
 
-__all__ = ["FaultHook", "Segment", "pwrite_all"]
+__all__ = ["Segment", "pwrite_all"]
 
 log = logging.getLogger(__name__)
-
-# Called before every segment write and fsync with (operation, path, position);
-# raising OSError from it simulates a disk error (tests).
-FaultHook = Callable[[str, Path, int], None]
 
 
 class Segment:
@@ -150,14 +147,13 @@ class Segment:
 
     def write_frame(
         self, cache: FileCache, header_bytes: bytes, payload: object, header: FrameHeader,
-        index_interval: int, fault_hook: FaultHook | None,
+        index_interval: int,
     ) -> None:
         """Append one frame at the end of the segment; on error the file is cut back."""
         position = self.size
         with cache.borrow(self.path) as fd:
             try:
-                if fault_hook is not None:
-                    fault_hook("write", self.path, position)
+                faults.hit("storage.write", self.path, position)
                 pwrite_all(fd, [header_bytes, payload], position)
             except OSError:
                 try:
@@ -168,12 +164,11 @@ class Segment:
                 raise
         self.record_frame(position, header, index_interval)
 
-    def sync(self, cache: FileCache, fault_hook: FaultHook | None) -> None:
+    def sync(self, cache: FileCache) -> None:
         """fdatasync the segment file (a segment deleted meanwhile needs none)."""
         try:
             with cache.borrow(self.path) as fd:
-                if fault_hook is not None:
-                    fault_hook("fsync", self.path, self.size)
+                faults.hit("storage.fsync", self.path, self.size)
                 os.fdatasync(fd)
         except FileNotFoundError:
             return

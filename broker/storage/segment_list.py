@@ -17,13 +17,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from npstream.broker import faults
 from npstream.broker.errors import BrokerError, CorruptRecordError
 from npstream.broker.storage.batch_builder import reencode_rows, serialize_frames
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.files import fsync_dir, segment_path
 from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload
 from npstream.broker.storage.reader import LogView, iter_frames
-from npstream.broker.storage.segment import FaultHook, Segment
+from npstream.broker.storage.segment import Segment
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
 from npstream.broker.storage.staged_segment import StagedSegment, Stamp
 from npstream.broker.storage.stream_files import write_retention_config, write_schema
@@ -46,22 +47,16 @@ class SegmentList:
 
     def __init__(
         self, name: str, directory: Path, segments: list[Segment], *,
-        settings: StorageSettings, cache: FileCache, fault_hook: FaultHook | None,
+        settings: StorageSettings, cache: FileCache,
     ) -> None:
         self.name = name
         self.directory = directory
         self.segments = segments
         self._settings = settings
         self._cache = cache
-        self._fault_hook = fault_hook
 
     def __len__(self) -> int:
         return len(self.segments)
-
-    @property
-    def fault_hook(self) -> FaultHook | None:
-        """Tests' disk-error injection, for writes made outside this list (stamping)."""
-        return self._fault_hook
 
     @property
     def tail(self) -> Segment | None:
@@ -158,12 +153,11 @@ class SegmentList:
         (offset, id) columns of frames carrying producer ids.
         """
         headers, flagged = stamp
-        if staged.on_event is not None:
-            staged.on_event("renaming")
+        faults.hit("storage.renaming", staged.path)
         tail = self.segments[-1]
         target = segment_path(self.directory, first)
         if not tail.is_empty:
-            tail.sync(self._cache, self._fault_hook)
+            tail.sync(self._cache)
             tail.seal()
         try:
             self._cache.forget(target)  # an empty tail's file is replaced: drop its open fd
@@ -184,8 +178,7 @@ class SegmentList:
         log.debug("stream %s: adopted staged file %s as segment %s (offsets [%d, %d), %d bytes)",
                  self.name, staged.path.name, target.name, first, segment.next_offset,
                  segment.size)
-        if staged.on_event is not None:
-            staged.on_event("adopted")
+        faults.hit("storage.adopted", staged.path)
         return flagged
 
     def _write_frames(self, frames: list[tuple[pa.Buffer | bytes, bytes, FrameHeader]],
@@ -202,7 +195,7 @@ class SegmentList:
                 self._roll_if_due(header.frame_size, header.count, timestamp)
                 self.segments[-1].write_frame(
                     self._cache, header_bytes, payload, header,
-                    self._settings.index_interval_bytes, self._fault_hook,
+                    self._settings.index_interval_bytes,
                 )
         except OSError:
             self._roll_back(segment_count, tail_size)
@@ -240,7 +233,7 @@ class SegmentList:
     def roll(self, reason: str) -> None:
         """Close the active segment (fsync, seal) and start a new one at its end."""
         old = self.segments[-1]
-        old.sync(self._cache, self._fault_hook)
+        old.sync(self._cache)
         old.seal()
         new = Segment(self.directory, old.next_offset)
         new.create_file(self._cache)
@@ -252,7 +245,7 @@ class SegmentList:
 
     def sync_tail(self) -> None:
         if self.segments:
-            self.segments[-1].sync(self._cache, self._fault_hook)
+            self.segments[-1].sync(self._cache)
 
     # ------------------------------------------------------------------ removing
 
@@ -291,8 +284,8 @@ class SegmentList:
                 max_timestamp=frame_header.max_timestamp, flags=frame_header.flags,
             )
             rebuilt.write_frame(self._cache, header_bytes, kept, header,
-                                self._settings.index_interval_bytes, self._fault_hook)
-            rebuilt.sync(self._cache, self._fault_hook)
+                                self._settings.index_interval_bytes)
+            rebuilt.sync(self._cache)
         self.segments[number] = rebuilt
         fsync_dir(self.directory)
 

@@ -21,23 +21,35 @@ Stamping is idempotent for a given base offset and timestamp (whole columns
 are written, computed from the index, not from the file), so a commit
 interrupted between stamping and the rename stamps the file again at the
 restart and gets the same bytes.
+
+The layout is storage's, so it is built here too (``build_staged_frames``):
+the sink decides which rows go into which file and records the slots in its
+own index, storage decides what a frame with a placeholder header is.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import crc32c
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from npstream.broker import faults
 from npstream.broker.errors import MessageTooLargeError
-from npstream.broker.storage.batch_builder import message_sizes
+from npstream.broker.storage.batch_builder import (
+    build_message_batch,
+    complete_publish_table,
+    message_sizes,
+    producer_id_mask,
+)
 from npstream.broker.storage.direct_write import DirectFileWriter
-from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload
+from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload, stamp_ranges
 from npstream.proto.frames import crc_patch
 from npstream.proto.frames.payload import decode_payload
 from npstream.proto.frames.record_batch import (
@@ -49,10 +61,12 @@ from npstream.proto.frames.record_batch import (
     encode_header_for_crc,
 )
 
-__all__ = ["FrameSlot", "StagedSegment", "Stamp", "StampSlot", "check_sizes", "placeholder_header",
-           "stamp_all"]
+__all__ = ["FrameSlot", "StagedSegment", "Stamp", "StampSlot", "build_staged_frames",
+           "check_sizes", "placeholder_header", "stamp_all"]
 
+# How stamping patches a file: around the page cache when it was written so.
 _PAGE_CACHE = DirectFileWriter(direct=False)
+_DIRECT = DirectFileWriter(direct=True)
 # Files stamped at once by stamp_all (each waits on the disk most of the time).
 STAMP_THREADS = 4
 _ID_COLUMNS = [0, 1]  # offset, id: what the dedup window remembers of flagged frames
@@ -87,9 +101,9 @@ class FrameSlot:
     payload_position: int  # the header is the HEADER_SIZE bytes before it
     payload_length: int
     count: int
-    flags: int = 0
-    max_message_bytes: int = 0
-    stamp: StampSlot | None = None  # None in staging files of older brokers: copied only
+    flags: int
+    max_message_bytes: int
+    stamp: StampSlot
 
     @property
     def header_position(self) -> int:
@@ -97,8 +111,6 @@ class FrameSlot:
 
     def stamped_ranges(self) -> list[tuple[int, int]]:
         """(file position, length) of what stamping writes: header, offsets, timestamps."""
-        if self.stamp is None:
-            return []
         return [(self.header_position, HEADER_SIZE),
                 (self.payload_position + self.stamp.offsets_position, 8 * self.count),
                 (self.payload_position + self.stamp.timestamps_position, 8 * self.count)]
@@ -108,18 +120,16 @@ class FrameSlot:
 class StagedSegment:
     """A staged file in segment layout, holding ``slots`` back to back from byte 0.
 
-    ``on_event(name)`` (tests' crash points) is called with "stamped" once the
-    file is stamped and fsynced, "renaming" right before it is renamed into the
-    stream and "adopted" once it is.
+    ``direct``: the file was written around the page cache (direct_write.py),
+    so stamping patches it the same way and it stays out of the cache.
+    ``known_blocks``: blocks of the file as they were written
+    (DirectFileWriter.create_keeping), so stamping need not read them back
+    from the disk; the caller checked that the file is unchanged since.
     """
 
     path: Path
     slots: tuple[FrameSlot, ...]
-    on_event: Callable[[str], None] | None = field(default=None, compare=False)
-    # How Stage wrote the file, so stamping keeps it out of the page cache (or not).
-    writer: DirectFileWriter | None = field(default=None, compare=False)
-    # Blocks of the file as Stage wrote them (DirectFileWriter.create_keeping), so
-    # stamping need not read them back from the disk; checked current by the caller.
+    direct: bool = False
     known_blocks: Mapping[int, bytes] = field(default_factory=dict, compare=False)
 
     @property
@@ -131,15 +141,18 @@ class StagedSegment:
         last = self.slots[-1]
         return last.payload_position + last.payload_length
 
+    @property
+    def payload_bytes(self) -> int:
+        """Bytes of the frames' payloads (what StreamLog.can_adopt weighs)."""
+        return sum(slot.payload_length for slot in self.slots)
+
     def read_payload(self, slot: FrameSlot) -> bytes:
         """One frame's payload (for a size check or ids that need the rows)."""
         with open(self.path, "rb") as handle:
             handle.seek(slot.payload_position)
             return handle.read(slot.payload_length)
 
-    def stamp(
-        self, first: int, timestamp: int, fault_hook: Callable[[str, Path, int], None] | None,
-    ) -> Stamp:
+    def stamp(self, first: int, timestamp: int) -> Stamp:
         """Stamp offsets first.. and ``timestamp`` into the file, fsync it.
 
         Only the offset and timestamp columns and the headers are written; the
@@ -160,9 +173,6 @@ class StagedSegment:
         base = first
         for slot in self.slots:
             stamp = slot.stamp
-            if stamp is None:
-                raise ValueError(f"staged frame at byte {slot.payload_position} of "
-                                 f"{self.path} has no stamping data (an older format)")
             offsets = np.arange(base, base + slot.count, dtype="<i8")
             timestamps = np.full(slot.count, timestamp, dtype="<i8")
             crc = crc_patch.patch(
@@ -175,8 +185,7 @@ class StagedSegment:
                 slot.flags, slot.payload_length, crc, base, slot.count, timestamp, timestamp))
             if slot.flags & FLAG_PRODUCER_IDS:
                 flagged.append(self._ids(slot, base, timestamp))
-            if fault_hook is not None:
-                fault_hook("write", self.path, slot.header_position)
+            faults.hit("storage.write", self.path, slot.header_position)
             (header_at, _), (offsets_at, _), (timestamps_at, _) = slot.stamped_ranges()
             patches += [(header_at, header_bytes), (offsets_at, offsets),
                         (timestamps_at, timestamps)]
@@ -184,11 +193,10 @@ class StagedSegment:
             base += slot.count
         # Only the headers and the two stamped columns are written: the rest of the file
         # stays as Stage wrote it (and, written directly, out of the page cache).
-        before_sync = (None if fault_hook is None
-                       else lambda: fault_hook("fsync", self.path, self.size))
-        (self.writer or _PAGE_CACHE).patch(self.path, patches, before_sync, self.known_blocks)
-        if self.on_event is not None:
-            self.on_event("stamped")
+        (_DIRECT if self.direct else _PAGE_CACHE).patch(
+            self.path, patches, lambda: faults.hit("storage.fsync", self.path, self.size),
+            self.known_blocks)
+        faults.hit("storage.stamped", self.path)
         return headers, flagged
 
     def _ids(self, slot: FrameSlot, base: int, timestamp: int) -> pa.RecordBatch:
@@ -203,8 +211,53 @@ class StagedSegment:
 Stamp = tuple[list[tuple[int, FrameHeader]], list[pa.RecordBatch]]  # StagedSegment.stamp's result
 
 
-def stamp_all(jobs: Sequence[tuple[StagedSegment, int]], timestamp: int,
-              fault_hook: Callable[[str, Path, int], None] | None) -> list[Stamp]:
+def build_staged_frames(rows: pa.Table, first: int, position: int, max_frame_bytes: int,
+                        id_prefix: bytes) -> tuple[list[object], list[FrameSlot]]:
+    """Publish rows as frames of a staged segment: the buffers to write, and each frame's slot.
+
+    The rows (publish columns, completed here) get the placeholder offsets
+    ``first``.. (ids generated for rows without one come from them and
+    ``id_prefix``, so ``first`` keeps them unique within a file) and
+    timestamps 0. They are cut into frames of about ``max_frame_bytes``, as
+    an append cuts a batch, each behind a placeholder header and flagged when
+    a row carries a producer id. The buffers go back to back from file
+    position ``position``; the slots record where each payload lands and
+    what stamping it needs (StampSlot).
+    """
+    rows = complete_publish_table(rows)
+    ids = rows.column("id").chunk(0)
+    supplied = producer_id_mask(ids) if ids.null_count < len(ids) else None
+    sizes = message_sizes(rows)
+    batch = build_message_batch(rows, first, 0, id_prefix)
+    pieces: list[object] = []
+    slots: list[FrameSlot] = []
+    for start, count in _frame_slices(batch, max_frame_bytes):
+        piece = batch if count == batch.num_rows else batch.slice(start, count)
+        flags = 0
+        if supplied is not None and pc.any(supplied.slice(start, count)).as_py():
+            flags = FLAG_PRODUCER_IDS
+        payload = piece.serialize()
+        _batch, ((offsets_at, _), (timestamps_at, _)) = stamp_ranges(payload)
+        pieces += [placeholder_header(payload.size, count, flags), payload]
+        position += HEADER_SIZE
+        slots.append(FrameSlot(
+            position, payload.size, count, flags, int(sizes[start:start + count].max()),
+            StampSlot(first + start, offsets_at, timestamps_at, crc32c.crc32c(payload))))
+        position += payload.size
+    return pieces, slots
+
+
+def _frame_slices(batch: pa.RecordBatch, max_frame_bytes: int) -> list[tuple[int, int]]:
+    """(first row, rows) of the frames of ``batch``: serialize_frames' cut, sized not serialized."""
+    size = pa.ipc.get_record_batch_size(batch)
+    if size <= max_frame_bytes or batch.num_rows <= 1:
+        return [(0, batch.num_rows)]
+    step = max(1, batch.num_rows * max_frame_bytes // size)
+    return [(start, min(step, batch.num_rows - start))
+            for start in range(0, batch.num_rows, step)]
+
+
+def stamp_all(jobs: Sequence[tuple[StagedSegment, int]], timestamp: int) -> list[Stamp]:
     """Stamp each (file, first offset) of one append, concurrently; results in order.
 
     A stamp mostly waits on the disk (a few block reads and writes, an
@@ -212,11 +265,10 @@ def stamp_all(jobs: Sequence[tuple[StagedSegment, int]], timestamp: int,
     threads at once. The first failure is raised once all are done.
     """
     if len(jobs) <= 1:
-        return [staged.stamp(first, timestamp, fault_hook) for staged, first in jobs]
+        return [staged.stamp(first, timestamp) for staged, first in jobs]
     with ThreadPoolExecutor(min(STAMP_THREADS, len(jobs)),
                             thread_name_prefix="stamp") as pool:
-        futures = [pool.submit(staged.stamp, first, timestamp, fault_hook)
-                   for staged, first in jobs]
+        futures = [pool.submit(staged.stamp, first, timestamp) for staged, first in jobs]
     return [future.result() for future in futures]
 
 

@@ -29,7 +29,6 @@ from npstream.broker.storage.flusher import Flusher
 from npstream.broker.storage.loader import load_log, repair_log
 from npstream.broker.storage.log import StreamLog
 from npstream.broker.storage.retention import idle_stream_check
-from npstream.broker.storage.segment import FaultHook
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
 from npstream.broker.storage.stream_files import read_retention_config
 from npstream.proto.names import STREAM_NAME_RE
@@ -47,21 +46,17 @@ class Storage:
     """The storage engine (docs/internals.md "Storage engine"). Thread-safe.
 
     ``clock`` returns epoch milliseconds (injectable for exact retention and
-    dedup tests); ``fault_hook(operation, path, position)`` is called before
-    every segment write and fsync and may raise OSError to simulate a disk
-    error.
+    dedup tests). Tests simulate disk errors through npstream.broker.faults
+    (points ``storage.write`` and ``storage.fsync``).
     """
 
     def __init__(
         self,
         settings: StorageSettings,
         clock: Callable[[], int] = wall_clock_ms,
-        *,
-        fault_hook: FaultHook | None = None,
     ) -> None:
         self.settings = settings
         self._clock = clock
-        self._fault_hook = fault_hook
         self._cache = FileCache(settings.max_open_files)
         self._lock = threading.Lock()
         self._logs: dict[str, StreamLog] = {}
@@ -91,7 +86,7 @@ class Storage:
         loaded = load_log(directory, self._cache, self.settings.index_interval_bytes, name)
         stream_log = StreamLog(
             name, config, directory, loaded, settings=self.settings, cache=self._cache,
-            clock=self._clock, fault_hook=self._fault_hook, on_dirty=self._flusher.mark_dirty,
+            clock=self._clock, on_dirty=self._flusher.mark_dirty,
         )
         with self._lock:
             self._logs[name] = stream_log

@@ -1,7 +1,7 @@
 """Sink commits interrupted by a broker crash finish exactly once at restart; staging GC.
 
 The crash points come from the test-only fault hook NPSTREAM_SINK_FAULT
-(npstream.broker.sink.committer): the broker process os._exit()s at an exact
+(npstream.broker.faults): the broker process os._exit()s at an exact
 step of a commit, which is what kill -9 at that instant would leave behind.
 """
 
@@ -15,7 +15,8 @@ import pyarrow as pa
 import pytest
 
 from npstream import Client
-from npstream.broker.sink.committer import FAULT_ENV, FAULT_EXIT_CODE
+from npstream.broker.faults import FAULT_EXIT_CODE
+from npstream.broker.faults import SINK_FAULT_ENV as FAULT_ENV
 from npstream.errors import BrokerUnavailable
 from npstream.proto.schema import MESSAGE_SCHEMA
 from npstream.sink.client import SinkConflict
@@ -144,9 +145,9 @@ def adoption_tables() -> list[pa.Table]:
 
 
 def stream_segments(proc, stream: str) -> list[int]:
-    from npstream.broker.storage.files import list_segment_bases
+    from npstream.broker.storage.files import list_segment_bases, stream_dir
 
-    return list_segment_bases(Path(proc.data_dir) / "streams" / stream)
+    return list_segment_bases(stream_dir(Path(proc.data_dir), stream))
 
 
 def test_large_single_stream_stagings_become_segments_without_a_copy(broker_factory):

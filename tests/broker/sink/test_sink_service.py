@@ -332,9 +332,11 @@ def test_commit_failing_midway_blocks_later_batches_until_retried(client, sink, 
     assert values(client, stream_name) == [b"x" * 50, b"y"]
 
 
-def test_commit_appends_staging_written_by_an_older_broker(broker, client, sink, stream_name):
-    """An upgrade in the middle of a batch: staging files in the Arrow IPC stream format of
-    brokers before staged frames are committed like new ones, in the listed order."""
+def test_commit_listing_staging_of_an_older_broker_is_refused_naming_its_format(
+        broker, client, sink, stream_name):
+    """An upgrade in the middle of a batch: a staging file in the Arrow IPC stream format of
+    brokers before staged frames is refused, naming its format and the one this broker
+    reads, logged once; nothing is appended, and the batch staged again commits."""
     from npstream.broker.sink.staging import prepare_stage
 
     sink.stage("s-upgrade", 0, "0-1", stream_name, pa.table({"value": ["new"], "id": ["n"]}))
@@ -344,6 +346,17 @@ def test_commit_appends_staging_written_by_an_older_broker(broker, client, sink,
     with pa.OSFile(str(path), "wb") as out, pa.ipc.new_stream(out, old.schema) as writer:
         writer.write_table(old)
 
+    refusal = (r"0-0.arrow is in staging format 0, written by an older broker; this broker "
+               r"reads staging format 3 only")
+    for _attempt in range(2):
+        with pytest.raises(SinkConflict, match=refusal):
+            sink.commit("s-upgrade", 0, ["0-0", "0-1"])
+    with pytest.raises(StreamNotFound):  # refused before anything was created or appended
+        client.stream_info(stream_name)
+    assert broker.log_text().count("holds staging of an older broker") == 1
+
+    sink.stage("s-upgrade", 0, "0-0", stream_name,
+               pa.table({"value": ["old1", "old2"], "id": ["o1", None]}))
     assert sink.commit("s-upgrade", 0, ["0-0", "0-1"]).written == {stream_name: (0, 3)}
     table = rows(client, stream_name)
     assert table.column("value").to_pylist() == [b"old1", b"old2", b"new"]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
+import threading
 from pathlib import Path
 
 import crc32c
@@ -13,7 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from npstream.broker.errors import InvalidArgumentError
+from npstream.broker.errors import InvalidArgumentError, StagingFormatError
+from npstream.broker.sink import staging_format
 from npstream.broker.sink.staging import (
     StagingArea,
     check_sink_id,
@@ -21,7 +24,6 @@ from npstream.broker.sink.staging import (
     message_sizes,
     prepare_stage,
 )
-from npstream.broker.sink.staging_format import MAGIC
 from npstream.broker.storage.batch_builder import build_message_batch, complete_publish_table
 from npstream.proto.frames.record_batch import frame_crc, parse_header
 from npstream.proto.schema import HEADERS_TYPE, MESSAGE_SCHEMA
@@ -270,8 +272,16 @@ def test_index_outlives_an_adopted_data_file_and_is_an_orphan_then(tmp_path: Pat
     assert not (tmp_path / "k").exists()
 
 
-def test_staging_file_in_format_2_is_copied_not_adopted(tmp_path: Path):
-    """Format 2 had the segment layout but no stamping data in its index: copy it."""
+FORMAT_1_MAGIC = b"NPSTG\x00\x00\x01"  # the trailer that ended a format-1 data file
+
+
+def refusal(found: int) -> str:
+    return (rf"is in staging format {found}, written by an older broker; this broker reads "
+            r"staging format 3 only")
+
+
+def test_staging_file_in_format_2_is_refused_naming_its_format(tmp_path: Path):
+    """Format 2 had the segment layout but no stamping data in its index: refused."""
     area = StagingArea(tmp_path)
     area.write("k", 3, "v2", staged(["a", "b", "c"]))
     index_file = area.path("k", 3, "v2").with_suffix(".index")
@@ -279,13 +289,14 @@ def test_staging_file_in_format_2_is_copied_not_adopted(tmp_path: Path):
     index["format"] = 2
     index["frames"] = [frame[:6] for frame in index["frames"]]
     index_file.write_bytes(json.dumps(index).encode())
-    old = area.open_frames("k", 3, "v2")
-    assert old is not None and old.format == 2 and old.segment_for("s") is None
-    assert old.rows_for("s").column("value").to_pylist() == [b"a", b"b", b"c"]
-    assert [f.count for f in old.frames_for("s")] == [3]
+    with pytest.raises(StagingFormatError, match=refusal(2)) as refused:
+        area.open_frames("k", 3, "v2")
+    assert (refused.value.found, refused.value.supported) == (2, 3)
+    with pytest.raises(StagingFormatError, match=refusal(2)):
+        area.targets("k", 3, "v2")
 
 
-def test_staging_file_in_format_1_is_still_read(tmp_path: Path):
+def test_staging_file_in_format_1_is_refused_naming_its_format(tmp_path: Path):
     """Before the segment layout, the payloads formed an Arrow IPC stream, index in a trailer."""
     area = StagingArea(tmp_path)
     table = prepare_stage(pa.table({"value": ["1", "2", "3"], "stream": ["a", "b", "a"]}), "",
@@ -306,15 +317,14 @@ def test_staging_file_in_format_1_is_still_read(tmp_path: Path):
         index_position = sink.tell()
         text = json.dumps({"rows": 3, "streams": ["a", "b"], "frames": frames}).encode()
         sink.write(text + b" " * (-len(text) % 8))
-        sink.write(struct.pack("<Q8s", index_position, MAGIC))
-    old = area.open_frames("k", 1, "v1")
-    assert old is not None and old.format == 1 and old.segment_for("a") is None
-    assert area.targets("k", 1, "v1") == ["a", "b"]
-    assert old.rows_for("a").column("value").to_pylist() == [b"1", b"3"]
-    assert [f.count for f in old.frames_for("b")] == [1]
+        sink.write(struct.pack("<Q8s", index_position, FORMAT_1_MAGIC))
+    with pytest.raises(StagingFormatError, match=refusal(1)):
+        area.open_frames("k", 1, "v1")
+    with pytest.raises(StagingFormatError, match=refusal(1)):
+        area.targets("k", 1, "v1")
 
 
-def test_staging_file_of_an_older_broker_is_still_read(tmp_path: Path):
+def test_staging_file_of_an_older_broker_is_refused_naming_its_format(tmp_path: Path):
     """Before staged frames, a staging file was an Arrow IPC stream with a stream column."""
     area = StagingArea(tmp_path)
     old = prepare_stage(pa.table({"value": ["1", "2"], "stream": ["a", "b"]}), "", limits())
@@ -322,6 +332,30 @@ def test_staging_file_of_an_older_broker_is_still_read(tmp_path: Path):
     path.parent.mkdir(parents=True)
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, old.schema) as writer:
         writer.write_table(old)
-    assert area.open_frames("k", 4, "old") is None
-    assert area.targets("k", 4, "old") == ["a", "b"]
-    assert area.read("k", 4, "old").rows_for("b").column("value").to_pylist() == [b"2"]
+    with pytest.raises(StagingFormatError, match=refusal(0)):
+        area.open_frames("k", 4, "old")
+    with pytest.raises(StagingFormatError, match=refusal(0)):
+        area.targets("k", 4, "old")
+    with pytest.raises(StagingFormatError, match=refusal(0)):
+        area.read("k", 4, "old")
+
+
+def test_the_first_refusal_of_an_older_staging_is_logged_once(tmp_path: Path, monkeypatch,
+                                                               caplog):
+    monkeypatch.setattr(staging_format, "_refusal_logged", threading.Event())
+    area = StagingArea(tmp_path)
+    for staging_id in ("old-0", "old-1"):
+        area.write("k", 5, staging_id, staged(["x"]))
+        index_file = area.path("k", 5, staging_id).with_suffix(".index")
+        index = json.loads(index_file.read_bytes())
+        index["format"] = 2
+        index_file.write_bytes(json.dumps(index).encode())
+    caplog.set_level(logging.ERROR, logger=staging_format.__name__)
+    for staging_id in ("old-0", "old-1", "old-0"):
+        with pytest.raises(StagingFormatError):
+            area.open_frames("k", 5, staging_id)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"staging directory {tmp_path / 'k' / '5'} holds staging of an older broker (old-0.arrow "
+        "is in staging format 2, this broker reads format 3 only): commits listing it are "
+        "refused, and it is deleted by the staging sweep after sink_staging_ttl; further "
+        "refusals are not logged"]

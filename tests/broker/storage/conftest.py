@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from npstream.broker import faults
 from npstream.broker.storage import Storage, StorageSettings, StreamConfig
 from npstream.proto.frames.reader import FrameReader
 from npstream.proto.frames.record_batch import FrameHeader
@@ -62,18 +63,39 @@ def data_dir(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture
 def make_storage(data_dir: Path, clock: FakeClock) -> Iterator[Callable[..., Storage]]:
-    """Storage(StorageSettings(data_dir, **settings), clock); all closed at teardown."""
+    """Storage(StorageSettings(data_dir, **settings), clock); all closed at teardown.
+
+    ``fault_hook(operation, path, position)`` is armed (npstream.broker.faults)
+    at the points ``storage.write`` and ``storage.fsync`` ("write", "fsync")
+    until the test's storages are closed; raising OSError from it simulates a
+    disk error.
+    """
     made: list[Storage] = []
 
-    def make(*, fault_hook: object = None, **settings: object) -> Storage:
-        storage = Storage(StorageSettings(data_dir=data_dir, **settings), clock,  # type: ignore[arg-type]
-                          fault_hook=fault_hook)  # type: ignore[arg-type]
+    def make(*, fault_hook: Callable[[str, Path, int], None] | None = None,
+             **settings: object) -> Storage:
+        if fault_hook is not None:
+            for operation in ("write", "fsync"):
+                faults.arm(f"storage.{operation}",
+                           lambda path, position, operation=operation: fault_hook(
+                               operation, path, position))
+        storage = Storage(StorageSettings(data_dir=data_dir, **settings), clock)  # type: ignore[arg-type]
         made.append(storage)
         return storage
 
     yield make
-    for storage in made:
-        storage.close()
+    try:
+        for storage in made:
+            storage.close()
+    finally:
+        faults.disarm()
+
+
+@pytest.fixture(autouse=True)
+def _no_armed_faults() -> Iterator[None]:
+    """Whatever a test armed is disarmed after it (faults are process-wide)."""
+    yield
+    faults.disarm()
 
 
 @pytest.fixture

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
+from npstream.broker import faults
 from npstream.broker.errors import MessageTooLargeError
 from npstream.broker.sink.staging import prepare_stage
 from npstream.broker.sink.staging_format import StagedFrames, build_staging
@@ -31,7 +31,7 @@ def stage(directory: Path, name: str, values: list[str], *, ids: list[str | None
     path = directory / f"{name}.arrow"
     pieces, index = build_staging(table, max_frame_bytes)
     WRITER.create(path, pieces)
-    return StagedFrames(name, path, index, WRITER)
+    return StagedFrames(name, path, index, direct=WRITER.direct)
 
 
 def segment(frames: StagedFrames) -> StagedSegment:
@@ -160,12 +160,13 @@ def test_a_failure_after_part_of_the_append_leaves_the_log_refusing_writes(
     first = stage(data_dir.parent / "sink", "a", ["x", "y"])
     second = stage(data_dir.parent / "sink", "b", ["z"])
 
-    def lose_second(event: str) -> None:  # both were stamped; the second goes once the first moved
-        if event == "adopted":
+    def lose_second(path: Path) -> None:  # both were stamped; the second goes once the first moved
+        if path == first.path:
             second.path.unlink()
 
+    faults.arm("storage.adopted", lose_second)
     with pytest.raises(FileNotFoundError):
-        log.append_prebuilt([replace(segment(first), on_event=lose_second), segment(second)])
+        log.append_prebuilt([segment(first), segment(second)])
     assert log.failed
     with pytest.raises(OSError, match="refuses writes after a disk error"):
         log.append(table_of([b"no"]))
