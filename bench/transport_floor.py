@@ -116,7 +116,7 @@ def _serve(port_q: Any, stop: Any) -> None:
     from npstream.broker.server.affinity import apply_cpu_affinity
     from npstream.broker.server.config import load_config
 
-    apply_cpu_affinity(load_config(None).cpu_affinity)  # before the server's threads start
+    apply_cpu_affinity(load_config(None).server.cpu_affinity)  # before the server's threads start
     log = _Log()
     server = grpc.server(ThreadPoolExecutor(max_workers=SERVER_WORKERS,
                                             thread_name_prefix="rpc"))

@@ -43,13 +43,13 @@ def main(argv: list[str] | None = None) -> int:
         })
     except ConfigError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
-    logging.basicConfig(level=config.log_level, format=LOG_FORMAT, stream=sys.stderr)
+    logging.basicConfig(level=config.server.log_level, format=LOG_FORMAT, stream=sys.stderr)
     from npstream.broker.server.affinity import apply_cpu_affinity
     from npstream.broker.server.heap import retain_freed_memory
 
-    retain_freed_memory(config.retain_freed_memory)
+    retain_freed_memory(config.server.retain_freed_memory)
     try:
-        apply_cpu_affinity(config.cpu_affinity)
+        apply_cpu_affinity(config.server.cpu_affinity)
     except (ValueError, OSError) as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     from npstream.broker.server.process import run

@@ -88,14 +88,23 @@ class OffsetOutOfRangeError(BrokerError):
         self.end = end
 
 
-class MessageTooLargeError(BrokerError):
+class MessageTooLargeError(InvalidArgumentError):
+    """A message over its stream's max_message_bytes, whichever path found it.
+
+    Publish and commit report it per message ("nothing was stored"), Stage per
+    input row ("nothing was staged"); it is the only error of that check
+    (npstream.broker.storage.batch_builder.check_message_sizes).
+    """
+
     grpc_code = grpc.StatusCode.INVALID_ARGUMENT
     reason = pb.ERROR_REASON_MESSAGE_TOO_LARGE
 
-    def __init__(self, stream: str, index: int, size: int, limit: int) -> None:
+    def __init__(self, stream: str, index: int, size: int, limit: int, *,
+                 staged: bool = False) -> None:
+        what, outcome = ("row", "staged") if staged else ("message", "stored")
         super().__init__(
-            f"message {index} for stream '{stream}' is {size} bytes, "
-            f"over the stream's max_message_bytes={limit}; nothing was stored"
+            f"{what} {index} for stream '{stream}' is {size} bytes, "
+            f"over the stream's max_message_bytes={limit}; nothing was {outcome}"
         )
         self.stream = stream
         self.index = index

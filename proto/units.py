@@ -9,7 +9,10 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-__all__ = ["parse_duration_ms", "parse_size", "parse_timestamp_ms"]
+__all__ = ["EPOCH", "datetime_from_ms", "parse_duration_ms", "parse_size", "parse_timestamp_ms"]
+
+# Every time on the wire and on disk is milliseconds since this instant (UTC).
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
@@ -17,6 +20,11 @@ _DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _SIZE_MULT = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def datetime_from_ms(ms: int) -> dt.datetime:
+    """The UTC datetime of epoch milliseconds (exact: no float rounding on the way)."""
+    return EPOCH + dt.timedelta(milliseconds=ms)
 
 
 def parse_timestamp_ms(value: object) -> int:

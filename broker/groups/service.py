@@ -97,7 +97,7 @@ def _bounded(what: str, stream: str, name: str, value: int, default: int, maximu
 class GroupServicer(pb_grpc.GroupServiceServicer):
     def __init__(self, manager: GroupManager, ctx: BrokerContext) -> None:
         self._manager = manager
-        self._max_wait_ms = ctx.config.max_fetch_wait_ms
+        self._max_wait_ms = ctx.config.server.max_fetch_wait_ms
         self._stopping = ctx.stopping
 
     def _gone(self, context: grpc.ServicerContext) -> Callable[[], bool]:

@@ -1,13 +1,24 @@
 """Broker configuration: defaults in code, then broker.toml, then NPSTREAM_* env, then CLI flags.
 
-The defaults live here (``KEYS``) so an installed package needs no file from
-the repository; ``conf/broker.toml`` repeats them with comments for operators
-and a test keeps the two in step. Every key has one name used everywhere: in
-its toml section, as ``NPSTREAM_<NAME>`` in the environment and, for the few
-that have one, as a ``--<name>`` flag. Sizes accept "64MiB" and durations
-"7d" (npstream.proto.units); a bare duration number means seconds, as everywhere in
-npstream. An unknown toml key is a startup error because a typo that silently
-keeps a default (say, an unlimited retention) is worse than a refusal.
+The defaults live in code (``KEYS``; the ``[storage]`` ones are
+``StorageSettings``' own, and those the clients share come from
+npstream.proto.defaults) so an installed package needs no file from the
+repository; ``conf/broker.toml`` and docs/broker.md repeat them for operators
+and tests keep them in step. Every key has one name used everywhere: in its
+toml section, as ``NPSTREAM_<NAME>`` in the environment, for the few that
+have one as a ``--<name>`` flag, and as the field of its section in
+``BrokerConfig`` (durations with an ``_ms`` suffix). Sizes accept "64MiB" and
+durations "7d" (npstream.proto.units); a bare duration number means seconds,
+as everywhere in npstream. An unknown toml key is a startup error because a
+typo that silently keeps a default (say, an unlimited retention) is worse
+than a refusal.
+
+``BrokerConfig`` mirrors the file: one frozen object per section
+(``config.server.port``, ``config.storage.max_open_files``), and
+``config.storage`` is the very ``StorageSettings`` the storage engine gets.
+Each section checks its own values when it is built and ``BrokerConfig`` the
+rules that span sections, so a configuration is validated once, where it is
+made; ``load_config`` reports every problem at once as a ``ConfigError``.
 """
 
 from __future__ import annotations
@@ -20,9 +31,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from npstream.broker.server.affinity import parse_cpu_affinity
+from npstream.broker.storage.settings import StorageSettings
+from npstream.proto.defaults import DEFAULT_BROKER_PORT, GRPC_MAX_MESSAGE_BYTES
+from npstream.proto.stream_config import STREAM_CONFIG_FIELDS, StreamConfig
 from npstream.proto.units import parse_duration_ms, parse_size
 
-__all__ = ["KEYS", "SECTIONS", "BrokerConfig", "ConfigError", "ConfigKey", "load_config"]
+__all__ = [
+    "KEYS",
+    "SECTIONS",
+    "BrokerConfig",
+    "ConfigError",
+    "ConfigKey",
+    "MetricsSettings",
+    "ServerSettings",
+    "SinkSettings",
+    "StreamsSettings",
+    "default_config",
+    "load_config",
+]
 
 ENV_PREFIX = "NPSTREAM_"
 MIB = 1 << 20
@@ -75,10 +101,8 @@ def _parse_level(value: object) -> str:
 
 
 def _parse_sync(value: object) -> str:
-    mode = _parse_str(value).strip().lower()
-    if mode not in {"normal", "full"}:
-        raise ValueError(f"invalid metadata_sync {value!r}: use normal or full")
-    return mode
+    """The mode's spelling only; StorageSettings decides which modes exist."""
+    return _parse_str(value).strip().lower()
 
 
 @dataclass(frozen=True)
@@ -89,7 +113,7 @@ class ConfigKey:
     section: str
     parse: Callable[[object], object]
     default: object
-    field: str  # BrokerConfig attribute (durations get an _ms suffix)
+    field: str  # attribute of the section's settings object (durations get an _ms suffix)
 
 
 def _key(name: str, section: str, parse: Callable[[object], object], default: object,
@@ -101,19 +125,27 @@ def _duration(name: str, section: str, default: str) -> ConfigKey:
     return _key(name, section, parse_duration_ms, default, f"{name}_ms")
 
 
+_STORAGE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(StorageSettings)}
+
+
+def _storage(name: str, parse: Callable[[object], object], field: str | None = None) -> ConfigKey:
+    """A ``[storage]`` key: its default is StorageSettings' (already a parsed value)."""
+    return ConfigKey(name, "storage", parse, _STORAGE_DEFAULTS[field or name], field or name)
+
+
 SECTIONS = ("server", "metrics", "streams", "storage", "sink")
 
-# The single source of every default (conf/broker.toml documents each one).
+# Every key and its default (conf/broker.toml and docs/broker.md document each one).
 KEYS: tuple[ConfigKey, ...] = (
     # [server]
     _key("host", "server", _parse_str, "127.0.0.1"),
-    _key("port", "server", _parse_int, 7070),
+    _key("port", "server", _parse_int, DEFAULT_BROKER_PORT),
     _key("data_dir", "server", lambda v: Path(_parse_str(v)) if not isinstance(v, Path) else v,
          "./data"),
     _key("log_level", "server", _parse_level, "INFO"),
     _key("max_workers", "server", _parse_int, 64),
     _key("max_concurrent_rpcs", "server", _parse_int, 0),
-    _key("grpc_max_message_bytes", "server", parse_size, "64MiB"),
+    _key("grpc_max_message_bytes", "server", parse_size, GRPC_MAX_MESSAGE_BYTES),
     _duration("max_fetch_wait", "server", "5m"),
     _duration("shutdown_grace", "server", "10s"),
     _key("auth_token", "server", _parse_str, ""),
@@ -133,14 +165,14 @@ KEYS: tuple[ConfigKey, ...] = (
     _duration("default_dedup_window", "streams", "2m"),
     _key("default_max_message_bytes", "streams", parse_size, "1MiB"),
     # [storage]
-    _key("segment_bytes", "storage", parse_size, "64MiB"),
-    _duration("segment_age", "storage", "1d"),
-    _key("max_open_files", "storage", _parse_int, 256),
-    _duration("flush_interval", "storage", "50ms"),
-    _key("max_batch_bytes", "storage", parse_size, "8MiB"),
-    _duration("retention_check_interval", "storage", "5s"),
-    _key("index_interval_bytes", "storage", parse_size, "4KiB"),
-    _key("metadata_sync", "storage", _parse_sync, "normal"),
+    _storage("segment_bytes", parse_size),
+    _storage("segment_age", parse_duration_ms, "segment_age_ms"),
+    _storage("max_open_files", _parse_int),
+    _storage("flush_interval", parse_duration_ms, "flush_interval_ms"),
+    _storage("max_batch_bytes", parse_size),
+    _storage("retention_check_interval", parse_duration_ms, "retention_check_interval_ms"),
+    _storage("index_interval_bytes", parse_size),
+    _storage("metadata_sync", _parse_sync),
     # [sink]
     _duration("sink_staging_ttl", "sink", "1d"),
     _key("sink_adopt_min_bytes", "sink", parse_size, "4MiB"),
@@ -148,11 +180,17 @@ KEYS: tuple[ConfigKey, ...] = (
     _key("sink_stage_inbox", "sink", _parse_bool, True),
 )
 KEYS_BY_NAME: dict[str, ConfigKey] = {k.name: k for k in KEYS}
+KEYS_BY_FIELD: dict[str, ConfigKey] = {k.field: k for k in KEYS}
+
+
+def _refuse(problems: list[str]) -> None:
+    if problems:  # all of them at once: a broker refusing to start names every fix
+        raise ConfigError("; ".join(problems))
 
 
 @dataclass(frozen=True)
-class BrokerConfig:
-    """Effective broker configuration; see conf/broker.toml for what each field means."""
+class ServerSettings:
+    """``[server]``: the process, its gRPC listener, security, memory and CPU placement."""
 
     host: str
     port: int
@@ -169,26 +207,26 @@ class BrokerConfig:
     local_reads: bool
     retain_freed_memory: int
     cpu_affinity: str
-    metrics_host: str
-    metrics_port: int | None
-    metrics_stream_gauges_max: int
-    auto_create_streams: bool
-    default_max_age_ms: int
-    default_max_bytes: int
-    default_dedup_window_ms: int
-    default_max_message_bytes: int
-    segment_bytes: int
-    segment_age_ms: int
-    max_open_files: int
-    flush_interval_ms: int
-    max_batch_bytes: int
-    retention_check_interval_ms: int
-    index_interval_bytes: int
-    metadata_sync: str
-    sink_staging_ttl_ms: int
-    sink_adopt_min_bytes: int
-    sink_direct_writes: bool
-    sink_stage_inbox: bool
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if not 0 <= self.port <= 65535:
+            problems.append(f"port={self.port} must be within 0..65535")
+        if self.max_workers < 4:
+            problems.append(f"max_workers={self.max_workers} must be at least 4")
+        if self.max_concurrent_rpcs < 0:
+            problems.append(f"max_concurrent_rpcs={self.max_concurrent_rpcs} must be >= 0")
+        if self.grpc_max_message_bytes < 4 * MIB:
+            problems.append(
+                f"grpc_max_message_bytes={self.grpc_max_message_bytes} must be at least 4MiB"
+            )
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            problems.append("tls_cert_file and tls_key_file must be set together")
+        for name in ("tls_cert_file", "tls_key_file"):
+            value = getattr(self, name)
+            if value and not Path(value).is_file():
+                problems.append(f"{name}={value} is not a readable file")
+        _refuse(problems)
 
     @property
     def max_message_bytes_limit(self) -> int:
@@ -200,16 +238,132 @@ class BrokerConfig:
         """
         return self.grpc_max_message_bytes // 2
 
+    def allows_max_message_bytes(self, value: int) -> bool:
+        """Whether a stream may have this max_message_bytes (the default or its own)."""
+        return 1 <= value <= self.max_message_bytes_limit
+
     @property
     def tls_enabled(self) -> bool:
         return bool(self.tls_cert_file)
 
-    def replace(self, **changes: object) -> BrokerConfig:
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """``[metrics]``: the Prometheus endpoint."""
+
+    metrics_host: str
+    metrics_port: int | None  # None: no endpoint
+    metrics_stream_gauges_max: int
+
+    def __post_init__(self) -> None:
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            _refuse([f"metrics_port={self.metrics_port} must be within 0..65535 or 'off'"])
+
+
+@dataclass(frozen=True)
+class StreamsSettings:
+    """``[streams]``: auto-creation, and the config of every stream that did not set its own."""
+
+    auto_create_streams: bool
+    default_max_age_ms: int
+    default_max_bytes: int
+    default_dedup_window_ms: int
+    default_max_message_bytes: int
+
+    @property
+    def stream_defaults(self) -> StreamConfig:
+        """The ``default_<field>`` keys as a StreamConfig (what a stream without overrides gets)."""
+        return StreamConfig(**{f: getattr(self, f"default_{f}") for f in STREAM_CONFIG_FIELDS})
+
+
+@dataclass(frozen=True)
+class SinkSettings:
+    """``[sink]``: the Spark sink's staging."""
+
+    sink_staging_ttl_ms: int
+    sink_adopt_min_bytes: int
+    sink_direct_writes: bool
+    sink_stage_inbox: bool
+
+
+_SECTION_TYPES: dict[str, type] = {
+    "server": ServerSettings,
+    "metrics": MetricsSettings,
+    "streams": StreamsSettings,
+    "storage": StorageSettings,
+    "sink": SinkSettings,
+}
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Effective broker configuration, one field per broker.toml section.
+
+    See conf/broker.toml for what each key means. Build it with
+    ``load_config`` or ``default_config`` and change it with ``with_values``,
+    which keep ``storage.data_dir`` equal to ``server.data_dir``.
+    """
+
+    server: ServerSettings
+    metrics: MetricsSettings
+    streams: StreamsSettings
+    storage: StorageSettings
+    sink: SinkSettings
+
+    def __post_init__(self) -> None:
+        """The rules that span sections."""
+        problems: list[str] = []
+        limit = self.server.max_message_bytes_limit
+        if not self.server.allows_max_message_bytes(self.streams.default_max_message_bytes):
+            problems.append(
+                f"default_max_message_bytes={self.streams.default_max_message_bytes} must be "
+                f"within 1..{limit} (half of grpc_max_message_bytes="
+                f"{self.server.grpc_max_message_bytes})"
+            )
+        if self.storage.max_batch_bytes > limit:
+            problems.append(
+                f"max_batch_bytes={self.storage.max_batch_bytes} must be at most {limit} "
+                f"(half of grpc_max_message_bytes) so a stored batch fits in a Fetch reply"
+            )
+        if self.storage.data_dir != self.server.data_dir:
+            problems.append(f"storage.data_dir={self.storage.data_dir} must be "
+                            f"server.data_dir={self.server.data_dir}")
+        _refuse(problems)
+
+    def values(self) -> dict[str, object]:
+        """Every key's value by field name (``port``, ``segment_age_ms``), across sections."""
+        return {k.field: getattr(getattr(self, k.section), k.field) for k in KEYS}
+
+    def with_values(self, **changes: object) -> BrokerConfig:
+        """A copy with the given fields changed (parsed values, any section), validated again."""
+        unknown = sorted(set(changes) - set(KEYS_BY_FIELD))
+        if unknown:
+            raise ConfigError(f"unknown config field(s) {unknown}")
+        return _build({**self.values(), **changes})
+
+
+def _build(values: Mapping[str, object]) -> BrokerConfig:
+    """The sections from {field: parsed value}; ConfigError naming every problem."""
+    problems: list[str] = []
+    sections: dict[str, object] = {}
+    for section, settings_type in _SECTION_TYPES.items():
+        fields = {k.field: values[k.field] for k in KEYS if k.section == section}
+        if section == "storage":
+            fields["data_dir"] = values["data_dir"]  # a [server] key the engine works in
+        try:
+            sections[section] = settings_type(**fields)
+        except ValueError as exc:  # ConfigError, or the storage engine's InvalidArgumentError
+            problems.append(str(exc))
+    if not problems:
+        try:
+            return BrokerConfig(**sections)  # type: ignore[arg-type]
+        except ConfigError as exc:
+            problems.append(str(exc))
+    raise ConfigError("invalid broker configuration: " + "; ".join(problems))
 
 
 def default_config() -> BrokerConfig:
-    return BrokerConfig(**{k.field: k.default for k in KEYS})
+    return _build({k.field: k.default for k in KEYS})
 
 
 def _read_toml(path: Path) -> dict[str, object]:
@@ -264,48 +418,6 @@ def _parse_layer(values: Mapping[str, object], origin: str) -> dict[str, object]
     return parsed
 
 
-def _validate(config: BrokerConfig) -> None:
-    """Refuse combinations that would fail later, at a worse time."""
-    problems: list[str] = []
-    if not 0 <= config.port <= 65535:
-        problems.append(f"port={config.port} must be within 0..65535")
-    if config.metrics_port is not None and not 0 <= config.metrics_port <= 65535:
-        problems.append(f"metrics_port={config.metrics_port} must be within 0..65535 or 'off'")
-    if config.max_workers < 4:
-        problems.append(f"max_workers={config.max_workers} must be at least 4")
-    if config.max_concurrent_rpcs < 0:
-        problems.append(f"max_concurrent_rpcs={config.max_concurrent_rpcs} must be >= 0")
-    if config.max_open_files < 8:
-        problems.append(f"max_open_files={config.max_open_files} must be at least 8")
-    if config.grpc_max_message_bytes < 4 * MIB:
-        problems.append(
-            f"grpc_max_message_bytes={config.grpc_max_message_bytes} must be at least 4MiB"
-        )
-    limit = config.max_message_bytes_limit
-    if not 1 <= config.default_max_message_bytes <= limit:
-        problems.append(
-            f"default_max_message_bytes={config.default_max_message_bytes} must be within "
-            f"1..{limit} (half of grpc_max_message_bytes={config.grpc_max_message_bytes})"
-        )
-    if config.max_batch_bytes > limit:
-        problems.append(
-            f"max_batch_bytes={config.max_batch_bytes} must be at most {limit} "
-            f"(half of grpc_max_message_bytes) so a stored batch fits in a Fetch reply"
-        )
-    if config.segment_bytes < 1024:
-        problems.append(f"segment_bytes={config.segment_bytes} must be at least 1KiB")
-    if config.flush_interval_ms < 1 or config.retention_check_interval_ms < 1:
-        problems.append("flush_interval and retention_check_interval must be at least 1ms")
-    if bool(config.tls_cert_file) != bool(config.tls_key_file):
-        problems.append("tls_cert_file and tls_key_file must be set together")
-    for name in ("tls_cert_file", "tls_key_file"):
-        value = getattr(config, name)
-        if value and not Path(value).is_file():
-            problems.append(f"{name}={value} is not a readable file")
-    if problems:
-        raise ConfigError("invalid broker configuration: " + "; ".join(problems))
-
-
 def load_config(
     config_file: Path | str | None = None,
     env: Mapping[str, str] | None = None,
@@ -327,6 +439,4 @@ def load_config(
     if unknown:
         raise ConfigError(f"unknown option(s) {unknown}")
     merged.update(_parse_layer(cli_values, "the command line"))
-    config = BrokerConfig(**merged)  # type: ignore[arg-type]
-    _validate(config)
-    return config
+    return _build(merged)

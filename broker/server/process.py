@@ -35,7 +35,7 @@ from npstream.broker.server.config import BrokerConfig
 from npstream.broker.server.context import BrokerContext
 from npstream.broker.server.metrics import BrokerMetrics
 from npstream.broker.sink import service as sink_service
-from npstream.broker.storage import Storage, StorageSettings
+from npstream.broker.storage import Storage
 from npstream.broker.streams import reads as service_reads
 from npstream.broker.streams import service as service_streams
 from npstream.broker.streams.registry import StreamRegistry
@@ -86,19 +86,6 @@ def _lock_data_dir(data_dir: Path) -> IO[str]:
     return handle
 
 
-def _storage_settings(config: BrokerConfig) -> StorageSettings:
-    return StorageSettings(
-        data_dir=config.data_dir,
-        segment_bytes=config.segment_bytes,
-        segment_ms=config.segment_age_ms,
-        max_open_files=config.max_open_files,
-        flush_interval_ms=config.flush_interval_ms,
-        max_batch_bytes=config.max_batch_bytes,
-        retention_check_interval_ms=config.retention_check_interval_ms,
-        index_interval_bytes=config.index_interval_bytes,
-    )
-
-
 class BrokerServer:
     """One running broker; ``start()`` then ``stop()`` (both from the same thread)."""
 
@@ -118,21 +105,22 @@ class BrokerServer:
 
     def _build_context(self) -> BrokerContext:
         config = self.config
-        config.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_handle = _lock_data_dir(config.data_dir)
-        metadata = Metadata(config.data_dir, synchronous=config.metadata_sync)
-        storage = Storage(_storage_settings(config))
+        data_dir = config.server.data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_handle = _lock_data_dir(data_dir)
+        metadata = Metadata(data_dir, synchronous=config.storage.metadata_sync)
+        storage = Storage(config.storage)
         listeners: list[Callable[[str], None]] = []
         registry = StreamRegistry(metadata, storage, config, on_stream_deleted=listeners)
         metrics = BrokerMetrics()
-        metrics.watch_streams(registry, config.metrics_stream_gauges_max)
+        metrics.watch_streams(registry, config.metrics.metrics_stream_gauges_max)
         grpc_errors.observe_errors(metrics.error_counter())
         return BrokerContext(config=config, metadata=metadata, storage=storage,
                              registry=registry, metrics=metrics, on_stream_deleted=listeners,
                              stopping=self.stopping)
 
     def _build_server(self, ctx: BrokerContext) -> grpc.Server:
-        config = self.config
+        config = self.config.server
         interceptors = [grpc_errors.AuthInterceptor(config.auth_token)] if config.auth_token else []
         server = grpc.server(
             ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="rpc"),
@@ -162,7 +150,7 @@ class BrokerServer:
         return server
 
     def _bind(self, server: grpc.Server) -> int:
-        config = self.config
+        config = self.config.server
         target = f"{config.host}:{config.port}"
         try:
             if config.tls_enabled:
@@ -181,7 +169,7 @@ class BrokerServer:
 
     def _retention_loop(self) -> None:
         assert self.ctx is not None
-        interval = self.config.retention_check_interval_ms / 1000
+        interval = self.config.storage.retention_check_interval_ms / 1000
         while not self.stopping.wait(interval):
             try:
                 self.ctx.storage.enforce_retention()
@@ -194,18 +182,19 @@ class BrokerServer:
         port = self._bind(server)
         self._server = server
         server.start()
-        self.address = f"{self.config.host}:{port}"
-        if self.config.metrics_port is not None:
-            metrics_port = self.ctx.metrics.serve(self.config.metrics_host,
-                                                  self.config.metrics_port)
-            self.metrics_address = f"http://{self.config.metrics_host}:{metrics_port}/metrics"
+        server_config, metrics_config = self.config.server, self.config.metrics
+        self.address = f"{server_config.host}:{port}"
+        if metrics_config.metrics_port is not None:
+            metrics_port = self.ctx.metrics.serve(metrics_config.metrics_host,
+                                                  metrics_config.metrics_port)
+            self.metrics_address = f"http://{metrics_config.metrics_host}:{metrics_port}/metrics"
         self._retention = threading.Thread(target=self._retention_loop, name="retention",
                                            daemon=True)
         self._retention.start()
         log.info(
             "npstream broker serving on %s (tls=%s, auth=%s) data_dir=%s metrics=%s streams=%d",
-            self.address, "on" if self.config.tls_enabled else "off",
-            "on" if self.config.auth_token else "off", self.config.data_dir.resolve(),
+            self.address, "on" if server_config.tls_enabled else "off",
+            "on" if server_config.auth_token else "off", server_config.data_dir.resolve(),
             self.metrics_address or "off", len(self.ctx.registry),
         )
 
@@ -218,7 +207,7 @@ class BrokerServer:
         if self._health is not None:
             self._health.enter_graceful_shutdown()
         if self._server is not None:
-            self._server.stop(self.config.shutdown_grace_ms / 1000).wait()
+            self._server.stop(self.config.server.shutdown_grace_ms / 1000).wait()
         drained = time.monotonic()
         if self._retention is not None:
             self._retention.join(timeout=30)
@@ -241,7 +230,7 @@ class BrokerServer:
             self._lock_handle.close()
         log.info("npstream broker stopped (%s, data_dir=%s): calls drained in %.2fs, "
                  "storage flushed and closed in %.2fs, total %.2fs",
-                 self.address or "not serving", self.config.data_dir.resolve(),
+                 self.address or "not serving", self.config.server.data_dir.resolve(),
                  drained - started, storage_s, time.monotonic() - started)
 
 

@@ -201,11 +201,12 @@ def add_to_server(server: grpc.Server, ctx: BrokerContext) -> StagingSweeper:
     """Recover unfinished commits, register SinkService, start the staging sweep."""
     config = ctx.config
     faults.arm_from_env()  # tests' crash points; ValueError for a malformed value
-    staging = StagingArea(config.data_dir / "sink", max_frame_bytes=config.max_batch_bytes,
-                          direct_writes=config.sink_direct_writes)
-    markers = SinkMarkers(ctx.metadata, durable=config.metadata_sync != "full")
+    staging = StagingArea(config.server.data_dir / "sink",
+                          max_frame_bytes=config.storage.max_batch_bytes,
+                          direct_writes=config.sink.sink_direct_writes)
+    markers = SinkMarkers(ctx.metadata, durable=config.storage.metadata_sync != "full")
     committer = SinkCommitter(markers, ctx.registry, staging,
-                              adopt_min_bytes=config.sink_adopt_min_bytes)
+                              adopt_min_bytes=config.sink.sink_adopt_min_bytes)
     gc = StagingGC(markers, staging)
     finished = recover(committer, gc)
     if finished:
@@ -213,12 +214,12 @@ def add_to_server(server: grpc.Server, ctx: BrokerContext) -> StagingSweeper:
     ctx.on_stream_deleted.append(gc.on_stream_deleted)
     metrics = SinkMetrics(ctx)
     inbox = None
-    if config.sink_stage_inbox:
-        inbox = StageInbox(config.data_dir / INBOX_DIR_NAME,
-                           max_bytes=config.grpc_max_message_bytes)
+    if config.sink.sink_stage_inbox:
+        inbox = StageInbox(config.server.data_dir / INBOX_DIR_NAME,
+                           max_bytes=config.server.grpc_max_message_bytes)
     add_service(server, "SinkService", SinkServicer(ctx, committer, metrics, inbox),
                 raw_requests={"Stage"})
-    ttl_ms = config.sink_staging_ttl_ms
+    ttl_ms = config.sink.sink_staging_ttl_ms
     sweeper = StagingSweeper(gc, ttl_ms, metrics.dropped_staging.inc, inbox).start()
     log.info("sink service ready: staging in %s, stage inbox %s, staging ttl %d ms, "
              "sweep every %.1fs", staging.root, inbox.root if inbox else "off", ttl_ms,

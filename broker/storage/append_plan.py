@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from npstream.broker.storage.batch_builder import (
     check_message_sizes,
     complete_publish_table,
+    message_sizes,
     producer_id_mask,
 )
 from npstream.broker.storage.dedup import DedupWindow, IntraDuplicates, find_intra_duplicates
@@ -53,7 +54,7 @@ def prepare_append(
 ) -> PendingAppend:
     """Check and complete ``data``; MessageTooLargeError before anything is queued."""
     table = complete_publish_table(data)
-    check_message_sizes(table, stream, max_message_bytes)
+    check_message_sizes(message_sizes(table), stream, max_message_bytes)
     ids = table.column("id").chunk(0) if table.num_rows else pa.array([], pa.string())
     supplied: pa.BooleanArray | None = None
     intra = None

@@ -8,12 +8,14 @@ much as a copy of its bytes.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from npstream.broker.errors import MessageTooLargeError
+from npstream.proto.message_size import first_oversized, message_sizes
 from npstream.proto.schema import MESSAGE_SCHEMA, PUBLISH_COLUMNS
 
 __all__ = [
@@ -84,47 +86,19 @@ def complete_publish_table(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=PUBLISH_SCHEMA)
 
 
-def _headers_sizes(headers: pa.Array) -> np.ndarray:
-    """Per-row sum of header key and value lengths (0 for null rows)."""
-    length = len(headers)
-    if headers.null_count == length:
-        return np.zeros(length, dtype=np.int64)
-    entry_sizes = np.asarray(
-        pc.add(
-            pc.fill_null(pc.binary_length(headers.keys), 0),
-            pc.fill_null(pc.binary_length(headers.items), 0),
-        ),
-        dtype=np.int64,
-    )
-    cumulative = np.concatenate(([0], np.cumsum(entry_sizes)))
-    offsets = np.asarray(headers.offsets, dtype=np.int64)
-    sizes = cumulative[offsets[1:]] - cumulative[offsets[:-1]]
-    if headers.null_count:
-        sizes = np.where(np.asarray(headers.is_valid()), sizes, 0)
-    return sizes
+def check_message_sizes(sizes: Sequence[int] | np.ndarray, stream: str, limit: int, *,
+                        staged: bool = False) -> None:
+    """The broker's one max_message_bytes check: MessageTooLargeError for the first size over it.
 
-
-def message_sizes(table: pa.Table) -> np.ndarray:
-    """len(value) + len(key) + size of headers, per row, as int64."""
-    sizes = np.asarray(pc.binary_length(_single_chunk(table.column("value"))), dtype=np.int64)
-    key = _single_chunk(table.column("key"))
-    if key.null_count != len(key):
-        sizes = sizes + np.asarray(pc.fill_null(pc.binary_length(key), 0), dtype=np.int64)
-    headers = _single_chunk(table.column("headers"))
-    if headers.null_count != len(headers):
-        sizes = sizes + _headers_sizes(headers)
-    return sizes
-
-
-def check_message_sizes(table: pa.Table, stream: str, limit: int) -> None:
-    """Raise MessageTooLargeError for the first message over ``limit`` bytes (0 = no limit)."""
-    if limit <= 0 or table.num_rows == 0:
-        return
-    sizes = message_sizes(table)
-    over = sizes > limit
-    if over.any():
-        index = int(np.argmax(over))
-        raise MessageTooLargeError(stream, index, int(sizes[index]), limit)
+    A path computes the sizes in the form its data has, with the rule of
+    npstream.proto.message_size (Arrow columns: ``message_sizes``, Python
+    values: ``message_size``), and comes here, so every path refuses the same
+    messages with the same error. ``staged`` words it for a Stage (rows,
+    "nothing was staged").
+    """
+    index = first_oversized(sizes, limit)
+    if index is not None:
+        raise MessageTooLargeError(stream, index, int(sizes[index]), limit, staged=staged)
 
 
 def producer_id_mask(ids: pa.Array) -> pa.BooleanArray:

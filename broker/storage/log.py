@@ -91,6 +91,7 @@ from npstream.broker.storage.stream_files import (
     write_retention_config,
     write_start_offset,
 )
+from npstream.proto.defaults import DEFAULT_FETCH_BYTES, DEFAULT_FETCH_MESSAGES
 from npstream.proto.frames.payload import decode_payload
 from npstream.proto.schema import MESSAGE_SCHEMA
 
@@ -490,7 +491,8 @@ class StreamLog:
 
     # ------------------------------------------------------------------ reads
 
-    def read(self, offset: int, *, max_messages: int = 10000, max_bytes: int = 8 << 20,
+    def read(self, offset: int, *, max_messages: int = DEFAULT_FETCH_MESSAGES,
+             max_bytes: int = DEFAULT_FETCH_BYTES,
              end_offset: int | None = None) -> ReadResult:
         """Stored batches from ``offset``; OffsetOutOfRangeError outside [start, end]."""
         self._check_readable()
@@ -525,7 +527,7 @@ class StreamLog:
             return None
         return recent if offset == first else recent.slice(offset - first)
 
-    def locate(self, offset: int, *, max_messages: int = 10000,
+    def locate(self, offset: int, *, max_messages: int = DEFAULT_FETCH_MESSAGES,
                end_offset: int | None = None) -> tuple[list[FileSpan], int]:
         """File spans holding [offset, stop) and stop, for same-host readers (reader.py)."""
         self._check_readable()

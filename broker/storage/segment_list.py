@@ -223,7 +223,7 @@ class SegmentList:
         reason = None
         if tail.size + frame_size > self._settings.segment_bytes:
             reason = f"size: {tail.size} + {frame_size} bytes > segment_bytes"
-        elif timestamp - tail.first_timestamp >= self._settings.segment_ms:
+        elif timestamp - tail.first_timestamp >= self._settings.segment_age_ms:
             reason = f"age: first message at {tail.first_timestamp} ms, now {timestamp} ms"
         elif tail.next_offset + count - tail.base_offset > _MAX_RELATIVE_OFFSET:
             reason = "relative offsets would overflow"

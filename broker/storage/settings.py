@@ -1,9 +1,10 @@
 """Storage configuration: the per-stream config, the engine settings and the tuning constants.
 
-``StorageSettings`` is the ``[storage]`` table of broker.toml; ``StreamConfig`` is
-the effective per-stream config the registry hands to ``Storage.open_log``.
-Both validate themselves on construction, so a bad value fails where it is
-typed and names the field, not deep inside a write.
+``StorageSettings`` is the ``[storage]`` table of broker.toml; ``StreamConfig``
+(defined in the contract, npstream.proto.stream_config, and shared with the
+SDK) is the effective per-stream config the registry hands to
+``Storage.open_log``. Both validate themselves on construction, so a bad
+value fails where it is typed and names the field, not deep inside a write.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from npstream.broker.errors import InvalidArgumentError
+from npstream.proto.stream_config import StreamConfig  # the contract's, one definition
 
 __all__ = [
     "MAX_SEGMENT_BYTES",
+    "METADATA_SYNC_MODES",
     "MIN_READ_BYTES",
     "SCAN_CHUNK_BYTES",
     "AckMode",
@@ -36,59 +39,55 @@ SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 MAX_SEGMENT_BYTES = 2**32 - 1
 
 
-@dataclass(frozen=True)
-class StreamConfig:
-    """Effective per-stream config; every field set (0 = off/unlimited where noted)."""
-
-    max_age_ms: int  # 0 = keep forever
-    max_bytes: int  # 0 = no size limit
-    dedup_window_ms: int  # 0 = no dedup
-    max_message_bytes: int  # 0 = no limit
-
-    def __post_init__(self) -> None:
-        for field in ("max_age_ms", "max_bytes", "dedup_window_ms", "max_message_bytes"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidArgumentError(
-                    f"stream config {field}={value!r} is invalid: must be an integer >= 0"
-                )
+METADATA_SYNC_MODES = ("normal", "full")
 
 
 @dataclass(frozen=True)
 class StorageSettings:
-    """Engine-wide settings, the ``[storage]`` table of broker.toml."""
+    """Engine-wide settings: the ``[storage]`` table of broker.toml, and its defaults.
+
+    The broker's configuration takes the defaults of its ``[storage]`` keys
+    from these fields and hands this object, validated, to ``Storage``; the
+    engine's own tests build it directly. ``data_dir`` is the ``[server]`` key
+    (the broker keeps more than streams there); ``metadata_sync`` is for the
+    broker's SQLite metadata, which the engine does not touch.
+    """
 
     data_dir: Path
     segment_bytes: int = 64 * 1024 * 1024
-    segment_ms: int = 24 * 3600 * 1000
+    segment_age_ms: int = 24 * 3600 * 1000
     max_open_files: int = 256
     flush_interval_ms: int = 50
     max_batch_bytes: int = 8 * 1024 * 1024  # group-commit coalescing bound
     retention_check_interval_ms: int = 5000
     index_interval_bytes: int = 4096
+    metadata_sync: str = "normal"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
         minimums = {
             "segment_bytes": 1024,
-            "segment_ms": 1,
-            "max_open_files": 4,
+            "segment_age_ms": 1,
+            "max_open_files": 8,
             "flush_interval_ms": 1,
             "max_batch_bytes": 1024,
             "retention_check_interval_ms": 1,
             "index_interval_bytes": 1,
         }
+        problems = []
         for field, minimum in minimums.items():
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise InvalidArgumentError(
-                    f"storage setting {field}={value!r} is invalid: must be an integer >= {minimum}"
-                )
-        if self.segment_bytes > MAX_SEGMENT_BYTES:
-            raise InvalidArgumentError(
-                f"storage setting segment_bytes={self.segment_bytes} is invalid: "
-                f"must be <= {MAX_SEGMENT_BYTES} (positions are stored as uint32)"
-            )
+                problems.append(f"storage setting {field}={value!r} is invalid: "
+                                f"must be an integer >= {minimum}")
+        if isinstance(self.segment_bytes, int) and self.segment_bytes > MAX_SEGMENT_BYTES:
+            problems.append(f"storage setting segment_bytes={self.segment_bytes} is invalid: "
+                            f"must be <= {MAX_SEGMENT_BYTES} (positions are stored as uint32)")
+        if self.metadata_sync not in METADATA_SYNC_MODES:
+            problems.append(f"storage setting metadata_sync={self.metadata_sync!r} is invalid: "
+                            "use normal or full")
+        if problems:  # all of them at once: a broker refusing to start names every fix
+            raise InvalidArgumentError("; ".join(problems))
 
 
 class AckMode(enum.Enum):

@@ -34,16 +34,17 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
-from npstream.broker.errors import MessageTooLargeError
 from npstream.broker.storage.append_plan import PendingAppend
 from npstream.broker.storage.batch_builder import (
     GENERATED_ID_CHARS,
     PUBLISH_SCHEMA,
     build_message_batch,
+    check_message_sizes,
     null_array,
 )
 from npstream.broker.storage.dedup import find_intra_duplicates
 from npstream.proto.frames.payload import decode_payload
+from npstream.proto.message_size import message_size
 from npstream.proto.schema import MESSAGE_SCHEMA
 
 __all__ = ["LONE_TEMPLATE_MAX_BYTES", "SMALL_BATCH_MAX_ROWS", "LoneMessage", "MessageRows",
@@ -78,17 +79,10 @@ class MessageRows:
 
 
 def _check_sizes(rows: MessageRows, stream: str, limit: int) -> None:
-    """MessageTooLargeError for the first message over ``limit`` bytes, as check_message_sizes."""
-    if limit <= 0:
-        return
-    for index, value in enumerate(rows.values):  # the rows are Python objects already
-        key = rows.keys[index]
-        headers = rows.headers[index]
-        size = len(value) + (len(key) if key is not None else 0)
-        if headers:
-            size += sum(len(name.encode()) + len(item) for name, item in headers.items())
-        if size > limit:
-            raise MessageTooLargeError(stream, index, size, limit)
+    """check_message_sizes for rows that are Python values already (no Arrow needed)."""
+    sizes = [message_size(value, key, headers)
+             for value, key, headers in zip(rows.values, rows.keys, rows.headers, strict=True)]
+    check_message_sizes(sizes, stream, limit)
 
 
 def prepare_rows(

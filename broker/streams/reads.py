@@ -27,13 +27,9 @@ from npstream.broker.errors import OffsetOutOfRangeError
 from npstream.broker.rpc.registration import add_service
 from npstream.broker.rpc.status import rpc_method
 from npstream.broker.server.context import BrokerContext
-from npstream.broker.streams.service import (
-    DEFAULT_FETCH_BYTES,
-    DEFAULT_FETCH_MESSAGES,
-    check_fetch_request,
-    on_log,
-)
+from npstream.broker.streams.service import check_fetch_request, on_log
 from npstream.proto import pb
+from npstream.proto.defaults import DEFAULT_FETCH_BYTES, DEFAULT_FETCH_MESSAGES
 from npstream.proto.host_identity import boot_id
 from npstream.proto.wire import encode_with_bytes
 
@@ -51,7 +47,7 @@ class StreamReadServicer:
         self._registry = ctx.registry
         self._metrics = ctx.metrics
         self._stopping = ctx.stopping
-        self._host_id = boot_id() if ctx.config.local_reads else ""
+        self._host_id = boot_id() if ctx.config.server.local_reads else ""
 
     @rpc_method
     def Locate(self, request: pb.FetchRequest,
@@ -87,7 +83,7 @@ class StreamReadServicer:
         stream_log = self._registry.get(stream)
         stop = stream_log.end_offset if end is None else end
         max_bytes = min(request.max_bytes or DEFAULT_FETCH_BYTES,
-                        self._ctx.config.max_message_bytes_limit)
+                        self._ctx.config.server.max_message_bytes_limit)
         offset = request.offset
         while True:
             result = on_log(self._registry, stream, functools.partial(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import fnmatch
 import json
 import logging
@@ -35,15 +36,14 @@ from npstream.broker.errors import (
 from npstream.broker.metadata import Metadata
 from npstream.broker.server.config import BrokerConfig
 from npstream.broker.storage import LogStats, Storage, StreamConfig, StreamLog
+from npstream.proto.defaults import DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE
 from npstream.proto.names import validate_stream_name
+from npstream.proto.stream_config import STREAM_CONFIG_FIELDS
 
-__all__ = ["CONFIG_FIELDS", "StreamRegistry", "StreamStatus", "check_stream_name"]
+__all__ = ["StreamRegistry", "StreamStatus", "check_stream_name"]
 
 log = logging.getLogger(__name__)
 
-CONFIG_FIELDS = ("max_age_ms", "max_bytes", "dedup_window_ms", "max_message_bytes")
-DEFAULT_PAGE_SIZE = 1000
-MAX_PAGE_SIZE = 10000
 
 
 def check_stream_name(name: object) -> str:
@@ -90,12 +90,7 @@ class StreamRegistry:
         self._metadata = metadata
         self._storage = storage
         self._config = config
-        self._defaults = {
-            "max_age_ms": config.default_max_age_ms,
-            "max_bytes": config.default_max_bytes,
-            "dedup_window_ms": config.default_dedup_window_ms,
-            "max_message_bytes": config.default_max_message_bytes,
-        }
+        self._defaults = config.streams.stream_defaults
         self._on_deleted = on_stream_deleted if on_stream_deleted is not None else []
         self._clock = clock
         self._lock = threading.Lock()  # guards the three dicts below
@@ -111,7 +106,7 @@ class StreamRegistry:
 
     @property
     def auto_create(self) -> bool:
-        return self._config.auto_create_streams
+        return self._config.streams.auto_create_streams
 
     def __len__(self) -> int:
         return len(self._records)
@@ -125,21 +120,23 @@ class StreamRegistry:
             return list(self._logs.values())
 
     def effective_config(self, overrides: Mapping[str, int]) -> StreamConfig:
-        return StreamConfig(**{f: int(overrides.get(f, self._defaults[f])) for f in CONFIG_FIELDS})
+        own = {f: int(overrides[f]) for f in STREAM_CONFIG_FIELDS if f in overrides}
+        return dataclasses.replace(self._defaults, **own)
 
     def _check_overrides(self, name: str, overrides: Mapping[str, int]) -> dict[str, int]:
         checked: dict[str, int] = {}
-        limit = self._config.max_message_bytes_limit
+        server = self._config.server
         for field, value in overrides.items():
-            if field not in CONFIG_FIELDS:
+            if field not in STREAM_CONFIG_FIELDS:
                 raise InvalidArgumentError(f"unknown stream config field '{field}'")
             if value < 0:
                 raise InvalidArgumentError(
                     f"{field}={value} for stream '{name}' must be >= 0"
                 )
-            if field == "max_message_bytes" and not 1 <= value <= limit:
+            if field == "max_message_bytes" and not server.allows_max_message_bytes(value):
                 raise InvalidArgumentError(
-                    f"max_message_bytes={value} for stream '{name}' must be within 1..{limit} "
+                    f"max_message_bytes={value} for stream '{name}' must be within "
+                    f"1..{server.max_message_bytes_limit} "
                     "(half of the broker's grpc_max_message_bytes)"
                 )
             checked[field] = int(value)
@@ -250,7 +247,7 @@ class StreamRegistry:
         """One page of streams in name order and the token of the next page ("" at the end)."""
         if page_size < 0:
             raise InvalidArgumentError(f"page_size={page_size} must be >= 0")
-        size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        size = min(page_size or DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE)
         after = ""
         if page_token:
             try:

@@ -31,19 +31,14 @@ from npstream.broker.server.context import BrokerContext
 from npstream.broker.storage import AckMode, AppendResult, StreamLog
 from npstream.broker.storage.small_append import MessageRows
 from npstream.broker.streams.publish_stream import serve_publish_stream
-from npstream.broker.streams.registry import (
-    CONFIG_FIELDS,
-    StreamRegistry,
-    StreamStatus,
-    check_stream_name,
-)
+from npstream.broker.streams.registry import StreamRegistry, StreamStatus, check_stream_name
 from npstream.proto import pb, pb_grpc
+from npstream.proto.defaults import DEFAULT_FETCH_BYTES, DEFAULT_FETCH_MESSAGES
 from npstream.proto.schema import normalize_publish_table
+from npstream.proto.stream_config import STREAM_CONFIG_FIELDS
 from npstream.proto.wire import split_bytes_field
 
 __all__ = [
-    "DEFAULT_FETCH_BYTES",
-    "DEFAULT_FETCH_MESSAGES",
     "StreamServicer",
     "add_to_server",
     "check_fetch_request",
@@ -53,9 +48,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Fetch defaults when the request leaves a field 0 (proto: FetchRequest).
-DEFAULT_FETCH_MESSAGES = 10_000
-DEFAULT_FETCH_BYTES = 8 << 20
 # A long poll re-checks for shutdown and client cancellation this often; data
 # arriving wakes it at once (StreamLog.wait_for_data), so this costs no latency.
 LONG_POLL_SLICE_S = 0.25
@@ -64,13 +56,8 @@ T = TypeVar("T")
 
 
 def stream_info(status: StreamStatus) -> pb.StreamInfo:
-    config = pb.StreamConfig(
-        max_age_ms=status.config.max_age_ms,
-        max_bytes=status.config.max_bytes,
-        dedup_window_ms=status.config.dedup_window_ms,
-        max_message_bytes=status.config.max_message_bytes,
-    )
-    info = pb.StreamInfo(name=status.name, config=config, created_ms=status.created_ms,
+    info = pb.StreamInfo(name=status.name, config=status.config.to_pb(),
+                         created_ms=status.created_ms,
                          error=status.error)
     if status.stats is not None:
         stats = status.stats
@@ -86,7 +73,7 @@ def stream_info(status: StreamStatus) -> pb.StreamInfo:
 
 def _overrides(config: pb.StreamConfig) -> dict[str, int]:
     """Only the fields the caller set (absent = broker default)."""
-    return {f: getattr(config, f) for f in CONFIG_FIELDS if config.HasField(f)}
+    return {f: getattr(config, f) for f in STREAM_CONFIG_FIELDS if config.HasField(f)}
 
 
 def _message_rows(messages: Sequence[pb.Message]) -> MessageRows:
@@ -304,7 +291,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
     def _long_poll(self, stream_log: StreamLog, offset: int, wait_ms: int,
                    context: grpc.ServicerContext) -> None:
         """Wait until data past offset exists, the wait ends, the client leaves or we stop."""
-        wait_s = min(wait_ms, self._ctx.config.max_fetch_wait_ms) / 1000
+        wait_s = min(wait_ms, self._ctx.config.server.max_fetch_wait_ms) / 1000
         remaining = context.time_remaining()
         if remaining is not None:
             wait_s = min(wait_s, max(remaining - 0.05, 0.0))
@@ -322,7 +309,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
                 and (end is None or end > request.offset)):
             self._long_poll(stream_log, request.offset, request.wait_ms, context)
         max_bytes = min(request.max_bytes or DEFAULT_FETCH_BYTES,
-                        self._ctx.config.max_message_bytes_limit)
+                        self._ctx.config.server.max_message_bytes_limit)
         result = self._on_log(stream, lambda: stream_log.read(
             request.offset,
             max_messages=request.max_messages or DEFAULT_FETCH_MESSAGES,

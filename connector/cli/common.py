@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from npstream.client.client import Client
 from npstream.errors import NpstreamError
+from npstream.proto.defaults import BROKER_ADDRESS_ENV, DEFAULT_BROKER_ADDRESS
 from npstream.proto.names import validate_group_name, validate_stream_name
 from npstream.proto.units import parse_duration_ms, parse_size
 
@@ -56,9 +57,9 @@ def add_client_options(parser: argparse.ArgumentParser) -> None:
     """--broker and --token, with the environment defaults the docs promise."""
     parser.add_argument(
         "--broker",
-        default=os.environ.get("NPSTREAM_BROKER") or "localhost:7070",
+        default=os.environ.get(BROKER_ADDRESS_ENV) or DEFAULT_BROKER_ADDRESS,
         metavar="HOST:PORT",
-        help="broker address (default: $NPSTREAM_BROKER, else localhost:7070)",
+        help=f"broker address (default: ${BROKER_ADDRESS_ENV}, else {DEFAULT_BROKER_ADDRESS})",
     )
     parser.add_argument(
         "--token",

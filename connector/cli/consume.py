@@ -19,6 +19,7 @@ from npstream.cli.common import (
 from npstream.client.client import Client
 from npstream.client.values import decode_text, decode_value, ms_to_iso
 from npstream.errors import InvalidArgument
+from npstream.proto.defaults import DEFAULT_FETCH_MESSAGES
 from npstream.proto.units import parse_timestamp_ms
 
 __all__ = ["format_messages", "register", "resolve_start"]
@@ -26,8 +27,8 @@ __all__ = ["format_messages", "register", "resolve_start"]
 # ---------------------------------------------------------------- tuning
 # Long-poll length of one fetch in --follow mode; a publish wakes it at once.
 FOLLOW_WAIT_S = 5.0
-# Messages per fetch.
-FETCH_MESSAGES = 10_000
+# Messages per fetch: the broker's default.
+FETCH_MESSAGES = DEFAULT_FETCH_MESSAGES
 
 
 def _count(text: str) -> int:

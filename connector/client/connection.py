@@ -28,6 +28,11 @@ import grpc
 
 from npstream.errors import BrokerUnavailable, NpstreamError, from_rpc_error
 from npstream.proto import metadata_keys, pb_grpc
+from npstream.proto.defaults import (
+    BROKER_ADDRESS_ENV,
+    DEFAULT_BROKER_ADDRESS,
+    GRPC_MAX_MESSAGE_BYTES,
+)
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -40,11 +45,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- tuning
-# Address used when neither the caller nor NPSTREAM_BROKER names one.
-DEFAULT_ADDRESS = "localhost:7070"
-# gRPC message size limit, both directions; matches the broker's default so a
-# full 8 MiB fetch or a 4 MiB publish chunk never hits the 4 MiB gRPC default.
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Address used when neither the caller nor NPSTREAM_BROKER names one, and the
+# channel's message size limit (both directions): the contract's, shared with
+# the broker (npstream.proto.defaults).
+DEFAULT_ADDRESS = DEFAULT_BROKER_ADDRESS
+MAX_MESSAGE_BYTES = GRPC_MAX_MESSAGE_BYTES
 # Our retry backoff: first sleep, growth factor and cap (seconds). Full jitter
 # (sleep uniformly in [0, backoff]) keeps many clients from reconnecting in
 # lockstep after a broker restart.
@@ -82,7 +87,7 @@ _SERVICES: dict[str, Callable[[grpc.Channel], Any]] = {
 
 def resolve_address(address: str | None) -> str:
     """The broker address to use: the argument, else $NPSTREAM_BROKER, else localhost:7070."""
-    chosen = address or os.environ.get("NPSTREAM_BROKER") or DEFAULT_ADDRESS
+    chosen = address or os.environ.get(BROKER_ADDRESS_ENV) or DEFAULT_ADDRESS
     chosen = chosen.strip()
     if not chosen:
         raise ValueError("empty broker address; use host:port")

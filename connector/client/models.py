@@ -13,6 +13,8 @@ from typing import Any
 
 from npstream.client.values import ms_to_iso
 from npstream.proto import pb
+from npstream.proto.stream_config import StreamConfig
+from npstream.proto.units import datetime_from_ms
 
 __all__ = [
     "BatchPublishResult",
@@ -22,34 +24,13 @@ __all__ = [
     "StreamInfo",
 ]
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-
 
 def _datetime(ms: int) -> dt.datetime | None:
-    return _EPOCH + dt.timedelta(milliseconds=ms) if ms else None
+    return datetime_from_ms(ms) if ms else None
 
 
 def _show_ms(ms: int) -> str:
     return f"{ms} ({ms_to_iso(ms)})" if ms else "0"
-
-
-@dataclass(frozen=True)
-class StreamConfig:
-    """Effective configuration of a stream; 0 means unlimited / off (see the proto)."""
-
-    max_age_ms: int = 0
-    max_bytes: int = 0
-    dedup_window_ms: int = 0
-    max_message_bytes: int = 0
-
-    @classmethod
-    def from_pb(cls, message: pb.StreamConfig) -> StreamConfig:
-        return cls(
-            max_age_ms=message.max_age_ms,
-            max_bytes=message.max_bytes,
-            dedup_window_ms=message.dedup_window_ms,
-            max_message_bytes=message.max_message_bytes,
-        )
 
 
 @dataclass(frozen=True, repr=False)
@@ -112,7 +93,6 @@ class StreamInfo:
         return data
 
     def __repr__(self) -> str:
-        c = self.config
         parts = [
             f"name={self.name!r}",
             f"start_offset={self.start_offset}",
@@ -123,8 +103,7 @@ class StreamInfo:
             f"last_timestamp_ms={_show_ms(self.last_timestamp_ms)}",
             f"created_ms={_show_ms(self.created_ms)}",
             f"segment_count={self.segment_count}",
-            f"config=StreamConfig(max_age_ms={c.max_age_ms}, max_bytes={c.max_bytes}, "
-            f"dedup_window_ms={c.dedup_window_ms}, max_message_bytes={c.max_message_bytes})",
+            f"config={self.config!r}",
         ]
         if self.error:
             parts.append(f"error={self.error!r}")

@@ -27,6 +27,7 @@ from npstream.client.local_reads import (
 )
 from npstream.errors import InvalidArgument, OffsetOutOfRange
 from npstream.proto import pb
+from npstream.proto.defaults import DEFAULT_FETCH_BYTES, DEFAULT_FETCH_MESSAGES
 from npstream.proto.schema import MESSAGE_SCHEMA
 from npstream.proto.units import parse_timestamp_ms
 
@@ -35,10 +36,9 @@ __all__ = ["DEFAULT_FETCH_BYTES", "DEFAULT_FETCH_MESSAGES", "Reader"]
 log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- tuning
-# Defaults of fetch(); 0 on the wire would mean the same, but explicit values
-# make the docs and the code agree.
-DEFAULT_FETCH_MESSAGES = 10_000
-DEFAULT_FETCH_BYTES = 8 << 20
+# Defaults of fetch() (DEFAULT_FETCH_MESSAGES, DEFAULT_FETCH_BYTES) are the
+# contract's, npstream.proto.defaults: 0 on the wire means the same, but
+# explicit values make the docs and the code agree.
 MAX_INT32 = (1 << 31) - 1  # FetchRequest.max_messages is an int32
 
 

@@ -14,6 +14,7 @@ from npstream.client.checks import Duration, Size, checked_offset, checked_strea
 from npstream.client.core import ClientCore
 from npstream.client.models import RepairResult, StreamInfo
 from npstream.proto import pb
+from npstream.proto.defaults import DEFAULT_LIST_PAGE_SIZE
 from npstream.proto.units import parse_duration_ms, parse_size
 
 __all__ = ["LIST_PAGE_SIZE", "StreamAdmin"]
@@ -21,8 +22,8 @@ __all__ = ["LIST_PAGE_SIZE", "StreamAdmin"]
 log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- tuning
-# Page size for ListStreams (the broker's maximum is 10000).
-LIST_PAGE_SIZE = 1000
+# Page size for ListStreams: the broker's default (its maximum is MAX_LIST_PAGE_SIZE).
+LIST_PAGE_SIZE = DEFAULT_LIST_PAGE_SIZE
 
 
 def _config(

@@ -9,7 +9,6 @@ them would make ``key=1`` and ``key="1"`` differ in a surprising way.
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,6 +17,7 @@ import pyarrow as pa
 
 from npstream.errors import InvalidArgument
 from npstream.proto.schema import HEADERS_TYPE
+from npstream.proto.units import datetime_from_ms
 
 __all__ = [
     "MESSAGE_FIELDS",
@@ -34,7 +34,6 @@ __all__ = [
 MESSAGE_FIELDS = ("value", "id", "key", "headers")
 
 _BYTES_LIKE = (bytes, bytearray, memoryview)
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def _reject_constant(name: str) -> object:
@@ -166,5 +165,5 @@ def decode_value(data: bytes) -> object:
 
 def ms_to_iso(ms: int) -> str:
     """ISO-8601 UTC with milliseconds and a Z suffix, e.g. 2025-01-01T00:00:00.123Z."""
-    moment = _EPOCH + dt.timedelta(milliseconds=ms)
+    moment = datetime_from_ms(ms)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"

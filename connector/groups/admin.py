@@ -16,6 +16,7 @@ from npstream.client.values import ms_to_iso
 from npstream.errors import InvalidArgument
 from npstream.proto import pb
 from npstream.proto.names import validate_group_name, validate_stream_name
+from npstream.proto.units import datetime_from_ms
 
 if TYPE_CHECKING:
     from npstream.client.client import Client
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 __all__ = ["GroupInfo", "GroupMember", "SharedSettings", "delete_group", "describe_group",
            "list_groups"]
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class GroupMember:
 
     @property
     def last_seen(self) -> dt.datetime:
-        return _EPOCH + dt.timedelta(milliseconds=self.last_seen_ms)
+        return datetime_from_ms(self.last_seen_ms)
 
 
 @dataclass(frozen=True)

@@ -30,14 +30,13 @@ from npstream.errors import InvalidArgument
 from npstream.proto import pb
 from npstream.proto.names import validate_group_name, validate_stream_name
 from npstream.proto.schema import MESSAGE_SCHEMA
-from npstream.proto.units import parse_timestamp_ms
+from npstream.proto.units import datetime_from_ms, parse_timestamp_ms
 
 if TYPE_CHECKING:
     from npstream.client.client import Client
 
 __all__ = ["Consumer", "Message", "MessageTable", "SeekResult", "start_from_pb"]
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def _check_names(stream: str, group: str) -> None:
@@ -97,7 +96,7 @@ class Message:
 
     @property
     def timestamp(self) -> dt.datetime:
-        return _EPOCH + dt.timedelta(milliseconds=self.timestamp_ms)
+        return datetime_from_ms(self.timestamp_ms)
 
     def text(self) -> str:
         """The value as UTF-8 text."""

@@ -34,6 +34,7 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 
+from npstream.proto.units import EPOCH
 from npstream.spark.options import InvalidOptionError, ReadOptions
 from npstream.spark.partitioning import OffsetRange, split_ranges
 from npstream.spark.range_reader import RangePartition, read_partition
@@ -54,7 +55,6 @@ __all__ = [
 
 log = logging.getLogger("npstream.spark.batch")
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _PUSHDOWN_WORKER = "pyspark.sql.worker.data_source_pushdown_filters"
 
 
@@ -77,7 +77,7 @@ def _epoch_us(value: Any) -> int | None:
     if not isinstance(value, dt.datetime):
         return None
     moment = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-    return (moment - _EPOCH) // dt.timedelta(microseconds=1)
+    return (moment - EPOCH) // dt.timedelta(microseconds=1)
 
 
 def _ceil_ms(micros: int) -> int:

@@ -28,6 +28,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from npstream.proto.schema import HEADERS_TYPE
 from npstream.spark.data_loss import report_data_loss
 from npstream.spark.options import ReadOptions
 
@@ -56,7 +57,6 @@ _BASE_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("value", pa.binary()),
     ("timestamp", pa.timestamp("us", tz="UTC")),
 )
-_HEADERS_TYPE = pa.map_(pa.string(), pa.binary())
 
 
 def spark_read_schema(include_headers: bool) -> StructType:
@@ -78,7 +78,7 @@ def arrow_read_schema(include_headers: bool) -> pa.Schema:
     """The Arrow form of ``spark_read_schema``; Spark rejects batches that differ from it."""
     fields = [pa.field(name, type_) for name, type_ in _BASE_COLUMNS]
     if include_headers:
-        fields.append(pa.field("headers", _HEADERS_TYPE))
+        fields.append(pa.field("headers", HEADERS_TYPE))
     return pa.schema(fields)
 
 

@@ -28,9 +28,10 @@ def thread_cpus(pid: int) -> dict[int, frozenset[int]]:
 
 
 def test_default_is_auto_and_env_overrides():
-    assert load_config(None, env={}).cpu_affinity == "auto"
-    assert load_config(None, env={"NPSTREAM_CPU_AFFINITY": "none"}).cpu_affinity == "none"
-    assert load_config(None, env={"NPSTREAM_CPU_AFFINITY": " 3,0-1 "}).cpu_affinity == "0,1,3"
+    assert load_config(None, env={}).server.cpu_affinity == "auto"
+    assert load_config(None, env={"NPSTREAM_CPU_AFFINITY": "none"}).server.cpu_affinity == "none"
+    listed = load_config(None, env={"NPSTREAM_CPU_AFFINITY": " 3,0-1 "})
+    assert listed.server.cpu_affinity == "0,1,3"
 
 
 @pytest.mark.parametrize("raw", ["x", "1-", "-1", "3-1", "1,,2", "0.5"])

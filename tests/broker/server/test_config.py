@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import tomllib
 from pathlib import Path
 
@@ -10,6 +12,8 @@ import pytest
 from harness import REPO_ROOT
 from npstream.broker.__main__ import main
 from npstream.broker.server.config import KEYS, SECTIONS, ConfigError, default_config, load_config
+from npstream.broker.storage import StorageSettings
+from npstream.proto.stream_config import StreamConfig
 
 REPO = REPO_ROOT
 
@@ -22,16 +26,17 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_load_config_without_file_uses_documented_defaults():
     config = load_config(None, env={})
-    assert (config.host, config.port, config.data_dir) == ("127.0.0.1", 7070, Path("data"))
-    assert config.default_max_age_ms == 7 * 86_400_000
-    assert config.default_max_bytes == 1 << 30
-    assert config.default_dedup_window_ms == 120_000
-    assert config.default_max_message_bytes == 1 << 20
-    assert config.auto_create_streams is True
-    assert config.max_open_files == 256
-    assert config.flush_interval_ms == 50
-    assert config.metrics_port == 7071
-    assert config.default_max_message_bytes < config.grpc_max_message_bytes
+    server = config.server
+    assert (server.host, server.port, server.data_dir) == ("127.0.0.1", 7070, Path("data"))
+    assert config.streams.default_max_age_ms == 7 * 86_400_000
+    assert config.streams.default_max_bytes == 1 << 30
+    assert config.streams.default_dedup_window_ms == 120_000
+    assert config.streams.default_max_message_bytes == 1 << 20
+    assert config.streams.auto_create_streams is True
+    assert config.storage.max_open_files == 256
+    assert config.storage.flush_interval_ms == 50
+    assert config.metrics.metrics_port == 7071
+    assert config.streams.default_max_message_bytes < config.server.grpc_max_message_bytes
 
 
 def test_repo_broker_toml_lists_every_key_with_the_builtin_default():
@@ -56,12 +61,12 @@ max_open_files = 64
 metrics_port = "off"
 """)
     config = load_config(path, env={})
-    assert config.default_max_age_ms == 36 * 3_600_000
-    assert config.default_max_bytes == 512 << 20
-    assert config.default_dedup_window_ms == 90_000  # a bare duration number is seconds
-    assert config.flush_interval_ms == 5
-    assert config.max_open_files == 64
-    assert config.metrics_port is None
+    assert config.streams.default_max_age_ms == 36 * 3_600_000
+    assert config.streams.default_max_bytes == 512 << 20
+    assert config.streams.default_dedup_window_ms == 90_000  # a bare duration number is seconds
+    assert config.storage.flush_interval_ms == 5
+    assert config.storage.max_open_files == 64
+    assert config.metrics.metrics_port is None
 
 
 def test_load_config_precedence_cli_over_env_over_file(tmp_path):
@@ -76,20 +81,21 @@ max_open_files = 100
     env = {"NPSTREAM_PORT": "7002", "NPSTREAM_MAX_OPEN_FILES": "64",
            "NPSTREAM_LOG_LEVEL": "warning", "NPSTREAM_BROKER": "ignored:1"}
     config = load_config(path, env=env, cli={"port": 7003, "host": None})
-    assert config.port == 7003            # CLI beats env and file
-    assert config.max_open_files == 64    # env beats file
-    assert config.log_level == "WARNING"  # env beats file
-    assert config.host == "0.0.0.0"       # file beats default; None CLI value is ignored
+    assert config.server.port == 7003             # CLI beats env and file
+    assert config.storage.max_open_files == 64    # env beats file
+    assert config.server.log_level == "WARNING"   # env beats file
+    assert config.server.host == "0.0.0.0"        # file beats default; None CLI value is ignored
 
 
 def test_load_config_file_from_env_variable(tmp_path):
     path = write(tmp_path, "[streams]\nauto_create_streams = false\n")
-    assert load_config(None, env={"NPSTREAM_CONFIG": str(path)}).auto_create_streams is False
+    config = load_config(None, env={"NPSTREAM_CONFIG": str(path)})
+    assert config.streams.auto_create_streams is False
 
 
 def test_load_config_metrics_port_env_zero_and_off():
-    assert load_config(None, env={"NPSTREAM_METRICS_PORT": "0"}).metrics_port == 0
-    assert load_config(None, env={"NPSTREAM_METRICS_PORT": "off"}).metrics_port is None
+    assert load_config(None, env={"NPSTREAM_METRICS_PORT": "0"}).metrics.metrics_port == 0
+    assert load_config(None, env={"NPSTREAM_METRICS_PORT": "off"}).metrics.metrics_port is None
 
 
 def test_load_config_unknown_key_names_the_key(tmp_path):
@@ -139,3 +145,85 @@ def test_main_unknown_key_exits_2_naming_the_key(tmp_path, capsys):
         main(["--config", str(path), "--data-dir", str(tmp_path / "d")])
     assert exit_info.value.code == 2
     assert "unknown key 'auto_create' in [streams]" in capsys.readouterr().err
+
+
+def test_each_section_object_has_exactly_the_keys_of_its_toml_section():
+    config = default_config()
+    for section in SECTIONS:
+        settings = getattr(config, section)
+        fields = {f.name for f in dataclasses.fields(settings)}
+        keys = {k.field for k in KEYS if k.section == section}
+        if section == "storage":
+            keys.add("data_dir")  # the [server] key, which the storage engine works in
+            assert settings.data_dir == config.server.data_dir
+        assert fields == keys, section
+
+
+def test_the_storage_section_is_what_the_storage_engine_gets():
+    config = load_config(None, env={"NPSTREAM_SEGMENT_AGE": "2h", "NPSTREAM_DATA_DIR": "/x"})
+    assert config.storage == StorageSettings(data_dir=Path("/x"), segment_age_ms=7_200_000)
+    assert default_config().storage == StorageSettings(data_dir=Path("data"))
+
+
+def test_max_open_files_has_one_minimum_for_the_broker_and_the_engine():
+    with pytest.raises(ConfigError, match=r"max_open_files=7 is invalid: must be an integer >= 8"):
+        load_config(None, env={"NPSTREAM_MAX_OPEN_FILES": "7"})
+    with pytest.raises(ValueError, match=r"max_open_files=7 is invalid: must be an integer >= 8"):
+        StorageSettings(data_dir=Path("d"), max_open_files=7)
+    assert load_config(None, env={"NPSTREAM_MAX_OPEN_FILES": "8"}).storage.max_open_files == 8
+
+
+def test_every_problem_of_a_section_is_reported_at_once():
+    with pytest.raises(ConfigError) as error:
+        load_config(None, env={"NPSTREAM_PORT": "70000", "NPSTREAM_MAX_WORKERS": "1",
+                               "NPSTREAM_SEGMENT_BYTES": "1", "NPSTREAM_METADATA_SYNC": "x"})
+    message = str(error.value)
+    assert message.startswith("invalid broker configuration: ")
+    for part in ("port=70000", "max_workers=1", "segment_bytes=1", "metadata_sync='x'"):
+        assert part in message
+
+
+def test_with_values_changes_fields_across_sections_and_validates_again(tmp_path):
+    config = default_config().with_values(data_dir=tmp_path, port=0, metrics_port=None)
+    assert config.server.data_dir == config.storage.data_dir == tmp_path
+    assert (config.server.port, config.metrics.metrics_port) == (0, None)
+    with pytest.raises(ConfigError, match="max_workers=1 must be at least 4"):
+        config.with_values(max_workers=1)
+    with pytest.raises(ConfigError, match="unknown config field"):
+        config.with_values(max_open_file=64)
+
+
+def test_stream_defaults_are_the_default_keys():
+    config = load_config(None, env={"NPSTREAM_DEFAULT_MAX_BYTES": "0"})
+    assert config.streams.stream_defaults == StreamConfig(
+        max_age_ms=7 * 86_400_000, max_bytes=0, dedup_window_ms=120_000,
+        max_message_bytes=1 << 20)
+
+
+def _documented_defaults() -> dict[str, dict[str, str]]:
+    """{section: {key: default cell}} from the key tables of docs/broker.md."""
+    documented: dict[str, dict[str, str]] = {}
+    section = ""
+    for line in (REPO / "docs" / "broker.md").read_text().splitlines():
+        heading = re.fullmatch(r"### `\[(\w+)\]`", line.strip())
+        if heading:
+            section = heading.group(1)
+            documented[section] = {}
+            continue
+        row = re.match(r"\| `(\w+)` \| `(.*?)` \|", line)
+        if row and section in SECTIONS:
+            documented[section][row.group(1)] = row.group(2)
+        elif line.startswith("#"):
+            section = ""
+    return documented
+
+
+def test_docs_broker_md_lists_every_key_with_its_default():
+    documented = _documented_defaults()
+    assert set(documented) == set(SECTIONS)
+    for section in SECTIONS:
+        keys = {k.name: k for k in KEYS if k.section == section}
+        assert set(documented[section]) == set(keys), section
+        for name, cell in documented[section].items():
+            value = tomllib.loads(f"v = {cell}")["v"]
+            assert keys[name].parse(value) == keys[name].default, name

@@ -12,9 +12,9 @@ from npstream.broker.server.heap import retain_freed_memory
 
 
 def test_retain_freed_memory_default_and_env_override():
-    assert load_config(None, env={}).retain_freed_memory == 256 << 20
+    assert load_config(None, env={}).server.retain_freed_memory == 256 << 20
     config = load_config(None, env={"NPSTREAM_RETAIN_FREED_MEMORY": "0"})
-    assert config.retain_freed_memory == 0
+    assert config.server.retain_freed_memory == 0
 
 
 def test_retain_freed_memory_zero_keeps_allocator_defaults():

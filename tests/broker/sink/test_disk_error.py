@@ -6,7 +6,6 @@ broker subprocess cannot offer); the client still talks to it over gRPC.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 from pathlib import Path
 
@@ -22,8 +21,8 @@ SINK, STREAM = "disk-error-sink", "orders"
 
 
 def start(data_dir: Path) -> BrokerServer:
-    config = dataclasses.replace(default_config(), data_dir=data_dir, host="127.0.0.1", port=0,
-                                 metrics_port=None)
+    config = default_config().with_values(data_dir=data_dir, host="127.0.0.1", port=0,
+                                          metrics_port=None)
     server = BrokerServer(config)
     server.start()
     return server

@@ -60,7 +60,7 @@ def test_append_over_segment_bytes_rolls_segment(make_storage, config, table_of,
 
 def test_append_after_segment_ms_rolls_segment(make_storage, config, table_of, clock,
                                                data_dir, segments_in):
-    storage = make_storage(segment_ms=60_000)
+    storage = make_storage(segment_age_ms=60_000)
     log = storage.open_log("aged", config)
     log.append(table_of(2))
     clock.advance(59_999)
