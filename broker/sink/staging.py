@@ -56,8 +56,10 @@ from npstream.broker.sink.staging_format import (
     index_path,
     read_index,
 )
+from npstream.broker.storage.batch_builder import check_message_sizes
 from npstream.broker.storage.direct_write import DirectFileWriter, WrittenBlocks, edge_blocks
 from npstream.broker.storage.files import fsync_dir
+from npstream.proto.message_size import message_sizes
 from npstream.proto.names import NAME_RULE, STREAM_NAME_RE, validate_stream_name
 from npstream.proto.schema import normalize_publish_table
 
@@ -108,33 +110,6 @@ def check_batch_id(batch_id: int) -> int:
 
 
 # ---------------------------------------------------------------- validation
-
-
-def message_sizes(table: pa.Table) -> np.ndarray:
-    """Bytes of value + key + header names and values per row (what max_message_bytes bounds)."""
-    sizes = np.zeros(table.num_rows, dtype=np.int64)
-    if table.num_rows == 0:
-        return sizes
-    for name in ("value", "key"):
-        if name in table.column_names:
-            lengths = pc.fill_null(pc.binary_length(table.column(name)), 0)
-            sizes += lengths.to_numpy().astype(np.int64)
-    if "headers" in table.column_names:
-        sizes += _header_sizes(table.column("headers").combine_chunks())
-    return sizes
-
-
-def _header_sizes(headers: pa.MapArray) -> np.ndarray:
-    """Per-row sum of header name and value lengths, from the map's offsets (no row loop)."""
-    offsets = headers.offsets.to_numpy().astype(np.int64)
-    key_len = pc.binary_length(headers.keys).to_numpy(zero_copy_only=False).astype(np.int64)
-    item_len = pc.fill_null(pc.binary_length(headers.items), 0)
-    entry = key_len + item_len.to_numpy(zero_copy_only=False).astype(np.int64)
-    cumulative = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(entry)])
-    sizes = cumulative[offsets[1:]] - cumulative[offsets[:-1]]
-    if headers.null_count:
-        sizes[headers.is_null().to_numpy(zero_copy_only=False)] = 0
-    return sizes
 
 
 def _resolve_streams(table: pa.Table, default_stream: str) -> pa.ChunkedArray:
@@ -194,17 +169,10 @@ def prepare_stage(
     for target in sorted(targets):
         first = pc.index(streams, target).as_py() if routed else 0
         _checked_stream_name(target, f"row {first}")
-        limit = max_message_bytes(target)
-        too_big = sizes > limit
-        if routed:
-            too_big &= pc.equal(streams, target).to_numpy(zero_copy_only=False)
-        over = np.flatnonzero(too_big)
-        if over.size:
-            row = int(over[0])
-            raise InvalidArgumentError(
-                f"row {row} for stream '{target}' is {int(sizes[row])} bytes, over the "
-                f"stream's max_message_bytes={limit}; nothing was staged"
-            )
+        # Sizes of other targets' rows count 0, so the error names the row of the input.
+        mine = (np.where(pc.equal(streams, target).to_numpy(zero_copy_only=False), sizes, 0)
+                if routed else sizes)
+        check_message_sizes(mine, target, max_message_bytes(target), staged=True)
     table = table.add_column(0, pa.field("stream", pa.string(), nullable=False), streams)
     metadata = {_META_STREAMS: json.dumps(sorted(targets)).encode(),
                 _META_ROWS: str(table.num_rows).encode()}

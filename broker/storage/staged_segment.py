@@ -60,6 +60,7 @@ from npstream.proto.frames.record_batch import (
     FrameHeader,
     encode_header_for_crc,
 )
+from npstream.proto.message_size import first_oversized
 
 __all__ = ["FrameSlot", "StagedSegment", "Stamp", "StampSlot", "build_staged_frames",
            "check_sizes", "placeholder_header", "stamp_all"]
@@ -276,7 +277,9 @@ def check_sizes(parts: Sequence[PrebuiltFrame | StagedSegment], stream: str, lim
     """MessageTooLargeError for the first message over ``limit`` (0 = none), as append does.
 
     Frames carry their largest message size, so only a frame over the limit
-    (the stream's limit was lowered after they were staged) is decoded.
+    (the stream's limit was lowered after they were staged) is decoded; its
+    rows are then measured and compared by the one rule
+    (npstream.proto.message_size), and the index is the message's in the append.
     """
     if limit <= 0:
         return
@@ -289,6 +292,7 @@ def check_sizes(parts: Sequence[PrebuiltFrame | StagedSegment], stream: str, lim
         for count, largest, payload in pieces:
             if largest > limit:
                 sizes = message_sizes(pa.Table.from_batches([decode_payload(payload())]))
-                row = int(np.argmax(sizes > limit))
-                raise MessageTooLargeError(stream, index + row, int(sizes[row]), limit)
+                row = first_oversized(sizes, limit)
+                if row is not None:
+                    raise MessageTooLargeError(stream, index + row, int(sizes[row]), limit)
             index += count
