@@ -10,6 +10,11 @@ picklable value that the readers ship to executors.
 
 Names follow Spark's Kafka source where the meaning is the same
 (``startingOffsets``, ``maxOffsetsPerTrigger``, ``failOnDataLoss``...).
+
+Every default lives in the table (``OptionSpec.default``, as the text a user
+would type) and nowhere else: the parsed option objects have no defaults of
+their own but the table's, and tests check that the DataSource docstring and
+docs/spark.md list exactly the table's options and defaults.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from npstream.errors import NpstreamError
+from npstream.proto.defaults import BROKER_ADDRESS_ENV, DEFAULT_BROKER_ADDRESS
 from npstream.proto.names import validate_group_name, validate_stream_name
 from npstream.proto.units import parse_duration_ms, parse_size, parse_timestamp_ms
 
@@ -45,7 +51,9 @@ __all__ = [
     "check_known_options",
     "check_read_options",
     "parse_connection_options",
+    "parse_option_value",
     "parse_read_options",
+    "table_default",
 ]
 
 ReadMode = Literal["stream", "batch"]
@@ -53,7 +61,8 @@ STREAM: frozenset[str] = frozenset({"stream"})
 BATCH: frozenset[str] = frozenset({"batch"})
 BOTH: frozenset[str] = frozenset({"stream", "batch"})
 
-DEFAULT_BROKER = "localhost:7070"
+# Without the broker option: $NPSTREAM_BROKER, else the contract's default address.
+DEFAULT_BROKER = DEFAULT_BROKER_ADDRESS
 
 # Kafka's offset sentinels inside a JSON offsets option.
 EARLIEST_SENTINEL = -2
@@ -257,7 +266,7 @@ def _parse_ending_offsets(text: str) -> Position:
 
 CONNECTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("broker", None, _parse_broker, "host:port or a gRPC target (dns:///h:7070)",
-               BOTH, "Broker address; default env NPSTREAM_BROKER, else localhost:7070."),
+               BOTH, f"Broker address; default env {BROKER_ADDRESS_ENV}, else {DEFAULT_BROKER}."),
     OptionSpec("token", None, _parse_non_empty, "a non-empty string", BOTH,
                "Auth token sent as 'authorization: Bearer <token>'."),
     OptionSpec("tls", "false", parse_bool, "true or false", BOTH,
@@ -316,6 +325,12 @@ READ_OPTIONS: dict[str, OptionSpec] = {spec.name.lower(): spec for spec in READ_
 CONNECTION_OPTIONS: dict[str, OptionSpec] = {spec.name.lower(): spec for spec in CONNECTION_SPECS}
 
 
+def table_default(specs: Mapping[str, OptionSpec], name: str) -> Any:
+    """The parsed default of an option, for the fields below that mirror it."""
+    spec = specs[name.lower()]
+    return None if spec.default is None else spec.parse(spec.default)
+
+
 # ---------------------------------------------------------------- parsed result
 
 
@@ -324,10 +339,10 @@ class ConnectionOptions:
     """How to reach the broker; picklable so executors connect the same way."""
 
     broker: str
-    token: str | None = None
-    tls: bool = False
-    root_certificates: bytes | None = None
-    local_reads: bool = True
+    token: str | None = table_default(CONNECTION_OPTIONS, "token")
+    tls: bool = table_default(CONNECTION_OPTIONS, "tls")
+    root_certificates: bytes | None = table_default(CONNECTION_OPTIONS, "tlsRootCertificates")
+    local_reads: bool = table_default(READ_OPTIONS, "localReads")
 
     def connect(self) -> Client:
         """A new client for this broker (the caller closes it)."""
@@ -339,23 +354,23 @@ class ConnectionOptions:
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """The validated read options of one query or batch read."""
+    """The validated read options of one query or batch read (defaults: the option table)."""
 
     mode: ReadMode
     connection: ConnectionOptions
-    streams: tuple[str, ...] = ()
-    stream_pattern: str | None = None
-    starting: Position = Position("earliest")
-    ending: Position = Position("latest")
-    max_offsets_per_trigger: int | None = None
-    min_offsets_per_trigger: int | None = None
-    max_trigger_delay_ms: int = 15 * 60 * 1000
-    min_partitions: int | None = None
-    max_records_per_partition: int | None = None
-    fail_on_data_loss: bool = True
-    group: str | None = None
-    include_headers: bool = False
-    fetch_max_bytes: int = 8 << 20
+    streams: tuple[str, ...]
+    stream_pattern: str | None
+    starting: Position
+    ending: Position
+    max_offsets_per_trigger: int | None
+    min_offsets_per_trigger: int | None
+    max_trigger_delay_ms: int
+    min_partitions: int | None
+    max_records_per_partition: int | None
+    fail_on_data_loss: bool
+    group: str | None
+    include_headers: bool
+    fetch_max_bytes: int
 
     def subscribes(self, stream: str) -> bool:
         """True when the stream belongs to this read (named, or matching the pattern)."""
@@ -394,7 +409,8 @@ def check_known_options(options: Mapping[str, str], known: Mapping[str, str],
             )
 
 
-def _parse_value(spec: OptionSpec, raw: str) -> Any:
+def parse_option_value(spec: OptionSpec, raw: str) -> Any:
+    """The option's value; InvalidOptionError naming it, the value and what is accepted."""
     try:
         return spec.parse(raw)
     except ValueError as exc:
@@ -441,7 +457,7 @@ def _parse(options: Mapping[str, str], mode: ReadMode | None,
                     "remove it from this "
                     f"{'streaming query' if mode == 'stream' else 'batch read'}."
                 )
-            values[spec.name] = _parse_value(spec, raw[key])
+            values[spec.name] = parse_option_value(spec, raw[key])
         elif spec.default is not None:
             values[spec.name] = spec.parse(spec.default)
 
@@ -506,9 +522,9 @@ def parse_connection_options(options: Mapping[str, str],
     """Only the connection options (broker, token, tls, tlsRootCertificates)."""
     environ = os.environ if env is None else env
     raw = {key.lower(): str(value) for key, value in options.items()}
-    values = {spec.name: _parse_value(spec, raw[key])
-              for key, spec in CONNECTION_OPTIONS.items() if key in raw}
-    values.setdefault("tls", False)
+    values = {spec.name: parse_option_value(spec, raw[key]) if key in raw
+              else table_default(CONNECTION_OPTIONS, key)
+              for key, spec in CONNECTION_OPTIONS.items()}
     return _connection(values, raw, environ)
 
 
@@ -516,13 +532,13 @@ def _connection(values: dict[str, Any], raw: dict[str, str],
                 environ: Mapping[str, str]) -> ConnectionOptions:
     broker = values.get("broker")
     if broker is None:
-        from_env = environ.get("NPSTREAM_BROKER", "").strip()
+        from_env = environ.get(BROKER_ADDRESS_ENV, "").strip()
         if from_env:
             try:
                 broker = _parse_broker(from_env)
             except ValueError as exc:
                 raise InvalidOptionError(
-                    f"Invalid value {from_env!r} in environment variable NPSTREAM_BROKER "
+                    f"Invalid value {from_env!r} in environment variable {BROKER_ADDRESS_ENV} "
                     f"(used because option 'broker' is not set): {exc}. Accepted: host:port."
                 ) from None
         else:
@@ -566,7 +582,7 @@ def _starting(values: dict[str, Any], raw: dict[str, str], mode: ReadMode | None
 def _ending(values: dict[str, Any], raw: dict[str, str]) -> Position:
     timestamp: int | None = values.get("endingTimestamp")
     if timestamp is None:
-        return values.get("endingOffsets", Position("latest"))
+        return values["endingOffsets"]  # the table's default when not given
     if "endingoffsets" in raw:
         raise InvalidOptionError(
             f"Set either 'endingOffsets' ({raw['endingoffsets']!r}) or "

@@ -23,6 +23,7 @@ from npstream.spark.options import (
     check_known_options,
     check_read_options,
     parse_read_options,
+    table_default,
 )
 from npstream.spark.range_reader import spark_read_schema
 
@@ -45,6 +46,9 @@ class NpstreamDataSource(DataSource):
 
     Read options (names are case-insensitive; see docs/spark.md)
     ------------------------------------------------------------
+    The defaults are those of the option table (npstream.spark.options,
+    READ_SPECS); a test keeps this list in step with it.
+
     broker : str, default env NPSTREAM_BROKER, else "localhost:7070"
         Broker address (host:port or a gRPC target).
     token : str, optional
@@ -83,9 +87,31 @@ class NpstreamDataSource(DataSource):
     includeHeaders : bool, default false
         Add the headers column.
     fetchMaxBytes : str, default "8MiB"
-        Bytes per Fetch RPC made by a task.
+        Bytes per Fetch RPC (or local read step) made by a task, at most 64MiB.
+    localReads : bool, default true
+        Tasks on the broker's machine read its segment files directly
+        (checked, with gRPC as the fallback); false: always over gRPC.
 
-    Write options are listed in docs/spark.md, section "Writer".
+    Write options (see docs/spark.md, section "Writer")
+    ---------------------------------------------------
+    The connection options broker, token, tls and tlsRootCertificates as for
+    reads, and (option table: npstream.spark.writer_options, WRITE_SPECS):
+
+    stream : str, optional
+        Target stream; overrides a 'stream' column, without it every row
+        needs a non-null 'stream' column value.
+    sinkId : str, optional (streaming only)
+        Name of the sink's commit record on the broker; default derived from
+        checkpointLocation (else queryName).
+    stageBytes : str, default "8MiB"
+        Arrow bytes per Stage request sent by a task (64KiB to 32MiB).
+    localStaging : bool, default true
+        Tasks on the broker's machine hand their rows over in a file of the
+        broker's stage inbox (checked, with gRPC as the fallback).
+    checkpointLocation : str, set by Spark (streaming only)
+        The query's checkpoint; gives the default sink id.
+    queryName : str, set by Spark (streaming only)
+        The query's name; the default sink id without a checkpointLocation.
 
     Examples
     --------
@@ -115,8 +141,9 @@ class NpstreamDataSource(DataSource):
         # options are checked here already and a typo fails on the load() line.
         check_read_options(self.options)
         lowered = {key.lower(): str(value) for key, value in self.options.items()}
-        raw = lowered.get("includeheaders", "false")
-        return spark_read_schema(READ_OPTIONS["includeheaders"].parse(raw))
+        raw = lowered.get("includeheaders")
+        return spark_read_schema(READ_OPTIONS["includeheaders"].parse(raw) if raw is not None
+                                 else table_default(READ_OPTIONS, "includeHeaders"))
 
     def _read_options(self, mode: ReadMode, schema: StructType) -> ReadOptions:
         options = parse_read_options(self.options, mode)

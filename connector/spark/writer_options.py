@@ -36,6 +36,7 @@ from npstream.spark.options import (
     check_known_options,
     parse_bool,
     parse_connection_options,
+    parse_option_value,
 )
 
 __all__ = [
@@ -130,7 +131,10 @@ IGNORED_COLUMNS: frozenset[str] = frozenset({"offset", "timestamp"})
 
 @dataclass(frozen=True)
 class WriteOptions:
-    """The validated write options of one query or batch write; picklable for tasks."""
+    """The validated write options of one query or batch write; picklable for tasks.
+
+    No defaults of its own: they are the option table's (WRITE_SPECS).
+    """
 
     mode: WriteMode
     connection: ConnectionOptions
@@ -139,7 +143,7 @@ class WriteOptions:
     stage_bytes: int
     columns: tuple[str, ...]  # input columns sent to the broker, in input order
     use_stream_column: bool
-    local_staging: bool = True
+    local_staging: bool
 
 
 def checkpoint_sink_id(checkpoint_location: str) -> str:
@@ -157,15 +161,6 @@ def checkpoint_sink_id(checkpoint_location: str) -> str:
 
 def _query_sink_id(query_name: str) -> str:
     return "q-" + hashlib.sha256(query_name.encode()).hexdigest()[:24]
-
-
-def _parse_value(spec: OptionSpec, raw: str) -> Any:
-    try:
-        return spec.parse(raw)
-    except ValueError as exc:
-        raise InvalidOptionError(
-            f"Invalid value {raw!r} for option '{spec.name}': {exc}. Accepted: {spec.accepted}."
-        ) from None
 
 
 def _check_columns(schema: Any) -> tuple[str, ...]:
@@ -211,7 +206,7 @@ def parse_write_options(options: Mapping[str, str], schema: Any, mode: WriteMode
                     f"Option '{spec.name}' (value {raw[key]!r}) applies to streaming writes "
                     "(writeStream) only; a batch write is one all-or-nothing commit under a "
                     "sink id of its own. Remove the option.")
-            values[spec.name] = _parse_value(spec, raw[key])
+            values[spec.name] = parse_option_value(spec, raw[key])
         elif spec.default is not None:
             values[spec.name] = spec.parse(spec.default)
     if mode == "batch" and overwrite:
