@@ -21,7 +21,7 @@ from npstream.client import group_rpc
 from npstream.errors import InvalidArgument
 from npstream.proto import pb
 from npstream.proto.names import validate_group_name, validate_stream_name
-from npstream.proto.units import parse_duration_ms
+from npstream.proto.units import datetime_from_ms, parse_duration_ms
 
 if TYPE_CHECKING:
     from npstream.client.client import Client
@@ -36,7 +36,6 @@ __all__ = [
     "unary_settler",
 ]
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 # How a lease is settled: settle(lease, "ack" | "nack", delay_ms).
 Settle = Callable[["Lease", str, int], None]
@@ -106,11 +105,11 @@ class Lease:
 
     @property
     def timestamp(self) -> dt.datetime:
-        return _EPOCH + dt.timedelta(milliseconds=self.timestamp_ms)
+        return datetime_from_ms(self.timestamp_ms)
 
     @property
     def lease_expires(self) -> dt.datetime:
-        return _EPOCH + dt.timedelta(milliseconds=self.lease_expires_ms)
+        return datetime_from_ms(self.lease_expires_ms)
 
     def text(self) -> str:
         return self.value.decode("utf-8")

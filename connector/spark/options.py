@@ -31,7 +31,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from npstream.errors import NpstreamError
-from npstream.proto.defaults import BROKER_ADDRESS_ENV, DEFAULT_BROKER_ADDRESS
+from npstream.proto.defaults import (
+    BROKER_ADDRESS_ENV,
+    DEFAULT_BROKER_ADDRESS,
+    DEFAULT_FETCH_BYTES,
+    GRPC_MAX_MESSAGE_BYTES,
+)
 from npstream.proto.names import validate_group_name, validate_stream_name
 from npstream.proto.units import parse_duration_ms, parse_size, parse_timestamp_ms
 
@@ -72,12 +77,12 @@ LATEST_SENTINEL = -1
 # maxTriggerDelay: how long minOffsetsPerTrigger may hold back a batch before
 # one runs anyway (Kafka's default, so jobs moved from Kafka behave the same).
 DEFAULT_MAX_TRIGGER_DELAY = "15m"
-# fetchMaxBytes: bytes per Fetch RPC; matches the client's and the broker's
-# default so one stored 8 MiB batch travels in one response.
-DEFAULT_FETCH_MAX_BYTES = "8MiB"
+# fetchMaxBytes: bytes per Fetch RPC; the contract's fetch default (the
+# client's and the broker's) so one stored 8 MiB batch travels in one response.
+DEFAULT_FETCH_MAX_BYTES = f"{DEFAULT_FETCH_BYTES >> 20}MiB"
 # Upper bound for fetchMaxBytes: the gRPC message limit the client configures
 # must stay above one response.
-MAX_FETCH_MAX_BYTES = 64 << 20
+MAX_FETCH_MAX_BYTES = GRPC_MAX_MESSAGE_BYTES
 
 
 class InvalidOptionError(NpstreamError, ValueError):

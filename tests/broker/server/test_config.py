@@ -227,3 +227,14 @@ def test_docs_broker_md_lists_every_key_with_its_default():
         for name, cell in documented[section].items():
             value = tomllib.loads(f"v = {cell}")["v"]
             assert keys[name].parse(value) == keys[name].default, name
+
+
+def test_flag_help_states_the_builtin_defaults():
+    from npstream.broker.__main__ import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    defaults = {k.name: k.default for k in KEYS}
+    assert f"default {defaults['host']}" in text
+    assert f"default {defaults['port']};" in text
+    assert f"default ./{defaults['data_dir']}" in text
+    assert f"{defaults['log_level']} (default)" in text
