@@ -54,14 +54,15 @@ def message_sizes(table: pa.Table) -> np.ndarray:
     """
     if table.num_rows == 0:
         return np.zeros(0, dtype=np.int64)
+    names = table.schema.names
     value = _single_chunk(table.column("value"))
     lengths = pc.binary_length(value)
     sizes = np.asarray(pc.fill_null(lengths, 0) if value.null_count else lengths, dtype=np.int64)
-    if "key" in table.column_names:
+    if "key" in names:
         key = _single_chunk(table.column("key"))
         if key.null_count != len(key):
             sizes = sizes + np.asarray(pc.fill_null(pc.binary_length(key), 0), dtype=np.int64)
-    if "headers" in table.column_names:
+    if "headers" in names:
         headers = _single_chunk(table.column("headers"))
         if headers.null_count != len(headers):
             sizes = sizes + _headers_sizes(headers)
