@@ -13,12 +13,18 @@ protobuf itself would have produced.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, TypeVar
 
 from google.protobuf.message import DecodeError, Message
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer  # bytes, memoryview, mmap, pyarrow.Buffer...
 
 __all__ = ["encode_with_bytes", "split_bytes_field", "varint"]
 
 _VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
+
+M = TypeVar("M", bound=Message)
 
 
 def varint(value: int) -> bytes:
@@ -31,7 +37,7 @@ def varint(value: int) -> bytes:
     return bytes(out)
 
 
-def encode_with_bytes(message: Message, field: str, values: Iterable[object]) -> bytes:
+def encode_with_bytes(message: Message, field: str, values: Iterable[ReadableBuffer]) -> bytes:
     """Wire bytes of ``message`` with ``values`` (bytes-like) set as its bytes ``field``.
 
     ``field`` is a ``bytes`` or ``repeated bytes`` field left unset in
@@ -39,11 +45,11 @@ def encode_with_bytes(message: Message, field: str, values: Iterable[object]) ->
     """
     number = message.DESCRIPTOR.fields_by_name[field].number
     tag = varint((number << 3) | _LENGTH_DELIMITED)
-    parts: list[object] = [message.SerializeToString()]
+    parts: list[ReadableBuffer] = [message.SerializeToString()]
     for value in values:
-        view = memoryview(value)  # type: ignore[arg-type]
+        view = memoryview(value)
         parts += (tag, varint(view.nbytes), view)
-    return b"".join(parts)  # type: ignore[arg-type]
+    return b"".join(parts)
 
 
 def _read_varint(view: memoryview, position: int) -> tuple[int, int]:
@@ -59,8 +65,8 @@ def _read_varint(view: memoryview, position: int) -> tuple[int, int]:
         shift += 7
 
 
-def split_bytes_field(raw: bytes, message_type: type[Message], field: str,
-                      *, bail_on: str | None = None) -> tuple[Message, list[memoryview]]:
+def split_bytes_field(raw: bytes, message_type: type[M], field: str,
+                      *, bail_on: str | None = None) -> tuple[M, list[memoryview]]:
     """Parse ``raw`` as ``message_type`` but hand out ``field``'s values as views into ``raw``.
 
     The receiving twin of ``encode_with_bytes``: parsing a message copies its
@@ -106,8 +112,8 @@ def split_bytes_field(raw: bytes, message_type: type[Message], field: str,
     return message_type.FromString(b"".join(rest)), values
 
 
-def _parsed_whole(raw: bytes, message_type: type[Message],
-                  field: str) -> tuple[Message, list[memoryview]]:
+def _parsed_whole(raw: bytes, message_type: type[M],
+                  field: str) -> tuple[M, list[memoryview]]:
     """``split_bytes_field``'s answer by a plain protobuf parse (``field`` stays set in it)."""
     message = message_type.FromString(raw)
     value = getattr(message, field)

@@ -230,8 +230,12 @@ class GroupManager:
 
     # ------------------------------------------------------------ either kind
 
-    def seek(self, stream: str, group: str, to: pb.StartFrom) -> tuple[Resolved, int]:
-        """Move a group (created with kind "" when absent); (resolved target, writer ticket)."""
+    def seek(self, stream: str, group: str,
+             to: pb.StartFrom | None) -> tuple[Resolved, int]:
+        """Move a group (created with kind "" when absent); (resolved target, writer ticket).
+
+        ``to`` None (no position given) is an InvalidArgumentError.
+        """
         stream, group = self._names(stream, group)
         stream_log = self._log(stream)
         target = resolve_start(stream_log, to, required=True)

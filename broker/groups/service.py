@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import grpc
@@ -251,7 +251,7 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
                 yield batch
 
     def _subscribe(self, request_iterator: Iterator[pb.SubscribeRequest],
-                   context: grpc.ServicerContext) -> Iterator[list[Grant]]:
+                   context: grpc.ServicerContext) -> Generator[list[Grant], None, None]:
         """The grants of one Subscribe call, as they become ready (never an empty list)."""
         first = next(request_iterator, None)
         if first is None:

@@ -18,7 +18,9 @@ so a late write never resurrects a group.
 
 from __future__ import annotations
 
+import builtins
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -69,14 +71,13 @@ class GroupRow:
     updated_ms: int
 
 
-def _row(record: object) -> GroupRow:
-    r = record  # sqlite3.Row
+def _row(r: sqlite3.Row) -> GroupRow:
     return GroupRow(
-        stream=r["stream"], group=r["grp"], kind=r["kind"],  # type: ignore[index]
-        committed_offset=int(r["committed_offset"]),  # type: ignore[index]
-        dead_lettered=int(r["dead_lettered"]),  # type: ignore[index]
-        config=SharedConfig.from_json(r["config_json"]),  # type: ignore[index]
-        created_ms=int(r["created_ms"]), updated_ms=int(r["updated_ms"]),  # type: ignore[index]
+        stream=r["stream"], group=r["grp"], kind=r["kind"],
+        committed_offset=int(r["committed_offset"]),
+        dead_lettered=int(r["dead_lettered"]),
+        config=SharedConfig.from_json(r["config_json"]),
+        created_ms=int(r["created_ms"]), updated_ms=int(r["updated_ms"]),
     )
 
 
@@ -101,7 +102,7 @@ class GroupStore:
         )
         return [_row(r) for r in rows]
 
-    def streams(self) -> list[str]:
+    def streams(self) -> builtins.list[str]:  # `list` here is the method above
         """Every stream that has at least one group row."""
         return [r["stream"] for r in self._metadata.execute(
             "SELECT DISTINCT stream FROM consumer_groups")]

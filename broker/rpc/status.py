@@ -78,11 +78,17 @@ def abort_with(context: grpc.ServicerContext, exc: BaseException, method: str = 
 
 def _already_aborted(exc: BaseException, context: grpc.ServicerContext) -> bool:
     """True for the exception grpc raises from context.abort (must propagate untouched)."""
-    return type(exc) is Exception and not exc.args and context.code() is not None
+    # grpc >= 1.38 has ServicerContext.code(); grpc-stubs 1.53 does not declare it.
+    return (type(exc) is Exception and not exc.args
+            and context.code() is not None)  # type: ignore[attr-defined]
 
 
 def rpc_method(func: F) -> F:
-    """Decorate a servicer method (unary or streaming response) with the error mapping."""
+    """Decorate a servicer method (unary or streaming response) with the error mapping.
+
+    The wrappers take and return what ``func`` does, so each is returned as F
+    (the ``type: ignore[return-value]``s below: the checker cannot see that).
+    """
     name = func.__name__
 
     if inspect.isgeneratorfunction(func):

@@ -356,6 +356,8 @@ def _build(values: Mapping[str, object]) -> BrokerConfig:
             problems.append(str(exc))
     if not problems:
         try:
+            # sections maps each section name to an instance of its _SECTION_TYPES
+            # type, which a dict built in a loop cannot tell the checker.
             return BrokerConfig(**sections)  # type: ignore[arg-type]
         except ConfigError as exc:
             problems.append(str(exc))

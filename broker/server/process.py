@@ -30,14 +30,14 @@ from grpc_reflection.v1alpha import reflection
 
 from npstream.broker.groups import service as group_service
 from npstream.broker.metadata import Metadata
-from npstream.broker.rpc import status as grpc_errors
+from npstream.broker.rpc import status as rpc_status
 from npstream.broker.server.config import BrokerConfig
 from npstream.broker.server.context import BrokerContext
 from npstream.broker.server.metrics import BrokerMetrics
 from npstream.broker.sink import service as sink_service
 from npstream.broker.storage import Storage
-from npstream.broker.streams import reads as service_reads
-from npstream.broker.streams import service as service_streams
+from npstream.broker.streams import reads as stream_reads
+from npstream.broker.streams import service as stream_service
 from npstream.broker.streams.registry import StreamRegistry
 from npstream.proto import pb
 
@@ -114,14 +114,15 @@ class BrokerServer:
         registry = StreamRegistry(metadata, storage, config, on_stream_deleted=listeners)
         metrics = BrokerMetrics()
         metrics.watch_streams(registry, config.metrics.metrics_stream_gauges_max)
-        grpc_errors.observe_errors(metrics.error_counter())
+        rpc_status.observe_errors(metrics.error_counter())
         return BrokerContext(config=config, metadata=metadata, storage=storage,
                              registry=registry, metrics=metrics, on_stream_deleted=listeners,
                              stopping=self.stopping)
 
     def _build_server(self, ctx: BrokerContext) -> grpc.Server:
         config = self.config.server
-        interceptors = [grpc_errors.AuthInterceptor(config.auth_token)] if config.auth_token else []
+        interceptors: list[grpc.ServerInterceptor] = (
+            [rpc_status.AuthInterceptor(config.auth_token)] if config.auth_token else [])
         server = grpc.server(
             ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="rpc"),
             interceptors=interceptors,
@@ -135,7 +136,7 @@ class BrokerServer:
         )
         # Every service registers the same way: add_to_server(server, ctx),
         # returning what must be closed at stop (or None).
-        for add in (service_streams.add_to_server, service_reads.add_to_server,
+        for add in (stream_service.add_to_server, stream_reads.add_to_server,
                     group_service.add_to_server, sink_service.add_to_server):
             closeable = add(server, ctx)
             if closeable is not None:
@@ -225,7 +226,7 @@ class BrokerServer:
             ctx.metadata.checkpoint()
             ctx.metadata.close()
             ctx.metrics.stop()
-            grpc_errors.observe_errors(None)
+            rpc_status.observe_errors(None)
         if self._lock_handle is not None:
             self._lock_handle.close()
         log.info("npstream broker stopped (%s, data_dir=%s): calls drained in %.2fs, "

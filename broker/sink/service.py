@@ -16,7 +16,7 @@ client ever sees a half-finished commit of a previous run.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import grpc
 import pyarrow as pa
@@ -89,7 +89,7 @@ def _split_stage_request(raw: bytes) -> tuple[pb.StageRequest, memoryview]:
         request, arrow = split_bytes_field(raw, pb.StageRequest, "arrow_stream")
     except DecodeError as exc:
         raise InvalidArgumentError(f"malformed StageRequest: {exc}") from None
-    return cast(pb.StageRequest, request), arrow[-1] if arrow else memoryview(b"")
+    return request, arrow[-1] if arrow else memoryview(b"")
 
 
 def _decode(request: pb.StageRequest, arrow_stream: memoryview | pa.Buffer) -> pa.Table:

@@ -272,7 +272,7 @@ class StagingArea:
             tmp_index.unlink(missing_ok=True)
             raise
         fsync_dir(target.parent)
-        return int(index["bytes"])  # type: ignore[call-overload]
+        return int(index["bytes"])
 
     def _make_dirs(self, batch_dir: Path) -> None:
         """Create <sink_id>/<batch_id> and fsync each new directory's parent."""
@@ -292,7 +292,7 @@ class StagingArea:
     def targets(self, sink_id: str, batch_id: int, staging_id: str) -> list[str]:
         """The streams a staging file writes to (reads only its index)."""
         index = read_index(self.path(sink_id, batch_id, staging_id))
-        return list(index["streams"])  # type: ignore[call-overload]
+        return list(index["streams"])
 
     def read(self, sink_id: str, batch_id: int, staging_id: str) -> StagedTable:
         """The staged rows as one table with their target streams (for checks and tests)."""

@@ -57,6 +57,7 @@ import secrets
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -71,6 +72,9 @@ from npstream.broker.storage.staged_segment import (
 )
 from npstream.proto.frames.payload import decode_payload
 
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer  # bytes, memoryview, mmap, pyarrow.Buffer...
+
 __all__ = ["FORMAT", "INDEX_SUFFIX", "StagedFrames", "build_staging", "frame_slots",
            "index_path", "read_index"]
 
@@ -78,6 +82,9 @@ log = logging.getLogger(__name__)
 
 FORMAT = 3
 INDEX_SUFFIX = ".index"
+# The <staging_id>.index JSON object (keys in the module doc); read back from JSON,
+# so its values are untyped.
+StagingIndex = dict[str, Any]
 # Format 1 ended its data file with this magic (and kept its index inside);
 # recognised only to name the format of what is refused.
 _FORMAT_1_MAGIC = b"NPSTG\x00\x00\x01"
@@ -89,14 +96,15 @@ _ID_PREFIX_BYTES = 8  # random bytes -> 16 hex characters, as the broker's gener
 _refusal_logged = threading.Event()
 
 
-def build_staging(table: pa.Table, max_frame_bytes: int) -> tuple[list[object], dict[str, object]]:
+def build_staging(table: pa.Table,
+                  max_frame_bytes: int) -> tuple[list[ReadableBuffer], StagingIndex]:
     """The data file of ``table`` (prepare_stage output) as buffers back to back, and its index.
 
     Stored batches are cut into payloads of about ``max_frame_bytes`` (the
     broker's max_batch_bytes), as an append would cut them.
     """
     streams = sorted(json.loads(table.schema.metadata[b"npstream.streams"]))
-    pieces: list[object] = []
+    pieces: list[ReadableBuffer] = []
     frames: list[list[object]] = []
     position = 0
     for stream in streams:
@@ -142,7 +150,7 @@ def index_path(path: Path) -> Path:
     return path.with_suffix(INDEX_SUFFIX)
 
 
-def read_index(path: Path) -> dict[str, object]:
+def read_index(path: Path) -> StagingIndex:
     """The index of the staging whose data file is ``path`` (which may be gone: adopted).
 
     FileNotFoundError when neither file exists; StagingFormatError for
@@ -185,27 +193,27 @@ def _refused(path: Path, found: int) -> StagingFormatError:
     return error
 
 
-def frame_slots(index: dict[str, object]) -> list[tuple[str, FrameSlot]]:
+def frame_slots(index: StagingIndex) -> list[tuple[str, FrameSlot]]:
     """(target stream, slot) of every frame an index lists, in file order."""
     # Index entries: [stream, count, flags, payload position, payload length, largest,
     # placeholder base offset, offsets position, timestamps position (both in the
     # payload), payload CRC32C]
     return [(f[0], FrameSlot(f[3], f[4], f[1], f[2], f[5], StampSlot(*f[6:10])))
-            for f in index["frames"]]  # type: ignore[attr-defined]
+            for f in index["frames"]]
 
 
 class StagedFrames:
     """A staging's frames: mapped copy-on-write to be stamped and copied, or adopted whole."""
 
-    def __init__(self, staging_id: str, path: Path, index: dict[str, object], *,
+    def __init__(self, staging_id: str, path: Path, index: StagingIndex, *,
                  direct: bool = False, known_blocks: Mapping[int, bytes] | None = None) -> None:
         self.staging_id = staging_id
         self.path = path
         self._direct = direct  # the data file was written around the page cache
         self._known_blocks = known_blocks or {}  # blocks as Stage wrote them (stamping)
-        self.format = int(index["format"])  # type: ignore[call-overload]
-        self.streams: list[str] = list(index["streams"])  # type: ignore[call-overload]
-        self.rows = int(index["rows"])  # type: ignore[call-overload]
+        self.format = int(index["format"])
+        self.streams: list[str] = list(index["streams"])
+        self.rows = int(index["rows"])
         self._frames = frame_slots(index)
         self._map: mmap.mmap | None = None
 

@@ -41,8 +41,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from npstream.broker.storage.segment import pwrite_all
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer  # bytes, memoryview, mmap, pyarrow.Buffer...
 
 __all__ = ["ALIGNMENT", "CreatedFile", "DirectFileWriter", "WrittenBlocks", "edge_blocks"]
 
@@ -129,7 +133,7 @@ class DirectFileWriter:
         self._lock = threading.Lock()
         self._buffers: list[mmap.mmap] = []
 
-    def create(self, path: Path, pieces: Sequence[object]) -> int:
+    def create(self, path: Path, pieces: Sequence[ReadableBuffer]) -> int:
         """Write ``pieces`` back to back into the new file ``path`` and fsync it; its size.
 
         FileExistsError when ``path`` exists. Buffers are anything with the
@@ -137,7 +141,7 @@ class DirectFileWriter:
         """
         return self.create_keeping(path, pieces, ()).size
 
-    def create_keeping(self, path: Path, pieces: Sequence[object],
+    def create_keeping(self, path: Path, pieces: Sequence[ReadableBuffer],
                        keep_blocks: Collection[int]) -> CreatedFile:
         """``create``, also returning copies of the blocks ``keep_blocks`` as written.
 
@@ -145,7 +149,7 @@ class DirectFileWriter:
         patch reads nothing); pass them to ``patch`` as ``known_blocks``
         while the file's inode and mtime are still these.
         """
-        views = [memoryview(piece).cast("B") for piece in pieces]  # type: ignore[arg-type]
+        views = [memoryview(piece).cast("B") for piece in pieces]
         size = sum(len(view) for view in views)
         if self.direct:
             try:
@@ -157,7 +161,7 @@ class DirectFileWriter:
                 path.unlink(missing_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            pwrite_all(fd, views, 0)  # type: ignore[arg-type]
+            pwrite_all(fd, views, 0)
             os.fsync(fd)
             return _created(fd, size, {})
         finally:
@@ -175,6 +179,8 @@ class DirectFileWriter:
         of it, from ``create_keeping``) is not read. ``before_sync`` runs
         between the writes and the sync.
         """
+        # ``data``: any buffer. Stamping passes numpy arrays, whose stubs declare the
+        # buffer protocol (ndarray.__buffer__) only for Python >= 3.12.
         views = [(position, memoryview(data).cast("B"))  # type: ignore[arg-type]
                  for position, data in patches]
         fd = -1

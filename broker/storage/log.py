@@ -30,9 +30,9 @@ import secrets
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from itertools import accumulate, groupby
+from itertools import accumulate
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -101,6 +101,10 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
+# What the group-commit queue carries: an append's checked rows, or one small
+# message on the lean path (small_append.py).
+_Payload = PendingAppend | LoneMessage
+
 _READ_TABLE_BYTES = 8 << 20  # per read() of read_table: bounds the buffer, no slower
 # A written batch up to this size stays in memory with the view it made (LogView.recent)
 # until the next write: tail readers take it from there instead of reading the file
@@ -141,7 +145,7 @@ class StreamLog:
         self._listeners_lock = threading.Lock()
         self._written_seq = 0
         self._synced_seq = 0
-        self._queue: CommitQueue[PendingAppend] = CommitQueue(
+        self._queue: CommitQueue[_Payload] = CommitQueue(
             settings.max_batch_bytes, self._write_group, self._sync_through
         )
         self._id_prefix_text = secrets.token_hex(8)
@@ -190,14 +194,15 @@ class StreamLog:
         small-append path); see docs/internals.md."""
         self._check_usable()
         pending = self._prepare(data)
+        request: CommitRequest[_Payload]
         if isinstance(pending, LoneMessage):
             request = CommitRequest(pending, len(pending.value), fsync=ack is AckMode.FSYNC)
-            return self._queue.submit(request)  # type: ignore[return-value]
+            return self._submit(request)
         if pending.table.num_rows == 0:
             return AppendResult(self.end_offset, 0, [], max(self._clock(), self._last_timestamp))
         request = CommitRequest(pending, pending.table.get_total_buffer_size(),
                                 fsync=ack is AckMode.FSYNC)
-        return self._queue.submit(request)  # type: ignore[return-value]
+        return self._submit(request)
 
     def append_unsynced(self, data: pa.Table | MessageRows) -> tuple[AppendResult, int]:
         """Write ``data`` like ``append(data, AckMode.WRITE)``; also return its write sequence.
@@ -210,19 +215,26 @@ class StreamLog:
         """
         self._check_usable()
         pending = self._prepare(data)
+        request: CommitRequest[_Payload]
         if isinstance(pending, LoneMessage):
             request = CommitRequest(pending, len(pending.value), fsync=False)
-            result = self._queue.submit(request)
-            return result, max(request.sequence, 0)  # type: ignore[return-value]
+            result = self._submit(request)
+            return result, max(request.sequence, 0)
         if pending.table.num_rows == 0:
             result = AppendResult(self.end_offset, 0, [],
                                   max(self._clock(), self._last_timestamp))
             return result, self._written_seq
         request = CommitRequest(pending, pending.table.get_total_buffer_size(), fsync=False)
-        result = self._queue.submit(request)
-        return result, max(request.sequence, 0)  # type: ignore[return-value]
+        result = self._submit(request)
+        return result, max(request.sequence, 0)
 
-    def _prepare(self, data: pa.Table | MessageRows) -> PendingAppend | LoneMessage:
+    def _submit(self, request: CommitRequest[_Payload]) -> AppendResult:
+        """Queue ``request`` for group commit; its AppendResult once written (and synced)."""
+        # The queue is generic over results (``object``); this log's writer,
+        # _write_group_locked, sets every request's result to an AppendResult.
+        return cast(AppendResult, self._queue.submit(request))
+
+    def _prepare(self, data: pa.Table | MessageRows) -> _Payload:
         """Checked, completed rows of an append, from a table or from Python values."""
         config = self._config
         if isinstance(data, MessageRows):
@@ -252,9 +264,9 @@ class StreamLog:
         combined = pa.concat_tables([complete_publish_table(t) for t in tables])
         pending = prepare_append(combined, self.name, self._config.max_message_bytes,
                                  find_repeats=False, atomic=True, before_write=before_write)
-        request = CommitRequest(pending, pending.table.get_total_buffer_size(), fsync=True,
-                                atomic=True)
-        return self._queue.submit(request)  # type: ignore[return-value]
+        request: CommitRequest[_Payload] = CommitRequest(
+            pending, pending.table.get_total_buffer_size(), fsync=True, atomic=True)
+        return self._submit(request)
 
     def append_prebuilt(
         self, parts: Sequence[PrebuiltFrame | StagedSegment],
@@ -318,10 +330,11 @@ class StreamLog:
         """Write runs of frames and adopt staged files in order; see append_prebuilt."""
         flagged: list[pa.RecordBatch] = []
         bases = list(accumulate((part.count for part in parts), initial=first))
-        staged = [index for index, part in enumerate(parts) if isinstance(part, StagedSegment)]
+        staged = {index: part for index, part in enumerate(parts)
+                  if isinstance(part, StagedSegment)}
         # Staged files are stamped first, all at once: nothing is in the log yet, so a
         # failure there leaves it unchanged, and the stamps' disk waits overlap.
-        stamps = dict(zip(staged, stamp_all([(parts[i], bases[i]) for i in staged],  # type: ignore[misc]
+        stamps = dict(zip(staged, stamp_all([(part, bases[i]) for i, part in staged.items()],
                                             now), strict=True))
         reached = first
         try:
@@ -342,19 +355,27 @@ class StreamLog:
                      ) -> Iterator[tuple[int, int, Callable[[], list[pa.RecordBatch]]]]:
         """(first part, part after the last, write) of each step of append_prebuilt.
 
-        Each stamped file is adopted alone; a run of frames is written at once.
+        Each stamped file (every StagedSegment: ``stamps`` holds their indexes)
+        is adopted alone; a run of frames is written at once.
         """
-        for adopt, group in groupby(range(len(parts)), key=lambda i: i in stamps):
-            indexes = list(group)
-            if adopt:
-                for i in indexes:
-                    yield i, i + 1, partial(self._segments.adopt, parts[i], bases[i], stamps[i])
-            else:
-                frames = [parts[i] for i in indexes]
-                yield indexes[0], indexes[-1] + 1, partial(
-                    self._segments.write_prebuilt, frames, bases[indexes[0]], now)
+        run_start = 0
+        frames: list[PrebuiltFrame] = []
+        for i, part in enumerate(parts):
+            if not isinstance(part, StagedSegment):
+                if not frames:
+                    run_start = i
+                frames.append(part)
+                continue
+            if frames:
+                yield run_start, i, partial(
+                    self._segments.write_prebuilt, frames, bases[run_start], now)
+                frames = []
+            yield i, i + 1, partial(self._segments.adopt, part, bases[i], stamps[i])
+        if frames:
+            yield run_start, len(parts), partial(
+                self._segments.write_prebuilt, frames, bases[run_start], now)
 
-    def _write_group(self, group: list[CommitRequest[PendingAppend | LoneMessage]]) -> int:
+    def _write_group(self, group: list[CommitRequest[_Payload]]) -> int:
         """Leader: plan, frame and write one group; returns its write sequence number."""
         with self._append_lock:
             sequence = self._write_group_locked(group)
@@ -362,8 +383,7 @@ class StreamLog:
             self._on_dirty(self)
         return sequence or self._written_seq
 
-    def _write_group_locked(self, group: list[CommitRequest[PendingAppend | LoneMessage]]
-                            ) -> int:
+    def _write_group_locked(self, group: list[CommitRequest[_Payload]]) -> int:
         """The group's write sequence number; 0 when nothing was written (all duplicates)."""
         self._check_usable()
         now = max(self._clock(), self._last_timestamp)
@@ -379,18 +399,21 @@ class StreamLog:
             next_offset = first
             pending_ids: dict[str, int] | None = {} if len(group) > 1 else None
             planned: list[PlannedRows] = []
+            appends: list[PendingAppend] = []
             for request in group:
-                if isinstance(request.payload, LoneMessage):  # written with others: as rows
-                    request.payload = request.payload.pending()
-                rows = plan_append(request.payload, next_offset, window, pending_ids)
+                payload = request.payload
+                if isinstance(payload, LoneMessage):  # written with others: as rows
+                    payload = request.payload = payload.pending()
+                appends.append(payload)
+                rows = plan_append(payload, next_offset, window, pending_ids)
                 request.result = AppendResult(next_offset, rows.table.num_rows,
                                               rows.duplicates, now)
                 next_offset += rows.table.num_rows
                 if rows.table.num_rows:
                     planned.append(rows)
-            for request in group:
-                if request.payload.before_write is not None:
-                    request.payload.before_write(first)
+            for append in appends:
+                if append.before_write is not None:
+                    append.before_write(first)
             if not planned:
                 return 0
             batch = self._write_rows_locked(planned, first, now)

@@ -18,8 +18,9 @@ import contextlib
 import errno
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from npstream.broker import faults
 from npstream.broker.storage.file_cache import FileCache
@@ -30,6 +31,9 @@ from npstream.broker.storage.sparse_index import IndexFileError, SegmentSeal
 from npstream.broker.storage.time_index import TimeIndex
 from npstream.proto.frames.reader import BadFrame, FrameReader
 from npstream.proto.frames.record_batch import FrameHeader
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer  # bytes, memoryview, mmap, pyarrow.Buffer...
 
 __all__ = ["Segment", "pwrite_all"]
 
@@ -133,8 +137,8 @@ class Segment:
         segment.size = seal.segment_size
         segment.next_offset = seal.next_offset
         segment.max_timestamp = seal.max_timestamp
-        segment.offset_index = offset_index  # type: ignore[assignment]
-        segment.time_index = time_index  # type: ignore[assignment]
+        segment.offset_index = offset_index
+        segment.time_index = time_index
         segment.first_timestamp = time_index.keys[0]
         segment.sealed = True
         return segment
@@ -146,7 +150,7 @@ class Segment:
             pass
 
     def write_frame(
-        self, cache: FileCache, header_bytes: bytes, payload: object, header: FrameHeader,
+        self, cache: FileCache, header_bytes: bytes, payload: ReadableBuffer, header: FrameHeader,
         index_interval: int,
     ) -> None:
         """Append one frame at the end of the segment; on error the file is cut back."""
@@ -228,9 +232,9 @@ class Segment:
                 yield frame
 
 
-def pwrite_all(fd: int, buffers: list[object], position: int) -> None:
+def pwrite_all(fd: int, buffers: Sequence[ReadableBuffer], position: int) -> None:
     """pwritev until every byte is written (regular files rarely write short)."""
-    views = [memoryview(buffer).cast("B") for buffer in buffers]  # type: ignore[arg-type]
+    views = [memoryview(buffer).cast("B") for buffer in buffers]
     while views:
         written = os.pwritev(fd, views, position)
         if written <= 0:

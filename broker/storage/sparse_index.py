@@ -36,7 +36,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Self
 
 import crc32c
 import numpy as np
@@ -114,7 +114,7 @@ class SparseIndex:
         return head + _CRC.pack(crc) + body
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> tuple[SparseIndex, SegmentSeal]:
+    def from_bytes(cls, data: bytes) -> tuple[Self, SegmentSeal]:
         """Parse an index file; raise IndexFileError saying why it cannot be used."""
         if len(data) < FILE_HEADER_SIZE:
             raise IndexFileError(f"{len(data)} bytes, shorter than the header")
@@ -141,7 +141,7 @@ class SparseIndex:
         write_file_atomically(path, self.to_bytes(seal), durable=False)
 
     @classmethod
-    def read(cls, path: Path) -> tuple[SparseIndex, SegmentSeal]:
+    def read(cls, path: Path) -> tuple[Self, SegmentSeal]:
         """Load an index file; IndexFileError if it is missing or invalid."""
         try:
             data = path.read_bytes()

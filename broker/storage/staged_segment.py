@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import crc32c
 import numpy as np
@@ -61,6 +62,9 @@ from npstream.proto.frames.record_batch import (
     encode_header_for_crc,
 )
 from npstream.proto.message_size import first_oversized
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer  # bytes, memoryview, mmap, pyarrow.Buffer...
 
 __all__ = ["FrameSlot", "StagedSegment", "Stamp", "StampSlot", "build_staged_frames",
            "check_sizes", "placeholder_header", "stamp_all"]
@@ -213,7 +217,7 @@ Stamp = tuple[list[tuple[int, FrameHeader]], list[pa.RecordBatch]]  # StagedSegm
 
 
 def build_staged_frames(rows: pa.Table, first: int, position: int, max_frame_bytes: int,
-                        id_prefix: bytes) -> tuple[list[object], list[FrameSlot]]:
+                        id_prefix: bytes) -> tuple[list[ReadableBuffer], list[FrameSlot]]:
     """Publish rows as frames of a staged segment: the buffers to write, and each frame's slot.
 
     The rows (publish columns, completed here) get the placeholder offsets
@@ -230,7 +234,7 @@ def build_staged_frames(rows: pa.Table, first: int, position: int, max_frame_byt
     supplied = producer_id_mask(ids) if ids.null_count < len(ids) else None
     sizes = message_sizes(rows)
     batch = build_message_batch(rows, first, 0, id_prefix)
-    pieces: list[object] = []
+    pieces: list[ReadableBuffer] = []
     slots: list[FrameSlot] = []
     for start, count in _frame_slices(batch, max_frame_bytes):
         piece = batch if count == batch.num_rows else batch.slice(start, count)

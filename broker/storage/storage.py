@@ -17,6 +17,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from npstream.broker.errors import (
     BrokerError,
@@ -68,7 +69,7 @@ class Storage:
 
     # ------------------------------------------------------------------ helpers
 
-    def _directory(self, name: str) -> os.PathLike[str]:
+    def _directory(self, name: str) -> Path:
         try:
             return stream_dir(self.settings.data_dir, name)
         except ValueError as exc:
@@ -127,7 +128,7 @@ class Storage:
                 self._idle_due.pop(name, None)
             if stream_log is not None:
                 stream_log.close(dropped=True)
-            self._cache.forget_under(directory)  # type: ignore[arg-type]
+            self._cache.forget_under(directory)
             with contextlib.suppress(FileNotFoundError):
                 shutil.rmtree(directory)
                 fsync_dir(streams_root(self.settings.data_dir))
@@ -144,7 +145,7 @@ class Storage:
                 stream_log = self._logs.pop(name, None)
             if stream_log is not None:
                 stream_log.close()
-            result = repair_log(directory, self._cache,  # type: ignore[arg-type]
+            result = repair_log(directory, self._cache,
                                 self.settings.index_interval_bytes, name)
             self._open_unlocked(name, config)
         return result

@@ -21,6 +21,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -59,7 +60,8 @@ class CleanShutdown:
     max_timestamp: int
 
 
-def _read_json(path: Path) -> dict[str, object] | None:
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (values untyped: the caller's dataclass checks them)."""
     try:
         data = json.loads(path.read_bytes())
     except FileNotFoundError:
@@ -98,7 +100,7 @@ def read_retention_config(directory: Path) -> StreamConfig | None:
     """The last config given for this stream, None if absent or unreadable."""
     try:
         data = _read_json(directory / RETENTION_FILE)
-        return StreamConfig(**data) if data is not None else None  # type: ignore[arg-type]
+        return StreamConfig(**data) if data is not None else None
     except (ValueError, TypeError):
         return None
 
@@ -111,7 +113,7 @@ def write_retention_config(directory: Path, config: StreamConfig) -> None:
 def read_clean_shutdown(directory: Path) -> CleanShutdown | None:
     try:
         data = _read_json(directory / CLEAN_SHUTDOWN_FILE)
-        return CleanShutdown(**data) if data is not None else None  # type: ignore[arg-type]
+        return CleanShutdown(**data) if data is not None else None
     except (ValueError, TypeError):
         return None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import builtins
 import dataclasses
 import fnmatch
 import json
@@ -346,7 +347,9 @@ class StreamRegistry:
             log.info("repair of stream '%s' found nothing to cut", record.name)
         return self.describe(record.name), truncated, detail
 
-    def end_offsets(self, names: Iterable[str], pattern: str = "") -> list[tuple[str, int, int]]:
+    # builtins.list: in the class body `list` is the method above.
+    def end_offsets(self, names: Iterable[str],
+                    pattern: str = "") -> builtins.list[tuple[str, int, int]]:
         """(name, start_offset, end_offset) for the named streams plus those matching pattern."""
         wanted: dict[str, None] = {}
         for name in names:

@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from npstream.cli.common import (
@@ -80,7 +81,7 @@ def _print_json(data: object) -> None:
     print(json.dumps(data, indent=2))
 
 
-def _table(rows: list[tuple[str, ...]]) -> None:
+def _table(rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

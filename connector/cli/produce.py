@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 import os
 import queue
@@ -12,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Final
 
 import pyarrow as pa
 
@@ -39,7 +40,14 @@ DEFAULT_LINGER_S = 0.2
 # How often the progress line on a terminal is redrawn.
 PROGRESS_INTERVAL_S = 0.25
 
-_FLUSH = object()  # marker from the pipe reader: input paused, send what is pending
+
+class _Pause(enum.Enum):
+    """The marker type of _FLUSH (an enum member, so ``item is _FLUSH`` narrows types)."""
+
+    FLUSH = enum.auto()
+
+
+_FLUSH: Final = _Pause.FLUSH  # marker from the pipe reader: input paused, send what is pending
 
 
 def _positive_int(text: str) -> int:
@@ -151,7 +159,7 @@ def _is_regular_file(handle: IO[bytes]) -> bool:
         return True  # no descriptor (e.g. in-memory): nothing to wait for
 
 
-def _lines_with_pauses(handle: IO[bytes], linger: float) -> Iterator[object]:
+def _lines_with_pauses(handle: IO[bytes], linger: float) -> Iterator[bytes | _Pause]:
     """Lines of a pipe, with _FLUSH whenever no line came for ``linger`` seconds."""
     lines: queue.Queue[bytes | None] = queue.Queue(maxsize=10_000)
 
@@ -274,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
     if args.raw and (args.id_field or args.key_field):
         raise CliError("--id-field and --key-field need JSON input; drop --raw", EXIT_USAGE)
     handle, source = _open(args.file)
-    lines = (
+    lines: Iterator[bytes | _Pause] = (
         iter(handle) if _is_regular_file(handle) else _lines_with_pauses(handle, args.linger)
     )
     line_no = 0
@@ -287,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
                     continue
                 line_no += 1
                 try:
-                    producer.add(item, line_no)  # type: ignore[arg-type]
+                    producer.add(item, line_no)
                 except CliError:
                     producer.flush(line_no - 1)  # every line before the bad one goes in
                     raise

@@ -97,14 +97,14 @@ def _ipc_stream_buffer(table: pa.Table) -> pa.Buffer:
     return sink.getvalue()
 
 
-def encode_publish_request(stream: str, ack: int, table: pa.Table) -> bytes:
+def encode_publish_request(stream: str, ack: pb.Ack, table: pa.Table) -> bytes:
     """Wire bytes of ``PublishRequest(stream, arrow_stream=<table as IPC>, ack)``.
 
     The IPC bytes are copied once instead of three times (to bytes, into the
     message, out of it again; npstream.proto.wire): on ~4 MiB requests those copies
     were most of the client's CPU. A test checks it parses to the same message.
     """
-    head = pb.PublishRequest(stream=stream, ack=ack)  # type: ignore[arg-type]
+    head = pb.PublishRequest(stream=stream, ack=ack)
     ipc = _ipc_stream_buffer(table)
     return encode_with_bytes(head, "arrow_stream", [ipc] if ipc.size else [])
 

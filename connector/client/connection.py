@@ -21,8 +21,8 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import grpc
 
@@ -94,8 +94,17 @@ def resolve_address(address: str | None) -> str:
     return chosen
 
 
-def never_reached_broker(exc: grpc.RpcError) -> bool:
-    """True when gRPC says the call failed before any byte reached a broker."""
+class _HasDetails(Protocol):
+    """What ``never_reached_broker`` reads: a failed call's gRPC detail."""
+
+    def details(self) -> str | None: ...
+
+
+def never_reached_broker(exc: _HasDetails) -> bool:
+    """True when gRPC says the call failed before any byte reached a broker.
+
+    ``exc`` is a ``grpc.RpcError`` or a ``StreamingCall`` (the detail of its call).
+    """
     details = (exc.details() or "").lower() if hasattr(exc, "details") else ""
     return any(marker in details for marker in _NOT_SENT_MARKERS)
 
@@ -202,7 +211,7 @@ class Connection:
                 backoff = min(backoff * RETRY_BACKOFF_MULTIPLIER, RETRY_MAX_BACKOFF_S)
 
     def stream(
-        self, rpc: str, request_iterator: Iterable[Any], *, timeout: float | None = None
+        self, rpc: str, request_iterator: Iterator[Any], *, timeout: float | None = None
     ) -> StreamingCall:
         """Open a bidirectional streaming call (GroupService.Subscribe).
 
@@ -246,7 +255,7 @@ class Connection:
             rpc, lambda: unary(request, timeout=per_call, metadata=self._metadata), idempotent)
 
     def stream_serialized(
-        self, rpc: str, request_iterator: Iterable[bytes], response_type: Any, *,
+        self, rpc: str, request_iterator: Iterator[bytes], response_type: Any, *,
         timeout: float | None = None,
     ) -> StreamingCall:
         """Like ``stream`` for requests that are already protobuf wire bytes.

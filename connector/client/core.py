@@ -11,7 +11,7 @@ the broker" (``npstream.client.group_rpc``) types its argument as
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterator
 from typing import Any, Self
 
 from npstream.client.connection import Connection, StreamingCall
@@ -69,7 +69,7 @@ class ClientCore:
                                           idempotent=idempotent)
 
     def stream(
-        self, rpc: str, request_iterator: Iterable[Any], *, timeout: float | None = None
+        self, rpc: str, request_iterator: Iterator[Any], *, timeout: float | None = None
     ) -> StreamingCall:
         """Open a bidirectional streaming RPC (``"GroupService.Subscribe"``); not retried."""
         return self._conn.stream(rpc, request_iterator, timeout=timeout)

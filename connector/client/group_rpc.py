@@ -12,7 +12,7 @@ Arguments are not checked here; the public methods that take them from users
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from npstream.proto import pb
@@ -139,6 +139,6 @@ def nack(client: ClientCore, stream: str, group: str, offsets: Sequence[int], *,
 
 
 def subscribe_batches(client: ClientCore,
-                      requests: Iterable[pb.SubscribeRequest]) -> StreamingCall:
+                      requests: Iterator[pb.SubscribeRequest]) -> StreamingCall:
     """Open a push subscription call; its responses are ``pb.DeliveryBatch``es. Not retried."""
     return client.stream(SUBSCRIBE_RPC, requests)

@@ -198,7 +198,7 @@ class Publisher(ClientCore):
                   tally.rows_done, name, len(plan.ranges))
         return tally.result()
 
-    def _open_publish_stream(self, requests: Iterable[bytes], *,
+    def _open_publish_stream(self, requests: Iterator[bytes], *,
                              timeout: float | None) -> StreamingCall:
         """A PublishStream call sending ``requests`` (PublishRequest wire bytes)."""
         return self._conn.stream_serialized("StreamService.PublishStream", requests,

@@ -16,7 +16,7 @@ request has a response if and only if it was stored (proto: PublishStream).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -41,7 +41,7 @@ class NotSent(BrokerUnavailable):
 
 
 def pipelined(
-    open_call: Callable[[Iterable[bytes]], StreamingCall],
+    open_call: Callable[[Iterator[bytes]], StreamingCall],
     requests: Iterator[bytes],
     window: int = PUBLISH_WINDOW,
 ) -> Iterator[pb.PublishResponse]:

@@ -135,8 +135,8 @@ class Narrowing:
         if column == ("stream",):
             if isinstance(filter_, EqualTo) and isinstance(value, str):
                 return self.with_streams([value]), True
-            if isinstance(filter_, In) and all(isinstance(v, str) for v in value):
-                return self.with_streams(value), True
+            if isinstance(filter_, In) and all(isinstance(v, str) for v in filter_.value):
+                return self.with_streams(filter_.value), True
             return None
         if column == ("offset",):
             return self._apply_offset(filter_, value)

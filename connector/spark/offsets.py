@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from npstream.proto.names import validate_stream_name
 
@@ -42,11 +43,11 @@ class SourceOffset:
         return SourceOffset, (dict(self.next_offsets),)
 
     @classmethod
-    def from_dict(cls, value: Mapping[str, object]) -> SourceOffset:
+    def from_dict(cls, value: Mapping[str, Any]) -> SourceOffset:
         """From the dict Spark hands to latestOffset/partitions/commit."""
         if not isinstance(value, Mapping):
             raise ValueError(f"invalid npstream offset {value!r}: expected a JSON object")
-        return cls(dict(value))  # type: ignore[arg-type]
+        return cls(dict(value))  # the values are checked in __post_init__
 
     @classmethod
     def from_json(cls, text: str) -> SourceOffset:

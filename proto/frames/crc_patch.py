@@ -79,7 +79,10 @@ def patch(crc: int, length: int, position: int, old: object, new: object) -> int
 
     ``old`` and ``new`` are buffers of the same size; ``crc`` is the CRC before.
     """
-    old_view, new_view = memoryview(old).cast("B"), memoryview(new).cast("B")  # type: ignore[arg-type]
+    # Any buffer; callers pass numpy arrays, whose stubs declare the buffer protocol
+    # (ndarray.__buffer__) only for Python >= 3.12.
+    old_view = memoryview(old).cast("B")  # type: ignore[arg-type]
+    new_view = memoryview(new).cast("B")  # type: ignore[arg-type]
     if len(old_view) != len(new_view) or position + len(new_view) > length:
         raise ValueError(f"cannot patch {len(old_view)} -> {len(new_view)} bytes at "
                          f"{position} of {length}")
