@@ -14,9 +14,9 @@ callers such as the Spark reader's data-loss check get numbers, not text to
 parse.
 
 Every exception this package raises on purpose derives from ``NpstreamError``;
-where a builtin says the same thing (``ValueError``, ``LookupError``,
-``IndexError``, ``ConnectionError``) the class subclasses it too, so plain
-Python ``except`` clauses work.
+where a builtin says the same thing (``ValueError``, ``TypeError``,
+``LookupError``, ``IndexError``, ``ConnectionError``) the class subclasses it
+too, so plain Python ``except`` clauses work.
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ __all__ = [
     "BrokerUnavailable",
     "CorruptRecord",
     "GroupNotFound",
+    "IndexOutOfRange",
     "InvalidArgument",
+    "InvalidArgumentType",
     "MessageTooLarge",
     "NpstreamError",
     "OffsetOutOfRange",
@@ -83,6 +85,20 @@ class InvalidArgument(NpstreamError, ValueError):
 
 class MessageTooLarge(InvalidArgument):
     """A message is over the stream's max_message_bytes; nothing of the request was stored."""
+
+
+class InvalidArgumentType(NpstreamError, TypeError):
+    """An argument of the wrong Python type, caught client-side (no call was made).
+
+    For example a ``MessageTable`` indexed with something other than an int.
+    """
+
+
+class IndexOutOfRange(NpstreamError, IndexError):
+    """An index past either end of a client-side sequence (``MessageTable[i]``).
+
+    Not a stream offset: offsets outside a stream raise ``OffsetOutOfRange``.
+    """
 
 
 class StreamNotFound(NpstreamError, LookupError):

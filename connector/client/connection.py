@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from npstream.errors import BrokerUnavailable, NpstreamError, from_rpc_error
+from npstream.errors import BrokerUnavailable, InvalidArgument, NpstreamError, from_rpc_error
 from npstream.proto import metadata_keys, pb_grpc
 from npstream.proto.defaults import (
     BROKER_ADDRESS_ENV,
@@ -90,7 +90,7 @@ def resolve_address(address: str | None) -> str:
     chosen = address or os.environ.get(BROKER_ADDRESS_ENV) or DEFAULT_ADDRESS
     chosen = chosen.strip()
     if not chosen:
-        raise ValueError("empty broker address; use host:port")
+        raise InvalidArgument("empty broker address; use host:port")
     return chosen
 
 
@@ -123,9 +123,10 @@ class Connection:
         retry_deadline: float = 15.0,
     ) -> None:
         if timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+            raise InvalidArgument(f"timeout must be > 0 seconds, got {timeout!r}")
         if retry_deadline < 0:
-            raise ValueError(f"retry_deadline must be >= 0 seconds, got {retry_deadline!r}")
+            raise InvalidArgument(
+                f"retry_deadline must be >= 0 seconds, got {retry_deadline!r}")
         self.address = resolve_address(address)
         self.timeout = float(timeout)
         self.retry_deadline = float(retry_deadline)
@@ -160,7 +161,7 @@ class Connection:
         stub = self._stubs.get(service)
         target = getattr(stub, method, None) if stub is not None and method else None
         if target is None:
-            raise ValueError(
+            raise InvalidArgument(
                 f"unknown rpc {rpc!r}; use 'Service.Method' with a service from {sorted(_SERVICES)}"
             )
         return target

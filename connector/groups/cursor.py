@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from npstream.client import group_rpc
-from npstream.errors import InvalidArgument
+from npstream.errors import IndexOutOfRange, InvalidArgument, InvalidArgumentType
 from npstream.proto import pb
 from npstream.proto.names import validate_group_name, validate_stream_name
 from npstream.proto.schema import MESSAGE_SCHEMA
@@ -142,11 +142,12 @@ class MessageTable:
 
     def __getitem__(self, index: int) -> Message:
         if not isinstance(index, int):
-            raise TypeError("index MessageTable with an int; use .table for Arrow access")
-        row = MessageTable(self.table.slice(index if index >= 0 else len(self) + index, 1))
-        if not len(row):
-            raise IndexError(f"message index {index} out of range ({len(self)} messages)")
-        return next(iter(row))
+            raise InvalidArgumentType(
+                "index MessageTable with an int; use .table for Arrow access")
+        position = index if index >= 0 else len(self) + index
+        if not 0 <= position < len(self):
+            raise IndexOutOfRange(f"message index {index} out of range ({len(self)} messages)")
+        return next(iter(MessageTable(self.table.slice(position, 1))))
 
     @property
     def offsets(self) -> list[int]:

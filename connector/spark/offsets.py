@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from npstream.errors import InvalidArgument
 from npstream.proto.names import validate_stream_name
 
 __all__ = ["SourceOffset"]
@@ -30,9 +31,12 @@ class SourceOffset:
     def __post_init__(self) -> None:
         checked: dict[str, int] = {}
         for stream, offset in sorted(self.next_offsets.items()):
-            validate_stream_name(stream)
+            try:
+                validate_stream_name(stream)
+            except ValueError as exc:
+                raise InvalidArgument(str(exc)) from None
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-                raise ValueError(
+                raise InvalidArgument(
                     f"invalid offset {offset!r} for stream '{stream}': "
                     "expected an integer >= 0 (the next offset to read)"
                 )
@@ -46,7 +50,7 @@ class SourceOffset:
     def from_dict(cls, value: Mapping[str, Any]) -> SourceOffset:
         """From the dict Spark hands to latestOffset/partitions/commit."""
         if not isinstance(value, Mapping):
-            raise ValueError(f"invalid npstream offset {value!r}: expected a JSON object")
+            raise InvalidArgument(f"invalid npstream offset {value!r}: expected a JSON object")
         return cls(dict(value))  # the values are checked in __post_init__
 
     @classmethod
@@ -54,7 +58,7 @@ class SourceOffset:
         try:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"invalid npstream offset JSON {text!r}: {exc}") from None
+            raise InvalidArgument(f"invalid npstream offset JSON {text!r}: {exc}") from None
         return cls.from_dict(value)
 
     def to_dict(self) -> dict[str, int]:

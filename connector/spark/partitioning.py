@@ -18,6 +18,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from npstream.errors import InvalidArgument
+
 __all__ = ["OffsetRange", "prorate", "split_ranges"]
 
 
@@ -83,7 +85,7 @@ def split_ranges(
     for limit, name in ((max_records_per_partition, "max_records_per_partition"),
                         (min_partitions, "min_partitions")):
         if limit is not None and limit <= 0:
-            raise ValueError(f"{name} must be > 0, got {limit}")
+            raise InvalidArgument(f"{name} must be > 0, got {limit}")
     non_empty = [rng for rng in ranges if rng.size > 0]
     if not non_empty:
         return []
@@ -109,7 +111,7 @@ def prorate(limit: int, start: Mapping[str, int], latest: Mapping[str, int]) -> 
     number of streams). Streams without a backlog keep their latest offset.
     """
     if limit <= 0:
-        raise ValueError(f"limit must be > 0, got {limit}")
+        raise InvalidArgument(f"limit must be > 0, got {limit}")
     backlog = {stream: end - start.get(stream, 0) for stream, end in latest.items()
                if end - start.get(stream, 0) > 0}
     total = sum(backlog.values())

@@ -38,6 +38,7 @@ from npstream.errors import NpstreamError
 from npstream.spark.writer_options import WriteOptions, parse_write_options
 
 __all__ = [
+    "NoMicroBatchError",
     "NpstreamBatchWriter",
     "NpstreamCommitMessage",
     "NpstreamStreamWriter",
@@ -57,6 +58,10 @@ BATCH_WRITE_BATCH_ID = 0
 # gains nothing on 2 cores, one alone makes staging ~1.5x slower). Also bounds
 # the task's extra memory to two requests.
 STAGE_REQUESTS_IN_FLIGHT = 2
+
+
+class NoMicroBatchError(NpstreamError, RuntimeError):
+    """The streaming writer ran outside a Structured Streaming micro-batch (no batch id)."""
 
 
 @dataclass
@@ -196,7 +201,7 @@ class NpstreamStreamWriter(DataSourceStreamArrowWriter):
         context = TaskContext.get()
         batch_id = context.getLocalProperty(BATCH_ID_PROPERTY) if context else None
         if batch_id is None:
-            raise RuntimeError(
+            raise NoMicroBatchError(
                 f"npstream sink: the task has no '{BATCH_ID_PROPERTY}' property; the "
                 "streaming writer only runs inside a Structured Streaming micro-batch")
         return _stage_all(self.options, int(batch_id), iterator)

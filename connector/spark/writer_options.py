@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlparse
 
+from npstream.errors import InvalidArgument
 from npstream.proto.names import NAME_RULE, STREAM_NAME_RE, validate_stream_name
 from npstream.proto.units import parse_size
 from npstream.spark.options import (
@@ -226,7 +227,7 @@ def parse_write_options(options: Mapping[str, str], schema: Any, mode: WriteMode
         columns = tuple(c for c in columns if c != "stream")  # the option wins, as in Kafka
     if mode == "batch":
         if batch_sink_id is None:
-            raise ValueError("batch writes need batch_sink_id")
+            raise InvalidArgument("batch writes need batch_sink_id")
         sink_id = batch_sink_id
     elif "sinkId" in values:
         sink_id = values["sinkId"]
