@@ -6,7 +6,8 @@ Everything that crosses the wire goes through ``Connection.call`` (unary; also
 
 * ``UNAVAILABLE`` is retried with exponential backoff and full jitter until
   ``retry_deadline`` seconds have passed, then ``BrokerUnavailable`` is raised
-  naming the address and the last gRPC detail.
+  naming the address and the last gRPC detail, with the last error's ``code``
+  and ``reason`` (e.g. SHUTTING_DOWN).
 * A call marked ``idempotent=False`` (a Publish without ids on every message)
   is retried only when gRPC reports that it never reached the broker (the
   connection could not be established). If the connection broke while the call
@@ -194,16 +195,19 @@ class Connection:
                     raise from_rpc_error(exc, self.address) from None
                 detail = exc.details() or ""
                 if not idempotent and not never_reached_broker(exc):
+                    error = from_rpc_error(exc, self.address)
                     raise BrokerUnavailable(
-                        f"{from_rpc_error(exc, self.address)} (during {rpc}; the request may "
+                        f"{error} (during {rpc}; the request may "
                         "or may not have been stored: give every message an id to make "
-                        "retries safe)"
+                        "retries safe)", code=error.code, reason=error.reason,
                     ) from None
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    error = from_rpc_error(exc, self.address)
                     raise BrokerUnavailable(
-                        f"{from_rpc_error(exc, self.address)} (gave up after {attempt} "
-                        f"attempt(s) over {self.retry_deadline:g}s)"
+                        f"{error} (gave up after {attempt} "
+                        f"attempt(s) over {self.retry_deadline:g}s)",
+                        code=error.code, reason=error.reason,
                     ) from None
                 sleep = min(random.uniform(0, backoff), remaining)
                 log.debug("%s to %s unavailable (attempt %d), retrying in %.3fs: %s",

@@ -164,6 +164,26 @@ def test_shutting_down_is_broker_unavailable_naming_the_address() -> None:
     assert err.reason == pb.ERROR_REASON_SHUTTING_DOWN
 
 
+@pytest.mark.parametrize("idempotent", [True, False])
+def test_unavailable_after_retries_keeps_the_reason_and_code(idempotent: bool) -> None:
+    """The BrokerUnavailable raised once retries end (or for an unsafe resend) keeps both."""
+    from npstream.client.connection import Connection
+
+    def send() -> None:
+        raise FakeRpcError(grpc.StatusCode.UNAVAILABLE, "stopping",
+                           _with_reason(pb.ERROR_REASON_SHUTTING_DOWN))
+
+    connection = Connection("127.0.0.1:1", retry_deadline=0)
+    try:
+        with pytest.raises(BrokerUnavailable) as info:
+            connection._retrying("StreamService.Publish", send, idempotent)
+    finally:
+        connection.close()
+    assert str(info.value).startswith("broker at 127.0.0.1:1 is unavailable: stopping (")
+    assert info.value.reason == pb.ERROR_REASON_SHUTTING_DOWN
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+
+
 def test_sink_client_turns_a_reasonless_precondition_into_sink_conflict() -> None:
     """An older broker sends no reason; from a sink call that is a conflict, not a repair."""
     from npstream.sink.client import SinkClient
