@@ -22,9 +22,11 @@ from npstream.cli.common import (
     group_arg,
     stream_arg,
 )
+from npstream.client import group_rpc
 from npstream.client.values import ms_to_iso
 from npstream.errors import InvalidArgument
 from npstream.groups.admin import GroupInfo
+from npstream.proto import pb
 
 __all__ = ["consume_with_group", "register"]
 
@@ -138,19 +140,22 @@ def _describe(args: argparse.Namespace) -> int:
     return 0
 
 
-def _seek(args: argparse.Namespace) -> int:
+def _position(value: str, option: str) -> pb.StartFrom:
+    """The position a --to/--from names; CliError (a usage error) when it names none."""
     from npstream.groups.cursor import start_from_pb
-    from npstream.proto import pb
 
     try:
-        target = start_from_pb(args.to, "--to")
+        return start_from_pb(value, option)
     except InvalidArgument:
         raise CliError(
-            f"invalid --to {args.to!r}: use earliest, latest, an offset >= 0 or an ISO-8601 "
+            f"invalid {option} {value!r}: use earliest, latest, an offset >= 0 or an ISO-8601 "
             "time such as 2025-01-01T00:00:00Z", 2) from None
+
+
+def _seek(args: argparse.Namespace) -> int:
+    target = _position(args.to, "--to")
     with client_from_args(args) as client:
-        response = client.call("GroupService.Seek", pb.SeekRequest(
-            stream=args.stream, group=args.group, to=target))
+        response = group_rpc.seek(client, args.stream, args.group, target)
     note = ""
     if response.clamped_to_start:
         note = " (clamped to the stream's start: earlier messages are gone)"
@@ -175,14 +180,8 @@ def consume_with_group(client: Any, args: argparse.Namespace) -> int:
     from npstream.cli.consume import format_messages
 
     start = getattr(args, "start", "earliest") or "earliest"
-    try:
-        consumer = client.consumer(args.stream, args.group, start_from=start)
-    except InvalidArgument as exc:
-        if "start_from" in str(exc):
-            raise CliError(
-                f"invalid --from {start!r}: use earliest, latest, an offset >= 0 or an "
-                "ISO-8601 time such as 2025-01-01T00:00:00Z", 2) from None
-        raise
+    _position(start, "--from")  # the check client.consumer makes, reported as a usage error
+    consumer = client.consumer(args.stream, args.group, start_from=start)
     if consumer.created:
         log.info("created group '%s' on stream '%s' at offset %d", args.group, args.stream,
                  consumer.position)

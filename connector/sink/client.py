@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import pyarrow as pa
 
+from npstream.client import sink_rpc
 from npstream.errors import NpstreamError, SinkConflict
 from npstream.proto import pb
 from npstream.proto.wire import encode_with_bytes
@@ -118,10 +119,6 @@ class SinkClient:
         self._client = client
         self._local_staging = local_staging
 
-    def _call(self, rpc: str, request: object) -> Any:
-        return self._converted(
-            lambda: self._client.call(f"SinkService.{rpc}", request, idempotent=True))
-
     @staticmethod
     def _converted(send: Callable[[], Any]) -> Any:
         """``send()``'s reply; a reasonless FAILED_PRECONDITION is raised as SinkConflict."""
@@ -147,8 +144,7 @@ class SinkClient:
         reply = self._stage_by_file(writer, head, table) if writer is not None else None
         if reply is None:
             request = encode_stage_request(head, table)
-            reply = self._converted(lambda: self._client.call_serialized(
-                "SinkService.Stage", request, pb.StageResponse, idempotent=True))
+            reply = self._converted(lambda: sink_rpc.stage(self._client, request))
         return StageResult(rows=reply.staged_rows, bytes=reply.staged_bytes)
 
     def _inbox_writer(self) -> StageInboxWriter | None:
@@ -157,7 +153,7 @@ class SinkClient:
 
         def describe() -> pb.StageInboxResponse:
             try:
-                return self._client.call("SinkService.StageInbox", pb.StageInboxRequest())
+                return sink_rpc.stage_inbox(self._client)
             except NpstreamError as exc:
                 if exc.code == grpc.StatusCode.UNIMPLEMENTED:
                     raise InboxUnavailable("the broker predates the stage inbox") from None
@@ -185,9 +181,7 @@ class SinkClient:
             file.name, file.inode, length)
         answered = False
         try:
-            reply = self._client.call_serialized(
-                "SinkService.Stage", request.SerializeToString(), pb.StageResponse,
-                idempotent=False)
+            reply = sink_rpc.stage(self._client, request.SerializeToString(), idempotent=False)
             answered = True
         except NpstreamError as exc:
             log.debug("Stage of '%s' naming inbox file %s failed (%s); sending the data",
@@ -203,8 +197,8 @@ class SinkClient:
 
     def commit(self, sink_id: str, batch_id: int, staging_ids: list[str]) -> CommitResult:
         """Make the listed stagings visible at once (per stream) and record the batch."""
-        reply = self._call("CommitBatch", pb.CommitBatchRequest(
-            sink_id=sink_id, batch_id=batch_id, staging_ids=list(staging_ids)))
+        reply: pb.CommitBatchResponse = self._converted(
+            lambda: sink_rpc.commit_batch(self._client, sink_id, batch_id, staging_ids))
         return CommitResult(
             already_committed=reply.already_committed,
             written={w.stream: (w.start_offset, w.end_offset) for w in reply.written},
@@ -212,11 +206,12 @@ class SinkClient:
 
     def abort(self, sink_id: str, batch_id: int, staging_ids: list[str] | None = None) -> int:
         """Drop the batch's staging (only the listed ids when given); returns files dropped."""
-        reply = self._call("AbortBatch", pb.AbortBatchRequest(
-            sink_id=sink_id, batch_id=batch_id, staging_ids=list(staging_ids or [])))
+        reply: pb.AbortBatchResponse = self._converted(
+            lambda: sink_rpc.abort_batch(self._client, sink_id, batch_id, staging_ids or []))
         return int(reply.dropped)
 
     def last_batch_id(self, sink_id: str) -> int:
         """The sink's last committed batch id, -1 when none."""
-        reply = self._call("SinkState", pb.SinkStateRequest(sink_id=sink_id))
+        reply: pb.SinkStateResponse = self._converted(
+            lambda: sink_rpc.sink_state(self._client, sink_id))
         return int(reply.last_batch_id)
