@@ -245,6 +245,17 @@ def test_every_exception_class_of_the_package_derives_from_npstream_error() -> N
     assert outside == []
 
 
+def test_every_error_class_of_npstream_errors_is_exported_from_npstream() -> None:
+    import npstream.errors as errors
+
+    classes = [name for name in errors.__all__
+               if isinstance(getattr(errors, name), type)
+               and issubclass(getattr(errors, name), BaseException)]
+    assert "MessageTooLarge" in classes  # the walk works
+    assert [name for name in classes if name not in npstream.__all__] == []
+    assert all(getattr(npstream, name) is getattr(errors, name) for name in classes)
+
+
 def test_exceptions_keep_the_builtin_bases_users_catch() -> None:
     from npstream.spark.data_loss import DataLossError
     from npstream.spark.options import InvalidOptionError
