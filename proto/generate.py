@@ -4,7 +4,7 @@ Run from anywhere: ``python proto/generate.py`` (needs grpcio-tools, a dev
 dependency). protoc writes imports as ``from npstream.v1 import ...``, which
 would resolve against our own ``npstream`` package; they are rewritten to
 ``npstream.proto.npstream.v1`` so the generated code imports under the
-collision-safe package name. ``tests/test_proto_fresh.py`` fails when the
+collision-safe package name. ``tests/proto/test_proto_fresh.py`` fails when the
 checked-in files differ from what this script produces.
 """
 

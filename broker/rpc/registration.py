@@ -6,8 +6,8 @@ are joined in wire format straight from the read buffers, and PublishStream
 and SinkService.Stage requests are split so that their Arrow data is never
 copied out of the received message (npstream.proto.wire). This registers every
 method of a service as the generated code would, except that the named
-methods get bytes instead of messages on that side (and methods hidden by a
-test hook, fault_hooks.py, are not registered at all).
+methods get bytes instead of messages on that side (and methods hidden by the
+test hook of broker/faults.py, ``hidden_rpcs``, are not registered at all).
 """
 
 from __future__ import annotations

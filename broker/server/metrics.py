@@ -102,5 +102,5 @@ class BrokerMetrics:
             self._http = None
 
     def error_counter(self) -> Callable[[str], None]:
-        """A callback counting failed RPCs by status name (used by grpc_errors)."""
+        """A callback counting failed RPCs by status name (used by broker/rpc/status.py)."""
         return lambda code: self.rpc_errors.labels(code=code).inc()

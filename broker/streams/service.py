@@ -1,7 +1,7 @@
 """StreamService: the gRPC face of the stream registry and the logs.
 
 Each method validates its request, calls the registry or a StreamLog, and
-builds the reply; errors are typed BrokerErrors mapped by grpc_errors. Message
+builds the reply; errors are typed BrokerErrors mapped by rpc/status.py. Message
 data stays columnar: Publish turns the request into one Arrow table (the
 ``messages`` field of simple clients is converted column by column), and
 Fetch returns the stored Arrow IPC batches as they are.

@@ -1,6 +1,6 @@
 """What every ``npstream`` subcommand shares: connection flags, argument types, errors.
 
-Subcommand modules (cli_streams, cli_produce, cli_consume, cli_groups) add
+Subcommand modules (cli/streams.py, produce.py, consume.py, groups.py) add
 ``add_client_options`` to their parsers and build clients with
 ``client_from_args`` so that ``--broker``/``--token`` behave the same everywhere.
 """

@@ -1,4 +1,5 @@
-"""grpc_errors on a real in-process gRPC server: status codes, metadata, one ERROR line."""
+"""broker/rpc/status.py on a real in-process gRPC server: status codes, metadata, one ERROR
+line."""
 
 from __future__ import annotations
 
