@@ -23,6 +23,7 @@ __all__ = [
     "build_message_batch",
     "check_message_sizes",
     "complete_publish_table",
+    "frame_slices",
     "generated_ids",
     "message_sizes",
     "null_array",
@@ -177,6 +178,22 @@ def build_message_batch(
     return pa.RecordBatch.from_arrays(columns, schema=MESSAGE_SCHEMA)
 
 
+def frame_slices(num_rows: int, size: int, max_frame_bytes: int) -> list[tuple[int, int]]:
+    """(first row, row count) of the frames a batch is cut into: the one cutting rule.
+
+    ``size`` is the batch's serialized IPC size. A batch that fits
+    ``max_frame_bytes`` (or has one row) is one frame; a bigger one is cut
+    into runs of equal row counts (the last shorter), sized by the average
+    row, so each frame is about ``max_frame_bytes``. Appends
+    (``serialize_frames``) and staged segments (staged_segment.py) both cut
+    this way.
+    """
+    if size <= max_frame_bytes or num_rows <= 1:
+        return [(0, num_rows)]
+    step = max(1, num_rows * max_frame_bytes // size)
+    return [(start, min(step, num_rows - start)) for start in range(0, num_rows, step)]
+
+
 def serialize_frames(
     batch: pa.RecordBatch, max_frame_bytes: int
 ) -> list[tuple[int, int, pa.Buffer]]:
@@ -185,14 +202,10 @@ def serialize_frames(
     The whole batch is serialized first: it is one piece in the common case.
     """
     whole = batch.serialize()
-    if whole.size <= max_frame_bytes or batch.num_rows <= 1:
+    slices = frame_slices(batch.num_rows, whole.size, max_frame_bytes)
+    if len(slices) == 1:
         return [(0, batch.num_rows, whole)]
-    step = max(1, batch.num_rows * max_frame_bytes // whole.size)
-    pieces = []
-    for start in range(0, batch.num_rows, step):  # one iteration per frame
-        part = batch.slice(start, step)
-        pieces.append((start, part.num_rows, part.serialize()))
-    return pieces
+    return [(start, count, batch.slice(start, count).serialize()) for start, count in slices]
 
 
 def reencode_rows(batch: pa.RecordBatch, start: int, stop: int) -> bytes:

@@ -46,6 +46,7 @@ from npstream.broker.errors import MessageTooLargeError
 from npstream.broker.storage.batch_builder import (
     build_message_batch,
     complete_publish_table,
+    frame_slices,
     message_sizes,
     producer_id_mask,
 )
@@ -236,7 +237,9 @@ def build_staged_frames(rows: pa.Table, first: int, position: int, max_frame_byt
     batch = build_message_batch(rows, first, 0, id_prefix)
     pieces: list[ReadableBuffer] = []
     slots: list[FrameSlot] = []
-    for start, count in _frame_slices(batch, max_frame_bytes):
+    # Cut as an append cuts (frame_slices), sized without serializing the whole batch.
+    slices = frame_slices(batch.num_rows, pa.ipc.get_record_batch_size(batch), max_frame_bytes)
+    for start, count in slices:
         piece = batch if count == batch.num_rows else batch.slice(start, count)
         flags = 0
         if supplied is not None and pc.any(supplied.slice(start, count)).as_py():
@@ -250,16 +253,6 @@ def build_staged_frames(rows: pa.Table, first: int, position: int, max_frame_byt
             StampSlot(first + start, offsets_at, timestamps_at, crc32c.crc32c(payload))))
         position += payload.size
     return pieces, slots
-
-
-def _frame_slices(batch: pa.RecordBatch, max_frame_bytes: int) -> list[tuple[int, int]]:
-    """(first row, rows) of the frames of ``batch``: serialize_frames' cut, sized not serialized."""
-    size = pa.ipc.get_record_batch_size(batch)
-    if size <= max_frame_bytes or batch.num_rows <= 1:
-        return [(0, batch.num_rows)]
-    step = max(1, batch.num_rows * max_frame_bytes // size)
-    return [(start, min(step, batch.num_rows - start))
-            for start in range(0, batch.num_rows, step)]
 
 
 def stamp_all(jobs: Sequence[tuple[StagedSegment, int]], timestamp: int) -> list[Stamp]:
