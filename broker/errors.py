@@ -25,9 +25,12 @@ __all__ = [
     "InvalidArgumentError",
     "MessageTooLargeError",
     "OffsetOutOfRangeError",
+    "SchemaIncompatibleError",
+    "SchemaInvalidError",
     "ShuttingDownError",
     "StreamNeedsRepairError",
     "StreamNotFoundError",
+    "ValueMismatchError",
 ]
 
 
@@ -66,6 +69,24 @@ class GroupNotFoundError(BrokerError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class SchemaInvalidError(InvalidArgumentError):
+    """A value schema that does not parse or uses an unsupported type (names position/field)."""
+
+    reason = pb.ERROR_REASON_SCHEMA_INVALID
+
+
+class SchemaIncompatibleError(SchemaInvalidError):
+    """A schema change the evolution rules refuse (names the field and the rule)."""
+
+    reason = pb.ERROR_REASON_SCHEMA_INCOMPATIBLE
+
+
+class ValueMismatchError(InvalidArgumentError):
+    """A published value does not fit the typed stream's schema; nothing was stored."""
+
+    reason = pb.ERROR_REASON_VALUE_MISMATCH
 
 
 class AlreadyExistsError(BrokerError):

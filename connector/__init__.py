@@ -24,9 +24,11 @@ from npstream.errors import (
     BrokerUnavailable,
     CorruptRecord,
     GroupNotFound,
+    IncompatibleSchema,
     IndexOutOfRange,
     InvalidArgument,
     InvalidArgumentType,
+    InvalidSchema,
     MessageTooLarge,
     NpstreamError,
     OffsetOutOfRange,
@@ -35,6 +37,7 @@ from npstream.errors import (
     StreamNeedsRepair,
     StreamNotFound,
     Unauthenticated,
+    ValueMismatch,
 )
 from npstream.proto.schema import MESSAGE_SCHEMA
 
@@ -52,9 +55,11 @@ __all__ = [
     "Client",
     "CorruptRecord",
     "GroupNotFound",
+    "IncompatibleSchema",
     "IndexOutOfRange",
     "InvalidArgument",
     "InvalidArgumentType",
+    "InvalidSchema",
     "MessageTooLarge",
     "NpstreamError",
     "OffsetOutOfRange",
@@ -67,5 +72,6 @@ __all__ = [
     "StreamNeedsRepair",
     "StreamNotFound",
     "Unauthenticated",
+    "ValueMismatch",
     "__version__",
 ]

@@ -36,9 +36,11 @@ __all__ = [
     "BrokerUnavailable",
     "CorruptRecord",
     "GroupNotFound",
+    "IncompatibleSchema",
     "IndexOutOfRange",
     "InvalidArgument",
     "InvalidArgumentType",
+    "InvalidSchema",
     "MessageTooLarge",
     "NpstreamError",
     "OffsetOutOfRange",
@@ -47,6 +49,7 @@ __all__ = [
     "StreamNeedsRepair",
     "StreamNotFound",
     "Unauthenticated",
+    "ValueMismatch",
     "error_class",
     "from_rpc_error",
     "reason_of",
@@ -85,6 +88,18 @@ class InvalidArgument(NpstreamError, ValueError):
 
 class MessageTooLarge(InvalidArgument):
     """A message is over the stream's max_message_bytes; nothing of the request was stored."""
+
+
+class InvalidSchema(InvalidArgument):
+    """A value schema that does not parse or uses a type typed streams do not support."""
+
+
+class IncompatibleSchema(InvalidSchema):
+    """A schema change other than added nullable fields and widened types."""
+
+
+class ValueMismatch(InvalidArgument):
+    """A published value does not fit the typed stream's schema; nothing was stored."""
 
 
 class InvalidArgumentType(NpstreamError, TypeError):
@@ -194,6 +209,9 @@ REASON_CLASSES: Mapping[pb.ErrorReason, type[NpstreamError]] = {
     pb.ERROR_REASON_SHUTTING_DOWN: BrokerUnavailable,
     pb.ERROR_REASON_UNAUTHENTICATED: Unauthenticated,
     pb.ERROR_REASON_INTERNAL: BrokerInternalError,
+    pb.ERROR_REASON_SCHEMA_INVALID: InvalidSchema,
+    pb.ERROR_REASON_SCHEMA_INCOMPATIBLE: IncompatibleSchema,
+    pb.ERROR_REASON_VALUE_MISMATCH: ValueMismatch,
 }
 
 # The class when no reason came with the error: gRPC's own failures

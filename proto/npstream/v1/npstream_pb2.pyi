@@ -23,6 +23,9 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_SHUTTING_DOWN: _ClassVar[ErrorReason]
     ERROR_REASON_UNAUTHENTICATED: _ClassVar[ErrorReason]
     ERROR_REASON_INTERNAL: _ClassVar[ErrorReason]
+    ERROR_REASON_SCHEMA_INVALID: _ClassVar[ErrorReason]
+    ERROR_REASON_SCHEMA_INCOMPATIBLE: _ClassVar[ErrorReason]
+    ERROR_REASON_VALUE_MISMATCH: _ClassVar[ErrorReason]
 
 class Ack(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -43,6 +46,9 @@ ERROR_REASON_CORRUPT_RECORD: ErrorReason
 ERROR_REASON_SHUTTING_DOWN: ErrorReason
 ERROR_REASON_UNAUTHENTICATED: ErrorReason
 ERROR_REASON_INTERNAL: ErrorReason
+ERROR_REASON_SCHEMA_INVALID: ErrorReason
+ERROR_REASON_SCHEMA_INCOMPATIBLE: ErrorReason
+ERROR_REASON_VALUE_MISMATCH: ErrorReason
 ACK_UNSPECIFIED: Ack
 ACK_FSYNC: Ack
 ACK_WRITE: Ack
@@ -60,7 +66,7 @@ class StreamConfig(_message.Message):
     def __init__(self, max_age_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ..., dedup_window_ms: _Optional[int] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
 
 class StreamInfo(_message.Message):
-    __slots__ = ("name", "config", "start_offset", "end_offset", "message_count", "bytes_on_disk", "first_timestamp_ms", "last_timestamp_ms", "created_ms", "segment_count", "error")
+    __slots__ = ("name", "config", "start_offset", "end_offset", "message_count", "bytes_on_disk", "first_timestamp_ms", "last_timestamp_ms", "created_ms", "segment_count", "error", "value_schemas")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +78,7 @@ class StreamInfo(_message.Message):
     CREATED_MS_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_COUNT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SCHEMAS_FIELD_NUMBER: _ClassVar[int]
     name: str
     config: StreamConfig
     start_offset: int
@@ -83,17 +90,32 @@ class StreamInfo(_message.Message):
     created_ms: int
     segment_count: int
     error: str
-    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[StreamConfig, _Mapping]] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., message_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., first_timestamp_ms: _Optional[int] = ..., last_timestamp_ms: _Optional[int] = ..., created_ms: _Optional[int] = ..., segment_count: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    value_schemas: _containers.RepeatedCompositeFieldContainer[ValueSchema]
+    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[StreamConfig, _Mapping]] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., message_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., first_timestamp_ms: _Optional[int] = ..., last_timestamp_ms: _Optional[int] = ..., created_ms: _Optional[int] = ..., segment_count: _Optional[int] = ..., error: _Optional[str] = ..., value_schemas: _Optional[_Iterable[_Union[ValueSchema, _Mapping]]] = ...) -> None: ...
+
+class ValueSchema(_message.Message):
+    __slots__ = ("version", "ddl", "arrow_schema", "created_ms")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DDL_FIELD_NUMBER: _ClassVar[int]
+    ARROW_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    ddl: str
+    arrow_schema: bytes
+    created_ms: int
+    def __init__(self, version: _Optional[int] = ..., ddl: _Optional[str] = ..., arrow_schema: _Optional[bytes] = ..., created_ms: _Optional[int] = ...) -> None: ...
 
 class CreateStreamRequest(_message.Message):
-    __slots__ = ("name", "config", "exist_ok")
+    __slots__ = ("name", "config", "exist_ok", "value_schema")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     EXIST_OK_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     name: str
     config: StreamConfig
     exist_ok: bool
-    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[StreamConfig, _Mapping]] = ..., exist_ok: _Optional[bool] = ...) -> None: ...
+    value_schema: str
+    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[StreamConfig, _Mapping]] = ..., exist_ok: _Optional[bool] = ..., value_schema: _Optional[str] = ...) -> None: ...
 
 class DescribeStreamRequest(_message.Message):
     __slots__ = ("name",)
@@ -122,12 +144,14 @@ class ListStreamsResponse(_message.Message):
     def __init__(self, streams: _Optional[_Iterable[_Union[StreamInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class UpdateStreamRequest(_message.Message):
-    __slots__ = ("name", "config")
+    __slots__ = ("name", "config", "value_schema")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     name: str
     config: StreamConfig
-    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[StreamConfig, _Mapping]] = ...) -> None: ...
+    value_schema: str
+    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[StreamConfig, _Mapping]] = ..., value_schema: _Optional[str] = ...) -> None: ...
 
 class DeleteStreamRequest(_message.Message):
     __slots__ = ("name",)
@@ -233,18 +257,22 @@ class FetchRequest(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., end_offset: _Optional[int] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
-    __slots__ = ("batches", "next_offset", "start_offset", "end_offset", "count")
+    __slots__ = ("batches", "next_offset", "start_offset", "end_offset", "count", "stored_schema", "schema_version")
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
+    STORED_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedScalarFieldContainer[bytes]
     next_offset: int
     start_offset: int
     end_offset: int
     count: int
-    def __init__(self, batches: _Optional[_Iterable[bytes]] = ..., next_offset: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+    stored_schema: bytes
+    schema_version: int
+    def __init__(self, batches: _Optional[_Iterable[bytes]] = ..., next_offset: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., count: _Optional[int] = ..., stored_schema: _Optional[bytes] = ..., schema_version: _Optional[int] = ...) -> None: ...
 
 class OffsetForTimestampRequest(_message.Message):
     __slots__ = ("stream", "timestamp_ms")
@@ -299,18 +327,20 @@ class SegmentSpan(_message.Message):
     def __init__(self, path: _Optional[str] = ..., position: _Optional[int] = ..., end_position: _Optional[int] = ..., device: _Optional[int] = ..., inode: _Optional[int] = ...) -> None: ...
 
 class LocateResponse(_message.Message):
-    __slots__ = ("spans", "next_offset", "start_offset", "end_offset", "host_id")
+    __slots__ = ("spans", "next_offset", "start_offset", "end_offset", "host_id", "value_schemas")
     SPANS_FIELD_NUMBER: _ClassVar[int]
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SCHEMAS_FIELD_NUMBER: _ClassVar[int]
     spans: _containers.RepeatedCompositeFieldContainer[SegmentSpan]
     next_offset: int
     start_offset: int
     end_offset: int
     host_id: str
-    def __init__(self, spans: _Optional[_Iterable[_Union[SegmentSpan, _Mapping]]] = ..., next_offset: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., host_id: _Optional[str] = ...) -> None: ...
+    value_schemas: _containers.RepeatedCompositeFieldContainer[ValueSchema]
+    def __init__(self, spans: _Optional[_Iterable[_Union[SegmentSpan, _Mapping]]] = ..., next_offset: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., host_id: _Optional[str] = ..., value_schemas: _Optional[_Iterable[_Union[ValueSchema, _Mapping]]] = ...) -> None: ...
 
 class StartFrom(_message.Message):
     __slots__ = ("earliest", "latest", "offset", "timestamp_ms")

@@ -25,7 +25,9 @@ from npstream.errors import (
     BrokerUnavailable,
     CorruptRecord,
     GroupNotFound,
+    IncompatibleSchema,
     InvalidArgument,
+    InvalidSchema,
     MessageTooLarge,
     NpstreamError,
     OffsetOutOfRange,
@@ -34,6 +36,7 @@ from npstream.errors import (
     StreamNeedsRepair,
     StreamNotFound,
     Unauthenticated,
+    ValueMismatch,
     from_rpc_error,
 )
 from npstream.proto import metadata_keys, pb, pb_grpc
@@ -56,6 +59,9 @@ EXPECTED = {
     "ERROR_REASON_SHUTTING_DOWN": BrokerUnavailable,
     "ERROR_REASON_UNAUTHENTICATED": Unauthenticated,
     "ERROR_REASON_INTERNAL": BrokerInternalError,
+    "ERROR_REASON_SCHEMA_INVALID": InvalidSchema,
+    "ERROR_REASON_SCHEMA_INCOMPATIBLE": IncompatibleSchema,
+    "ERROR_REASON_VALUE_MISMATCH": ValueMismatch,
 }
 
 # Text that would fool a text-reading classifier: it reads like another error.
