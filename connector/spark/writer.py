@@ -128,11 +128,14 @@ def _stage_all(options: WriteOptions, batch_id: int, iterator: Iterable[pa.Recor
             try:
                 sink.stage(options.sink_id, batch_id, staging_id, default_stream, table)
             except NpstreamError as exc:
-                raise type(exc)(
+                wrapped = type(exc)(
                     f"npstream sink '{options.sink_id}' batch {batch_id} partition {partition}: "
                     f"cannot stage rows {first_row}..{first_row + table.num_rows - 1} of this "
                     f"partition (row numbers in the message below count from {first_row}): "
-                    f"{exc}") from None
+                    f"{exc}")
+                # Same class, more context: the broker's status and reason stay.
+                wrapped.code, wrapped.reason = exc.code, exc.reason
+                raise wrapped from None
 
         in_flight: deque[Future[None]] = deque()
         for table in _chunks(iterator, options.columns, options.stage_bytes):
