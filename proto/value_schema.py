@@ -1062,7 +1062,8 @@ def _json_parse_type(t: pa.DataType) -> pa.DataType:
     Everything nullable (the reader refuses a NOT NULL child of a null struct,
     so NOT NULL is checked afterwards with the message index), dates as text
     (the reader takes only numbers for date32), maps as lists of key/value
-    structs (the reader has no maps; the messages are rewritten to match).
+    structs (the reader has no maps; the messages are rewritten to match),
+    decimals at the widest precision (the safe cast afterwards checks it).
     """
     if pa.types.is_struct(t):
         return pa.struct([pa.field(f.name, _json_parse_type(f.type))
@@ -1074,6 +1075,10 @@ def _json_parse_type(t: pa.DataType) -> pa.DataType:
                                    pa.field("value", _json_parse_type(t.item_type))]))
     if t == pa.date32():
         return pa.string()
+    if pa.types.is_decimal(t):
+        # The reader checks the precision of the text, not of the rescaled value
+        # (123456789.5 passes as DECIMAL(10,2)); read wide, let the safe cast check.
+        return pa.decimal128(MAX_DECIMAL_PRECISION, t.scale)
     return t
 
 
@@ -1194,8 +1199,8 @@ def _fits_json(value: Any, t: pa.DataType) -> bool:
     options = pa_json.ParseOptions(explicit_schema=pa.schema([("v", _json_parse_type(t))]))
     try:
         column = pa_json.read_json(pa.BufferReader(line), parse_options=options).column(0)
-        if t == pa.date32():
-            column.cast(pa.date32(), safe=True)
+        if column.type != t:
+            column.cast(t, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return False
     return True
