@@ -38,6 +38,7 @@ from npstream.proto.units import EPOCH
 from npstream.spark.options import InvalidOptionError, ReadOptions
 from npstream.spark.partitioning import OffsetRange, split_ranges
 from npstream.spark.range_reader import RangePartition, read_partition
+from npstream.spark.read_schema import ReadSchema
 from npstream.spark.stream_reader import check_start, resolve_start, subscribed_bounds
 
 if TYPE_CHECKING:
@@ -218,8 +219,10 @@ def resolve_end(client: Client, options: ReadOptions, stream: str, first: int,
 class NpstreamBatchReader(DataSourceReader):
     """Batch read of the subscribed streams (see NpstreamDataSource for options)."""
 
-    def __init__(self, options: ReadOptions) -> None:
+    def __init__(self, options: ReadOptions, *, schema: ReadSchema | None = None) -> None:
         self._options = options
+        # The read schema decided at load() (default: untyped), shipped to tasks.
+        self._schema = ReadSchema(options.include_headers) if schema is None else schema
         self._narrowing = Narrowing()
 
     def plan_ranges(self, client: Client) -> list[OffsetRange]:
@@ -267,7 +270,7 @@ class NpstreamBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
-        return read_partition(self._options, partition)
+        return read_partition(self._options, partition, schema=self._schema)
 
 
 class NpstreamPushdownBatchReader(NpstreamBatchReader):

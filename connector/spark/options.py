@@ -53,6 +53,7 @@ __all__ = [
     "Position",
     "ReadMode",
     "ReadOptions",
+    "ValueColumns",
     "check_known_options",
     "check_read_options",
     "parse_connection_options",
@@ -62,6 +63,7 @@ __all__ = [
 ]
 
 ReadMode = Literal["stream", "batch"]
+ValueColumns = Literal["flatten", "struct"]
 STREAM: frozenset[str] = frozenset({"stream"})
 BATCH: frozenset[str] = frozenset({"batch"})
 BOTH: frozenset[str] = frozenset({"stream", "batch"})
@@ -164,6 +166,13 @@ def _parse_glob(text: str) -> str:
     if not _GLOB.fullmatch(pattern):
         raise ValueError("a glob may only use stream-name characters and * ? [ ] !")
     return pattern
+
+
+def _parse_value_columns(text: str) -> str:
+    mode = text.strip().lower()
+    if mode not in ("flatten", "struct"):
+        raise ValueError("not a value layout")
+    return mode
 
 
 def _parse_timestamp(text: str) -> int:
@@ -318,6 +327,9 @@ READ_SPECS: tuple[OptionSpec, ...] = (
                "Batch: only with startingOffsets=group."),
     OptionSpec("includeHeaders", "false", parse_bool, "true or false", BOTH,
                "Add the headers column (map<string,binary>)."),
+    OptionSpec("valueColumns", "flatten", _parse_value_columns, "flatten or struct", BOTH,
+               "Typed streams: the value's fields as top-level columns (flatten) or as one "
+               "'value' struct column (struct). No effect on untyped streams."),
     OptionSpec("fetchMaxBytes", DEFAULT_FETCH_MAX_BYTES, _parse_fetch_bytes,
                "a size such as 8MiB or 1048576 (at most 64MiB)", BOTH,
                "Bytes per Fetch RPC (or local read step) made by a task."),
@@ -376,6 +388,7 @@ class ReadOptions:
     group: str | None
     include_headers: bool
     fetch_max_bytes: int
+    value_columns: ValueColumns
 
     def subscribes(self, stream: str) -> bool:
         """True when the stream belongs to this read (named, or matching the pattern)."""
@@ -425,14 +438,16 @@ def parse_option_value(spec: OptionSpec, raw: str) -> Any:
 
 
 def check_read_options(options: Mapping[str, str],
-                       env: Mapping[str, str] | None = None) -> None:
+                       env: Mapping[str, str] | None = None) -> ReadOptions:
     """Every check that does not depend on streaming vs batch (used at ``load()``).
 
     Spark asks for the schema at ``load()``, before it knows whether the read
     is streaming; checking names and values there makes a typo fail on the
     line that made it. The mode-specific checks follow when the reader is built.
+    Returns the options as a streaming read would see them (the mode-free parts
+    are what ``load()`` needs: the streams, includeHeaders, valueColumns).
     """
-    _parse(options, None, env)
+    return _parse(options, None, env)
 
 
 def parse_read_options(options: Mapping[str, str], mode: ReadMode,
@@ -510,6 +525,7 @@ def _parse(options: Mapping[str, str], mode: ReadMode | None,
         group=values.get("group"),
         include_headers=values["includeHeaders"],
         fetch_max_bytes=values["fetchMaxBytes"],
+        value_columns=values["valueColumns"],
     )
     for position, option in ((parsed.starting, "startingOffsets"),
                              (parsed.ending, "endingOffsets")):

@@ -5,9 +5,11 @@ Shared by the streaming and the batch reader. A task reads exactly
 runs on the broker's machine, else over gRPC (``Client.read_batches``) - and
 yields Arrow record batches in the declared Spark schema: the stored batches
 are decoded without per-row work and re-shaped column by column (timestamp
-ms -> us, a constant ``stream`` column). Reading the same range twice returns
-the same rows, because offsets are dense and never reused; messages removed by
-retention or a deleted stream go through ``report_data_loss``.
+ms -> us, a constant ``stream`` column, a typed stream's value struct
+projected to its declared columns: ``read_schema.to_spark_batch``). Reading
+the same range twice returns the same rows, because offsets are dense and
+never reused; messages removed by retention or a deleted stream go through
+``report_data_loss``.
 """
 
 from __future__ import annotations
@@ -18,19 +20,11 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
-from pyspark.sql.types import (
-    BinaryType,
-    LongType,
-    MapType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
+from pyspark.sql.types import StructType
 
-from npstream.proto.schema import HEADERS_TYPE
 from npstream.spark.data_loss import report_data_loss
 from npstream.spark.options import ReadOptions
+from npstream.spark.read_schema import ReadSchema, to_spark_batch
 
 if TYPE_CHECKING:
     from npstream.client.client import Client
@@ -49,52 +43,15 @@ log = logging.getLogger("npstream.spark.reader")
 # keeps one response from holding millions of tiny rows.
 FETCH_MAX_MESSAGES = 100_000
 
-_BASE_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
-    ("stream", pa.string()),
-    ("offset", pa.int64()),
-    ("id", pa.string()),
-    ("key", pa.binary()),
-    ("value", pa.binary()),
-    ("timestamp", pa.timestamp("us", tz="UTC")),
-)
-
 
 def spark_read_schema(include_headers: bool) -> StructType:
-    """The DataFrame schema: stream, offset, id, key, value, timestamp[, headers]."""
-    fields = [
-        StructField("stream", StringType()),
-        StructField("offset", LongType()),
-        StructField("id", StringType()),
-        StructField("key", BinaryType()),
-        StructField("value", BinaryType()),
-        StructField("timestamp", TimestampType()),
-    ]
-    if include_headers:
-        fields.append(StructField("headers", MapType(StringType(), BinaryType())))
-    return StructType(fields)
+    """The untyped DataFrame schema: stream, offset, id, key, value, timestamp[, headers]."""
+    return ReadSchema(include_headers).spark_schema()
 
 
 def arrow_read_schema(include_headers: bool) -> pa.Schema:
     """The Arrow form of ``spark_read_schema``; Spark rejects batches that differ from it."""
-    fields = [pa.field(name, type_) for name, type_ in _BASE_COLUMNS]
-    if include_headers:
-        fields.append(pa.field("headers", HEADERS_TYPE))
-    return pa.schema(fields)
-
-
-def to_spark_batch(batch: pa.RecordBatch, stream: str, schema: pa.Schema) -> pa.RecordBatch:
-    """A fetched MESSAGE_SCHEMA batch in the read schema, built column by column."""
-    columns = [
-        pa.repeat(pa.scalar(stream, pa.string()), batch.num_rows),
-        batch.column("offset"),
-        batch.column("id"),
-        batch.column("key"),
-        batch.column("value"),
-        batch.column("timestamp").cast(pa.timestamp("us", tz="UTC")),
-    ]
-    if "headers" in schema.names:
-        columns.append(batch.column("headers"))
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    return ReadSchema(include_headers).arrow_schema
 
 
 class RangePartition(InputPartition):
@@ -114,26 +71,28 @@ class RangePartition(InputPartition):
 
 
 def read_partition(options: ReadOptions, part: RangePartition,
-                   client: Client | None = None) -> Iterator[pa.RecordBatch]:
+                   client: Client | None = None,
+                   schema: ReadSchema | None = None) -> Iterator[pa.RecordBatch]:
     """Yield every message of ``part`` as Spark-ready batches (task side).
 
-    Opens its own client unless one is given. A gap left by retention, a
+    ``schema`` is the read schema decided when the source was loaded (default:
+    untyped). Opens its own client unless one is given. A gap left by retention, a
     deleted stream or a stream that now ends before ``part.end`` (deleted and
     re-created) is reported through ``report_data_loss``: it raises with
     failOnDataLoss=true, otherwise the gap is skipped.
     """
     own = client is None
     active = options.connection.connect() if client is None else client
-    schema = arrow_read_schema(options.include_headers)
+    layout = ReadSchema(options.include_headers) if schema is None else schema
     try:
-        yield from _fetch_loop(active, options, part, schema)
+        yield from _fetch_loop(active, options, part, layout)
     finally:
         if own:
             active.close()
 
 
 def _fetch_loop(client: Client, options: ReadOptions, part: RangePartition,
-                schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+                schema: ReadSchema) -> Iterator[pa.RecordBatch]:
     from npstream.errors import OffsetOutOfRange, StreamNotFound
 
     stream, position, end = part.stream, part.start, part.end

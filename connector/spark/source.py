@@ -16,19 +16,18 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.types import StructType
 
 from npstream.spark.options import (
-    READ_OPTIONS,
     InvalidOptionError,
     ReadMode,
     ReadOptions,
     check_known_options,
     check_read_options,
     parse_read_options,
-    table_default,
 )
-from npstream.spark.range_reader import spark_read_schema
 
 if TYPE_CHECKING:
     from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter
+
+    from npstream.spark.read_schema import ReadSchema
 
 __all__ = ["FORMAT", "NpstreamDataSource"]
 
@@ -42,7 +41,12 @@ class NpstreamDataSource(DataSource):
 
     Schema (reads): ``stream string, offset long, id string, key binary,
     value binary, timestamp timestamp`` plus ``headers map<string,binary>``
-    with ``includeHeaders=true``.
+    with ``includeHeaders=true``. Typed streams (docs/typed-streams.md) have
+    no binary ``value``: ``stream, offset, id, key, timestamp[, headers]``
+    followed by the value schema's fields as columns (valueColumns=flatten) or
+    by one ``value`` struct (valueColumns=struct). The broker is asked at
+    ``load()`` which streams are typed; streams read together must be all
+    untyped, or all typed with the same fields and types.
 
     Read options (names are case-insensitive; see docs/spark.md)
     ------------------------------------------------------------
@@ -86,6 +90,9 @@ class NpstreamDataSource(DataSource):
         the group read by startingOffsets=group.
     includeHeaders : bool, default false
         Add the headers column.
+    valueColumns : str, default "flatten"
+        Typed streams: flatten (the value's fields as top-level columns) |
+        struct (one 'value' struct column). No effect on untyped streams.
     fetchMaxBytes : str, default "8MiB"
         Bytes per Fetch RPC (or local read step) made by a task, at most 64MiB.
     localReads : bool, default true
@@ -139,27 +146,40 @@ class NpstreamDataSource(DataSource):
     def schema(self) -> StructType:
         # Spark calls schema() at load() of a read (never for writes), so read
         # options are checked here already and a typo fails on the load() line.
-        check_read_options(self.options)
-        lowered = {key.lower(): str(value) for key, value in self.options.items()}
-        raw = lowered.get("includeheaders")
-        return spark_read_schema(READ_OPTIONS["includeheaders"].parse(raw) if raw is not None
-                                 else table_default(READ_OPTIONS, "includeHeaders"))
+        # Whether the streams are typed is asked of the broker here, once; the
+        # result travels with this (pickled) object to the readers, so the
+        # query reads with the schema Spark planned.
+        from npstream.spark.read_schema import resolve_read_schema
 
-    def _read_options(self, mode: ReadMode, schema: StructType) -> ReadOptions:
+        options = check_read_options(self.options)
+        read_schema = resolve_read_schema(options)
+        self._read_schema = read_schema
+        return read_schema.spark_schema()
+
+    def _read_options(self, mode: ReadMode,
+                      schema: StructType | None) -> tuple[ReadOptions, ReadSchema]:
         options = parse_read_options(self.options, mode)
-        expected = spark_read_schema(options.include_headers)
-        if schema is not None and schema != expected:
+        planned: ReadSchema | None = getattr(self, "_read_schema", None)
+        if (planned is not None and planned.include_headers == options.include_headers
+                and (schema is None or schema == planned.spark_schema())):
+            return options, planned
+        # A schema given with .schema(...) (Spark then never calls schema()).
+        from npstream.spark.read_schema import resolve_read_schema
+
+        expected = resolve_read_schema(options)
+        if schema is not None and schema != expected.spark_schema():
             raise InvalidOptionError(
-                f"The npstream source has a fixed schema ({expected.simpleString()}); got "
-                f"{schema.simpleString()}. Drop .schema(...) and select or cast columns after "
-                "load() instead."
+                f"The npstream source's schema is set by its streams "
+                f"({expected.spark_schema().simpleString()}); got {schema.simpleString()}. "
+                "Drop .schema(...) and select or cast columns after load() instead."
             )
-        return options
+        return options, expected
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from npstream.spark.stream_reader import NpstreamStreamReader
 
-        return NpstreamStreamReader(self._read_options("stream", schema))
+        options, read_schema = self._read_options("stream", schema)
+        return NpstreamStreamReader(options, schema=read_schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         from npstream.spark.batch_reader import (
@@ -168,10 +188,10 @@ class NpstreamDataSource(DataSource):
             pushdown_requested,
         )
 
-        options = self._read_options("batch", schema)
+        options, read_schema = self._read_options("batch", schema)
         if pushdown_requested():
-            return NpstreamPushdownBatchReader(options)
-        return NpstreamBatchReader(options)
+            return NpstreamPushdownBatchReader(options, schema=read_schema)
+        return NpstreamBatchReader(options, schema=read_schema)
 
     def _check_write_options(self) -> dict[str, str]:
         from npstream.spark.writer_options import WRITER_OPTIONS

@@ -35,6 +35,7 @@ from npstream.spark.offsets import SourceOffset
 from npstream.spark.options import InvalidOptionError, ReadOptions
 from npstream.spark.partitioning import OffsetRange, prorate, split_ranges
 from npstream.spark.range_reader import RangePartition, read_partition
+from npstream.spark.read_schema import ReadSchema
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -130,8 +131,11 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reader over one or more streams (see NpstreamDataSource for options)."""
 
     def __init__(self, options: ReadOptions,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *,
+                 schema: ReadSchema | None = None) -> None:
         self._options = options
+        # The read schema decided at load() (default: untyped), shipped to tasks.
+        self._schema = ReadSchema(options.include_headers) if schema is None else schema
         self._clock = clock  # seconds; injectable so maxTriggerDelay tests are exact
         self._client: Client | None = None
         self._last_trigger: float | None = None  # monotonic seconds of the last admitted batch
@@ -304,7 +308,7 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
-        return read_partition(self._options, partition)
+        return read_partition(self._options, partition, schema=self._schema)
 
     # ------------------------------------------------------------ driver: progress
 

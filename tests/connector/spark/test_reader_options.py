@@ -397,3 +397,11 @@ def test_docs_spark_md_lists_exactly_the_write_options_with_their_defaults():
         default, applies_to = rows[spec.name][:2]
         assert _says_default(default, spec), spec.name
         assert applies_to == ("streaming" if spec.modes == STREAM else "both"), spec.name
+
+
+def test_value_columns_default_flatten_and_case_insensitive():
+    assert parse(stream="a").value_columns == "flatten"
+    assert parse("batch", stream="a", valueColumns=" Struct ").value_columns == "struct"
+    assert error(stream="a", valueColumns="nested") == (
+        "Invalid value 'nested' for option 'valueColumns': not a value layout. "
+        "Accepted: flatten or struct.")
