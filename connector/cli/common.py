@@ -91,7 +91,8 @@ def client_from_args(args: argparse.Namespace) -> Client:
         raise CliError(str(exc), EXIT_USAGE) from None
 
 
-def _argtype(check: Callable[[str], object], what: str, *, keep_text: bool = False) -> object:
+def _argtype(check: Callable[[str], object], what: str, *,
+             keep_text: bool = False) -> Callable[[str], object]:
     """An argparse ``type=`` that reports check's ValueError as a usage error.
 
     keep_text returns the text itself after checking (durations and sizes are

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import decimal
 import json
+import math
 import sys
 from typing import Any
 
@@ -22,7 +25,7 @@ from npstream.errors import InvalidArgument
 from npstream.proto.defaults import DEFAULT_FETCH_MESSAGES
 from npstream.proto.units import parse_timestamp_ms
 
-__all__ = ["format_messages", "register", "resolve_start"]
+__all__ = ["format_messages", "register", "resolve_start", "typed_value_json"]
 
 # ---------------------------------------------------------------- tuning
 # Long-poll length of one fetch in --follow mode; a publish wakes it at once.
@@ -42,8 +45,9 @@ def register(subparsers: Any) -> None:
         "consume",
         help="print messages as JSON lines",
         description="Print one JSON object per message: offset, id, key, value (parsed JSON "
-        "when the bytes are JSON, else UTF-8 text, else base64), timestamp (ISO-8601 UTC), "
-        "headers. Without --follow it stops at the end offset seen at start.",
+        "when the bytes are JSON, else UTF-8 text, else base64; a typed stream's value is the "
+        "JSON object of its fields), timestamp (ISO-8601 UTC), headers. Without --follow it "
+        "stops at the end offset seen at start.",
     )
     consume.add_argument("stream", type=stream_arg)
     consume.add_argument("--from", dest="start", default="earliest", metavar="POSITION",
@@ -61,29 +65,100 @@ def register(subparsers: Any) -> None:
 
 
 def format_messages(batch: pa.RecordBatch | pa.Table) -> list[str]:
-    """One JSON line per message of a MESSAGE_SCHEMA batch (the consume output format)."""
+    """One JSON line per message of a fetched batch (the consume output format).
+
+    An untyped stream's value is shown by ``decode_value`` (JSON, text or
+    base64); a typed stream's value (a struct column) as the JSON object of
+    its fields (``typed_value_json``).
+    """
+    value_type = batch.schema.field("value").type
+    typed = pa.types.is_struct(value_type)
     offsets = batch.column("offset").to_pylist()
     ids = batch.column("id").to_pylist()
     keys = batch.column("key").to_pylist()
     values = batch.column("value").to_pylist()
     stamps = batch.column("timestamp").cast(pa.int64()).to_pylist()
     headers = batch.column("headers").to_pylist()
-    return [
-        json.dumps(
-            {
-                "offset": offset,
-                "id": message_id,
-                "key": decode_text(key),
-                "value": decode_value(value),
-                "timestamp": ms_to_iso(stamp),
-                "headers": {name: decode_text(data) for name, data in (header or [])},
-            },
-            ensure_ascii=False,
+    lines = []
+    for offset, message_id, key, value, stamp, header in zip(
+        offsets, ids, keys, values, stamps, headers, strict=True
+    ):
+        shown_value = (typed_value_json(value, value_type) if typed
+                       else _dumps(decode_value(value)))
+        shown_headers = {name: decode_text(data) for name, data in (header or [])}
+        # The same text json.dumps gives for the whole dict, with the typed value
+        # spliced in exactly (decimals keep every digit).
+        lines.append(
+            f'{{"offset": {_dumps(offset)}, "id": {_dumps(message_id)}, '
+            f'"key": {_dumps(decode_text(key))}, "value": {shown_value}, '
+            f'"timestamp": {_dumps(ms_to_iso(stamp))}, "headers": {_dumps(shown_headers)}}}'
         )
-        for offset, message_id, key, value, stamp, header in zip(
-            offsets, ids, keys, values, stamps, headers, strict=True
-        )
-    ]
+    return lines
+
+
+def _dumps(data: object) -> str:
+    return json.dumps(data, ensure_ascii=False)
+
+
+def _iso_timestamp(moment: dt.datetime) -> str:
+    """ISO-8601 UTC with a Z: milliseconds, or microseconds when they are not whole ms."""
+    text = moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    micros = moment.microsecond
+    return f"{text}.{micros // 1000:03d}Z" if micros % 1000 == 0 else f"{text}.{micros:06d}Z"
+
+
+def _map_key(key: object, key_type: pa.DataType) -> str:
+    """A map key as a JSON object key: its text (numbers as digits, dates ISO)."""
+    text = typed_value_json(key, key_type)
+    return text if text.startswith('"') else _dumps(text)
+
+
+def typed_value_json(value: object, arrow_type: pa.DataType) -> str:
+    """JSON text of one value of ``arrow_type`` (as ``to_pylist`` gives it).
+
+    Objects for structs (fields in schema order) and maps (keys as text),
+    arrays for lists, exact numbers for decimals, ISO-8601 text for dates and
+    timestamps (UTC, ``Z``), binary as UTF-8 text else base64 (as keys and
+    headers), ``"NaN"``/``"Infinity"`` for non-finite floats. What it prints
+    reads back through ``npstream produce`` (``value_struct``) as the same
+    value, binary that is not UTF-8 aside.
+    """
+    if value is None:
+        return "null"
+    if pa.types.is_struct(arrow_type):
+        assert isinstance(value, dict)
+        fields = [arrow_type.field(i) for i in range(arrow_type.num_fields)]
+        return "{" + ", ".join(
+            f"{_dumps(f.name)}: {typed_value_json(value.get(f.name), f.type)}" for f in fields
+        ) + "}"
+    if pa.types.is_map(arrow_type):
+        assert isinstance(value, list)
+        return "{" + ", ".join(
+            f"{_map_key(k, arrow_type.key_type)}: {typed_value_json(v, arrow_type.item_type)}"
+            for k, v in value
+        ) + "}"
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        assert isinstance(value, list)
+        return "[" + ", ".join(typed_value_json(item, arrow_type.value_type)
+                               for item in value) + "]"
+    if isinstance(value, decimal.Decimal):
+        return str(value) if value.is_finite() else _dumps(str(value))
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return _dumps("NaN" if math.isnan(value) else
+                          ("Infinity" if value > 0 else "-Infinity"))
+        if pa.types.is_float32(arrow_type):
+            import numpy as np  # the shortest text that reads back as the same float32
+
+            return str(np.float32(value))
+        return _dumps(value)
+    if isinstance(value, dt.datetime):
+        return _dumps(_iso_timestamp(value))
+    if isinstance(value, dt.date):
+        return _dumps(value.isoformat())
+    if isinstance(value, bytes):
+        return _dumps(decode_text(value))
+    return _dumps(value)
 
 
 def resolve_start(client: Client, stream: str, position: str) -> int:

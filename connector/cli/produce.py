@@ -1,4 +1,10 @@
-"""``npstream produce STREAM [FILE]``: JSON lines (or raw lines) into a stream, in batches."""
+"""``npstream produce STREAM [FILE]``: JSON lines (or raw lines) into a stream, in batches.
+
+Into a typed stream (docs/typed-streams.md) every batch is checked against the
+stream's value schema before it is sent (``value_struct``, column-wise): a line
+that does not fit stops the command naming the line, the field and the
+expected type, and nothing of its batch is sent.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +31,8 @@ from npstream.cli.common import (
     stream_arg,
 )
 from npstream.client.client import Client
-from npstream.errors import NpstreamError
+from npstream.errors import NpstreamError, StreamNotFound
+from npstream.proto.value_schema import ValueMismatchError, value_struct
 
 __all__ = ["register"]
 
@@ -117,6 +124,7 @@ class _Pending:
     values: list[bytes] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
     keys: list[bytes | None] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)  # input line number of each value
     nbytes: int = 0
     first_line: int = 0
 
@@ -196,11 +204,33 @@ def _as_text(value: object, name: str, line_no: int, source: str) -> str:
                    f"got {json.dumps(value)}")
 
 
+def _typed_value(document: object, value: bytes, args: argparse.Namespace,
+                 schema: pa.Schema) -> bytes:
+    """A typed stream's value: the line, less the --id-field/--key-field fields the
+    schema does not have (they are the message's id and key, not value fields)."""
+    taken = [name for name in (args.id_field, args.key_field)
+             if name and name not in schema.names]
+    if not isinstance(document, dict) or not any(name in document for name in taken):
+        return value
+    kept = {name: item for name, item in document.items() if name not in taken}
+    return json.dumps(kept, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _value_schema(client: Client, stream: str) -> pa.Schema | None:
+    """The stream's value schema; None when it is untyped or does not exist yet."""
+    try:
+        return client.stream_info(stream).value_schema
+    except StreamNotFound:
+        return None  # created untyped on first publish (when the broker allows it)
+
+
 class _Producer:
-    def __init__(self, client: Client, args: argparse.Namespace, source: str) -> None:
+    def __init__(self, client: Client, args: argparse.Namespace, source: str,
+                 value_schema: pa.Schema | None = None) -> None:
         self.client = client
         self.args = args
         self.source = source
+        self.value_schema = value_schema
         self.totals = _Totals()
         self.pending = _Pending()
         self.progress = _Progress()
@@ -229,10 +259,13 @@ class _Producer:
                 raw_key = _field(document, args.key_field, line_no, self.source)
                 if raw_key is not None:
                     key = _as_text(raw_key, args.key_field, line_no, self.source).encode()
+            if self.value_schema is not None:
+                value = _typed_value(document, value, args, self.value_schema)
         pending = self.pending
         if not pending.values:
             pending.first_line = line_no
         pending.values.append(value)
+        pending.lines.append(line_no)
         if message_id is not None:
             pending.ids.append(message_id)
         pending.keys.append(key)
@@ -244,6 +277,8 @@ class _Producer:
         pending = self.pending
         if not pending.values:
             return
+        if self.value_schema is not None:
+            self._check_values(pending)
         table = pending.table(bool(self.args.id_field), bool(self.args.key_field))
         try:
             result = self.client.publish_batch(self.args.stream, table, ack=self.args.ack)
@@ -254,6 +289,25 @@ class _Producer:
         self.totals.add(result.offsets, len(result.duplicates))
         self.pending = _Pending()
         self.progress.update(self.totals.count)
+
+    def _check_values(self, pending: _Pending) -> None:
+        """CliError naming the first line of the batch that does not fit the schema.
+
+        The batch is dropped first: nothing of it is sent, not even by the
+        flush that follows a bad line.
+        """
+        assert self.value_schema is not None
+        try:
+            value_struct(pa.array(pending.values, pa.binary()), self.value_schema)
+        except ValueMismatchError as exc:
+            self.pending = _Pending()
+            where = f"field '{exc.field}'" if exc.field else "the value"
+            raise CliError(
+                f"line {pending.lines[exc.index]} of {self.source}: {where} {exc.problem}; "
+                f"expected {exc.expected} (stream '{self.args.stream}' is typed); nothing of "
+                f"lines {pending.first_line}..{pending.lines[-1]} was produced; "
+                f"{self.totals.count} message(s) before them were"
+            ) from None
 
     def summary(self) -> str:
         t = self.totals
@@ -287,7 +341,11 @@ def run(args: argparse.Namespace) -> int:
     )
     line_no = 0
     with client_from_args(args) as client:
-        producer = _Producer(client, args, source)
+        value_schema = _value_schema(client, args.stream)
+        if value_schema is not None and args.raw:
+            raise CliError(f"stream '{args.stream}' is typed: its values are records of its "
+                           "schema, given as JSON lines; drop --raw", EXIT_USAGE)
+        producer = _Producer(client, args, source, value_schema)
         try:
             for item in lines:
                 if item is _FLUSH:

@@ -1,4 +1,4 @@
-"""``npstream streams create|list|describe|delete|truncate|repair``."""
+"""``npstream streams create|update|list|describe|delete|truncate|repair``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from npstream.cli.common import (
+    EXIT_USAGE,
     CliError,
     add_client_options,
     client_from_args,
@@ -27,22 +28,20 @@ def register(subparsers: Any) -> None:
 
     create = commands.add_parser("create", help="create a stream")
     create.add_argument("name", type=stream_arg)
-    create.add_argument("--max-age", type=duration_arg, metavar="DURATION",
-                        help="remove messages older than this, e.g. 7d (default: broker's; 0 = "
-                             "keep forever)")
-    create.add_argument("--max-bytes", type=size_arg, metavar="SIZE",
-                        help="remove oldest segments above this size, e.g. 1GiB "
-                             "(default: broker's; 0 = no limit)")
-    create.add_argument("--dedup-window", type=duration_arg, metavar="DURATION",
-                        help="drop a message whose id was seen this recently, e.g. 2m "
-                             "(default: broker's; 0 = off)")
-    create.add_argument("--max-message-bytes", type=size_arg, metavar="SIZE",
-                        help="largest accepted message, e.g. 1MiB (default: broker's)")
+    _add_settings(create, "default: broker's")
     create.add_argument("--exist-ok", action="store_true",
                         help="succeed, unchanged, if the stream exists with another config")
     create.add_argument("--json", action="store_true", help="print the stream as JSON")
     add_client_options(create)
     create.set_defaults(handler=_create)
+
+    update = commands.add_parser(
+        "update", help="change a stream's settings, or give it a (new version of its) schema")
+    update.add_argument("name", type=stream_arg)
+    _add_settings(update, "unchanged when absent")
+    update.add_argument("--json", action="store_true", help="print the stream as JSON")
+    add_client_options(update)
+    update.set_defaults(handler=_update)
 
     listing = commands.add_parser("list", help="list streams")
     only = listing.add_mutually_exclusive_group()
@@ -82,6 +81,26 @@ def register(subparsers: Any) -> None:
     repair.set_defaults(handler=_repair)
 
 
+def _add_settings(parser: argparse.ArgumentParser, absent: str) -> None:
+    """The stream settings create and update share; ``absent`` says what leaving one out does."""
+    parser.add_argument("--max-age", type=duration_arg, metavar="DURATION",
+                        help=f"remove messages older than this, e.g. 7d ({absent}; 0 = "
+                             "keep forever)")
+    parser.add_argument("--max-bytes", type=size_arg, metavar="SIZE",
+                        help="remove oldest segments above this size, e.g. 1GiB "
+                             f"({absent}; 0 = no limit)")
+    parser.add_argument("--dedup-window", type=duration_arg, metavar="DURATION",
+                        help="drop a message whose id was seen this recently, e.g. 2m "
+                             f"({absent}; 0 = off)")
+    parser.add_argument("--max-message-bytes", type=size_arg, metavar="SIZE",
+                        help=f"largest accepted message, e.g. 1MiB ({absent})")
+    parser.add_argument("--schema", metavar="SCHEMA",
+                        help="value schema of a typed stream: DDL such as "
+                             "'sensorId STRING, reading DOUBLE' or Spark's StructType JSON "
+                             "(docs/typed-streams.md); on update, a compatible change makes a "
+                             "new version")
+
+
 def _print_json(data: object) -> None:
     print(json.dumps(data, indent=2))
 
@@ -109,6 +128,14 @@ def _describe_lines(info: StreamInfo) -> list[str]:
         f"dedup window:       {limit(c.dedup_window_ms, 'ms') if c.dedup_window_ms else 'off'}",
         f"max message bytes:  {limit(c.max_message_bytes, 'bytes')}",
     ]
+    if info.schema_versions:
+        latest = info.schema_versions[-1]
+        lines.append(f"schema:             {latest.ddl} (version {latest.version})")
+        for version in info.schema_versions:
+            label = f"  version {version.version}:"
+            lines.append(f"{label:<19} {when(version.created_ms)}  {version.ddl}")
+    else:
+        lines.append("schema:             none (untyped: binary values)")
     if info.error:
         lines.append(f"error:              {info.error}")
     return lines
@@ -130,6 +157,25 @@ def _create(args: argparse.Namespace) -> int:
             dedup_window=args.dedup_window,
             max_message_bytes=args.max_message_bytes,
             exist_ok=args.exist_ok,
+            schema=args.schema,
+        )
+    _show(info, args.json)
+    return 0
+
+
+def _update(args: argparse.Namespace) -> int:
+    settings = ("max_age", "max_bytes", "dedup_window", "max_message_bytes", "schema")
+    if all(getattr(args, name) is None for name in settings):
+        raise CliError("nothing to update: give at least one of --max-age, --max-bytes, "
+                       "--dedup-window, --max-message-bytes, --schema", EXIT_USAGE)
+    with client_from_args(args) as client:
+        info = client.update_stream(
+            args.name,
+            max_age=args.max_age,
+            max_bytes=args.max_bytes,
+            dedup_window=args.dedup_window,
+            max_message_bytes=args.max_message_bytes,
+            schema=args.schema,
         )
     _show(info, args.json)
     return 0
