@@ -1,7 +1,9 @@
 """What a stream's ``max_message_bytes`` bounds, defined once for every path and both sides.
 
 A message's size is the bytes of its value, its key and its header names
-(UTF-8) and values; the id is not counted. A limit of 0 means no limit, and
+(UTF-8) and values; the id is not counted. A typed stream's value is a
+record, whose bytes are ``npstream.proto.value_schema.value_sizes`` (passed
+to ``message_sizes`` as ``value_sizes``). A limit of 0 means no limit, and
 a message of exactly the limit is accepted. Publish, Stage and commit each
 compute sizes in the form their data has (Arrow columns or Python values),
 and all of them compare through ``first_oversized``, so the rule cannot drift
@@ -47,17 +49,22 @@ def _headers_sizes(headers: pa.MapArray) -> np.ndarray:
     return sizes
 
 
-def message_sizes(table: pa.Table) -> np.ndarray:
+def message_sizes(table: pa.Table, value_sizes: np.ndarray | None = None) -> np.ndarray:
     """Size of every row of a publish-typed table (``value`` and optional ``key``, ``headers``).
 
-    int64, one per row; columns the table lacks count 0.
+    int64, one per row; columns the table lacks count 0. ``value_sizes``
+    replaces the value's byte lengths (a typed stream's struct value).
     """
     if table.num_rows == 0:
         return np.zeros(0, dtype=np.int64)
     names = table.schema.names
-    value = _single_chunk(table.column("value"))
-    lengths = pc.binary_length(value)
-    sizes = np.asarray(pc.fill_null(lengths, 0) if value.null_count else lengths, dtype=np.int64)
+    if value_sizes is not None:
+        sizes = np.asarray(value_sizes, dtype=np.int64)
+    else:
+        value = _single_chunk(table.column("value"))
+        lengths = pc.binary_length(value)
+        sizes = np.asarray(pc.fill_null(lengths, 0) if value.null_count else lengths,
+                           dtype=np.int64)
     if "key" in names:
         key = _single_chunk(table.column("key"))
         if key.null_count != len(key):

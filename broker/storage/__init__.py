@@ -8,8 +8,10 @@ from npstream.broker.storage.log import StreamLog
 from npstream.broker.storage.results import AppendResult, LogStats, ReadResult
 from npstream.broker.storage.settings import AckMode, StorageSettings, StreamConfig
 from npstream.broker.storage.storage import Storage
+from npstream.broker.storage.value_schemas import UNTYPED, ValueSchemas
 
 __all__ = [
+    "UNTYPED",
     "AckMode",
     "AppendResult",
     "LogStats",
@@ -18,4 +20,5 @@ __all__ = [
     "StorageSettings",
     "StreamConfig",
     "StreamLog",
+    "ValueSchemas",
 ]

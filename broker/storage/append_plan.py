@@ -17,15 +17,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from npstream.broker.errors import ValueMismatchError
 from npstream.broker.storage.batch_builder import (
     check_message_sizes,
     complete_publish_table,
     message_sizes,
     producer_id_mask,
+    typed_publish_schema,
 )
 from npstream.broker.storage.dedup import DedupWindow, IntraDuplicates, find_intra_duplicates
+from npstream.proto.value_schema import ValueMismatchError as SchemaValueMismatch
+from npstream.proto.value_schema import value_sizes, value_struct
 
-__all__ = ["PendingAppend", "PlannedRows", "plan_append", "prepare_append"]
+__all__ = ["PendingAppend", "PlannedRows", "TypedValues", "plan_append", "prepare_append",
+           "typed_values"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,8 @@ class PendingAppend:
     intra: IntraDuplicates | None  # ids repeated within this append
     atomic: bool = False
     before_write: Callable[[int], None] | None = None
+    # The value schema version ``table``'s value struct is in; 0: untyped (binary value).
+    schema_version: int = 0
 
 
 @dataclass(frozen=True)
@@ -46,15 +53,26 @@ class PlannedRows:
     table: pa.Table
     supplied: pa.BooleanArray | None
     duplicates: list[tuple[int, int]]
+    schema_version: int = 0
 
 
 def prepare_append(
     data: pa.Table, stream: str, max_message_bytes: int, *, find_repeats: bool,
     atomic: bool = False, before_write: Callable[[int], None] | None = None,
+    typed: TypedValues | None = None,
 ) -> PendingAppend:
-    """Check and complete ``data``; MessageTooLargeError before anything is queued."""
-    table = complete_publish_table(data)
-    check_message_sizes(message_sizes(table), stream, max_message_bytes)
+    """Check and complete ``data``; MessageTooLargeError before anything is queued.
+
+    ``typed``: ``data``'s value is already the struct of a typed stream's
+    schema version (typed_values), sized by ``value_sizes``.
+    """
+    if typed is None:
+        table = complete_publish_table(data)
+        check_message_sizes(message_sizes(table), stream, max_message_bytes)
+    else:
+        table = complete_publish_table(data, typed.schema)
+        check_message_sizes(message_sizes(table, value_sizes=typed.sizes), stream,
+                            max_message_bytes)
     ids = table.column("id").chunk(0) if table.num_rows else pa.array([], pa.string())
     supplied: pa.BooleanArray | None = None
     intra = None
@@ -64,7 +82,40 @@ def prepare_append(
             supplied = mask
             if find_repeats and not atomic:
                 intra = find_intra_duplicates(ids, mask)
-    return PendingAppend(table, supplied, intra, atomic, before_write)
+    return PendingAppend(table, supplied, intra, atomic, before_write,
+                         typed.version if typed is not None else 0)
+
+
+@dataclass(frozen=True)
+class TypedValues:
+    """A typed append's value column as converted by typed_values."""
+
+    version: int
+    schema: pa.Schema  # typed_publish_schema of the version
+    sizes: np.ndarray  # bytes of each value, for max_message_bytes (value_schema.value_sizes)
+
+
+def typed_values(data: pa.Table, stream: str, version: int, value_schema: pa.Schema,
+                 stored: pa.Schema) -> tuple[pa.Table, TypedValues]:
+    """``data`` with its value as the struct of ``value_schema`` (version ``version``).
+
+    The value may come as a struct (cast safely to the schema) or as JSON
+    objects in bytes (parsed column-wise), both by value_schema.value_struct;
+    a value that does not fit raises ValueMismatchError naming the message's
+    index, the field and the expected type, before anything is queued.
+    """
+    index = data.column_names.index("value")
+    try:
+        values = value_struct(data.column(index), value_schema)
+    except SchemaValueMismatch as exc:
+        raise ValueMismatchError(f"publish to stream '{stream}' (value schema version "
+                                 f"{version}): {exc}") from None
+    value_type = stored.field("value").type
+    if values.type != value_type:
+        values = values.cast(value_type)
+    schema = typed_publish_schema(value_type)
+    table = data.set_column(index, schema.field("value"), values)
+    return table, TypedValues(version, schema, value_sizes(values))
 
 
 def plan_append(
@@ -81,7 +132,7 @@ def plan_append(
     if window is None or supplied is None or append.atomic:
         if window is not None and supplied is not None and pending is not None:
             _remember_pending(pending, table, supplied, first_offset)
-        return PlannedRows(table, supplied, [])
+        return PlannedRows(table, supplied, [], append.schema_version)
     rows = table.num_rows
     ids = table.column("id").chunk(0)
     supplied_np = np.asarray(supplied)
@@ -125,7 +176,8 @@ def plan_append(
         supplied = supplied.take(selection)
     if pending is not None:
         _remember_pending(pending, table, supplied, first_offset)
-    return PlannedRows(table, supplied if pc.any(supplied).as_py() else None, duplicates)
+    return PlannedRows(table, supplied if pc.any(supplied).as_py() else None, duplicates,
+                       append.schema_version)
 
 
 def _remember_pending(

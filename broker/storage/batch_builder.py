@@ -30,6 +30,7 @@ __all__ = [
     "producer_id_mask",
     "reencode_rows",
     "serialize_frames",
+    "typed_publish_schema",
 ]
 
 # The publish columns in a fixed order, all present: what the writer concatenates.
@@ -72,11 +73,20 @@ def _single_chunk(column: pa.ChunkedArray) -> pa.Array:
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
-def complete_publish_table(table: pa.Table) -> pa.Table:
-    """``table`` (normalize_publish_table output) with every PUBLISH_SCHEMA column, one chunk."""
+def typed_publish_schema(value_type: pa.StructType) -> pa.Schema:
+    """PUBLISH_SCHEMA with a typed stream's ``value`` struct in place of the binary value."""
+    return PUBLISH_SCHEMA.set(0, pa.field("value", value_type, nullable=False))
+
+
+def complete_publish_table(table: pa.Table, schema: pa.Schema = PUBLISH_SCHEMA) -> pa.Table:
+    """``table`` (normalize_publish_table output) with every column of ``schema``, one chunk.
+
+    ``schema`` is PUBLISH_SCHEMA, or typed_publish_schema for a typed stream
+    (whose ``value`` is then already the struct of that type).
+    """
     length = table.num_rows
     columns: list[pa.Array] = []
-    for field in PUBLISH_SCHEMA:
+    for field in schema:
         if field.name in table.column_names:
             column = _single_chunk(table.column(field.name))
             if column.null_count == length and length:
@@ -84,7 +94,7 @@ def complete_publish_table(table: pa.Table) -> pa.Table:
         else:
             column = null_array(field.type, length)
         columns.append(column)
-    return pa.Table.from_arrays(columns, schema=PUBLISH_SCHEMA)
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def check_message_sizes(sizes: Sequence[int] | np.ndarray, stream: str, limit: int, *,
@@ -147,11 +157,14 @@ def generated_ids(id_prefix: bytes, first_offset: int, length: int) -> pa.String
 
 
 def build_message_batch(
-    table: pa.Table, first_offset: int, timestamp_ms: int, id_prefix: bytes
+    table: pa.Table, first_offset: int, timestamp_ms: int, id_prefix: bytes,
+    schema: pa.Schema = MESSAGE_SCHEMA,
 ) -> pa.RecordBatch:
-    """The MESSAGE_SCHEMA batch storing ``table`` (PUBLISH_SCHEMA) at ``first_offset``.
+    """The stored batch of ``table`` (PUBLISH_SCHEMA) at ``first_offset``, in ``schema``.
 
-    Rows without a producer id (null or empty) get a generated_ids() id.
+    ``schema`` is MESSAGE_SCHEMA, or for a typed stream the stored schema of
+    the version ``table``'s value struct is in (typed_publish_schema). Rows
+    without a producer id (null or empty) get a generated_ids() id.
     """
     length = table.num_rows
     offsets = pa.array(np.arange(first_offset, first_offset + length, dtype=np.int64))
@@ -175,7 +188,7 @@ def build_message_batch(
         timestamps,
         _single_chunk(table.column("headers")),
     ]
-    return pa.RecordBatch.from_arrays(columns, schema=MESSAGE_SCHEMA)
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def frame_slices(num_rows: int, size: int, max_frame_bytes: int) -> list[tuple[int, int]]:
@@ -211,8 +224,9 @@ def serialize_frames(
 def reencode_rows(batch: pa.RecordBatch, start: int, stop: int) -> bytes:
     """Serialize rows [start, stop) of a stored batch as a compact IPC message.
 
-    Used only at range edges. Columns that are entirely null in the slice are
-    rebuilt so that no unused child buffer is serialized with it.
+    Used only at range edges; the batch keeps its own schema (MESSAGE_SCHEMA
+    or a typed stream's stored schema). Columns that are entirely null in the
+    slice are rebuilt so that no unused child buffer is serialized with it.
     """
     part = batch.slice(start, stop - start)
     columns = [
@@ -221,4 +235,4 @@ def reencode_rows(batch: pa.RecordBatch, start: int, stop: int) -> bytes:
         else column
         for column in part.columns
     ]
-    return pa.RecordBatch.from_arrays(columns, schema=MESSAGE_SCHEMA).serialize().to_pybytes()
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema).serialize().to_pybytes()

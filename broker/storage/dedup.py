@@ -27,9 +27,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from npstream.broker.storage.file_cache import FileCache
-from npstream.broker.storage.reader import LogView, iter_frames, offset_for_timestamp
+from npstream.broker.storage.reader import (
+    LogView,
+    decode_frame,
+    iter_frames,
+    offset_for_timestamp,
+)
 from npstream.broker.storage.settings import SCAN_CHUNK_BYTES
-from npstream.proto.frames.payload import decode_payload
 
 __all__ = ["DedupWindow", "IntraDuplicates", "find_intra_duplicates", "rebuild_window"]
 
@@ -151,13 +155,14 @@ def rebuild_window(view: LogView, cache: FileCache, window_ms: int, now_ms: int)
     window = DedupWindow(window_ms)
     cutoff = now_ms - window_ms  # batches stored at or before this have expired
     first = offset_for_timestamp(view, cache, cutoff + 1)
-    for _segment, _position, header, payload in iter_frames(
+    for segment, position, header, payload in iter_frames(
         view, cache, first, read_size=SCAN_CHUNK_BYTES
     ):
         if not header.has_producer_ids or header.max_timestamp <= cutoff:
             continue
         skip = max(0, view.start - header.base_offset)
-        ids = decode_payload(payload).column("id").slice(skip).to_pylist()
+        batch = decode_frame(view, segment, position, header, payload)
+        ids = batch.column("id").slice(skip).to_pylist()
         window.remember(header.max_timestamp, ids,
                         list(range(header.base_offset + skip, header.next_offset)))
     return window

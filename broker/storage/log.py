@@ -19,6 +19,15 @@ readers as soon as it is written to the file (before the fsync); an append
 with AckMode.FSYNC returns only after the covering fsync, one with
 AckMode.WRITE after the write, and WRITE data is fsynced by the storage's
 flusher within ``flush_interval_ms``.
+
+Typed streams (docs/typed-streams.md): the broker's registry gives the log
+its value schemas (``value_schemas`` at open, ``set_value_schemas`` on a
+change). An append converts its values to the current version's struct
+before it is queued (nothing stored when a value does not fit) and is written
+with that version in the frame header; the lean paths for lone messages and
+few Python values are for untyped streams only. Every decode uses the
+frame's version (LogView.schemas); ``read(..., latest=True)`` converts older
+versions' batches to the current version.
 """
 
 from __future__ import annotations
@@ -29,8 +38,9 @@ import os
 import secrets
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from functools import partial
-from itertools import accumulate
+from itertools import accumulate, groupby
 from pathlib import Path
 from typing import TypeVar, cast
 
@@ -39,17 +49,21 @@ import pyarrow as pa
 
 from npstream.broker.errors import (
     BrokerError,
+    InvalidArgumentError,
     OffsetOutOfRangeError,
     ShuttingDownError,
     StreamNotFoundError,
+    ValueMismatchError,
 )
 from npstream.broker.storage.append_plan import (
     PendingAppend,
     PlannedRows,
     plan_append,
     prepare_append,
+    typed_values,
 )
 from npstream.broker.storage.batch_builder import (
+    build_message_batch,
     complete_publish_table,
 )
 from npstream.broker.storage.dedup import DedupWindow, rebuild_window
@@ -77,6 +91,7 @@ from npstream.broker.storage.small_append import (
     lone_payload,
     prepare_rows,
     remember_lone_template,
+    rows_table,
 )
 from npstream.broker.storage.staged_segment import (
     StagedSegment,
@@ -91,9 +106,10 @@ from npstream.broker.storage.stream_files import (
     write_retention_config,
     write_start_offset,
 )
+from npstream.broker.storage.value_schemas import UNTYPED, ValueSchemas
 from npstream.proto.defaults import DEFAULT_FETCH_BYTES, DEFAULT_FETCH_MESSAGES
 from npstream.proto.frames.payload import decode_payload
-from npstream.proto.schema import MESSAGE_SCHEMA
+from npstream.proto.value_schema import conform_batch
 
 __all__ = ["StreamLog"]
 
@@ -126,8 +142,11 @@ class StreamLog:
         cache: FileCache,
         clock: Callable[[], int],
         on_dirty: Callable[[StreamLog], None] | None = None,
+        value_schemas: ValueSchemas = UNTYPED,
     ) -> None:
         self.name = name
+        self._schemas = value_schemas
+        self._typed = value_schemas.typed  # read on every append: a plain attribute
         self._config = config
         self._directory = directory
         self._cache = cache
@@ -139,7 +158,8 @@ class StreamLog:
         self._append_lock = threading.RLock()
         self._state = threading.Condition()
         self._view = LogView(loaded.start_offset, loaded.end_offset, tuple(loaded.segments),
-                             loaded.segments[-1].size if loaded.segments else 0)
+                             loaded.segments[-1].size if loaded.segments else 0,
+                             schemas=value_schemas)
         self._sync_lock = threading.Lock()
         self._listeners: tuple[Callable[[], None], ...] = ()
         self._listeners_lock = threading.Lock()
@@ -167,6 +187,11 @@ class StreamLog:
     @property
     def start_offset(self) -> int:
         return self._view.start
+
+    @property
+    def value_schemas(self) -> ValueSchemas:
+        """The stream's value schemas (UNTYPED for an untyped stream)."""
+        return self._schemas
 
     @property
     def end_offset(self) -> int:
@@ -237,14 +262,35 @@ class StreamLog:
     def _prepare(self, data: pa.Table | MessageRows) -> _Payload:
         """Checked, completed rows of an append, from a table or from Python values."""
         config = self._config
+        if self._typed:
+            table = rows_table(data) if isinstance(data, MessageRows) else data
+            return self._prepare_table(table, find_repeats=config.dedup_window_ms > 0)
         if isinstance(data, MessageRows):
             lone = lone_message(data, self.name, config.max_message_bytes)
             if lone is not None:
                 return lone
             return prepare_rows(data, self.name, config.max_message_bytes,
                                 find_repeats=config.dedup_window_ms > 0)
-        return prepare_append(data, self.name, config.max_message_bytes,
-                              find_repeats=config.dedup_window_ms > 0)
+        return self._prepare_table(data, find_repeats=config.dedup_window_ms > 0)
+
+    def _prepare_table(self, data: pa.Table, *, find_repeats: bool, atomic: bool = False,
+                       before_write: Callable[[int], None] | None = None) -> PendingAppend:
+        """prepare_append for this stream: its values converted first when it is typed."""
+        schemas = self._schemas
+        limit = self._config.max_message_bytes
+        if not schemas.typed:
+            if pa.types.is_struct(data.schema.field("value").type):
+                raise InvalidArgumentError(
+                    f"publish to stream '{self.name}': the value is a struct, but the stream "
+                    "has no value schema (untyped streams store bytes); send bytes, or give "
+                    "the stream a schema (docs/typed-streams.md)")
+            return prepare_append(data, self.name, limit, find_repeats=find_repeats,
+                                  atomic=atomic, before_write=before_write)
+        version = schemas.current
+        table, typed = typed_values(data, self.name, version, schemas.values[version],
+                                    schemas.stored_schema(version))
+        return prepare_append(table, self.name, limit, find_repeats=find_repeats,
+                              atomic=atomic, before_write=before_write, typed=typed)
 
     def sync_through(self, sequence: int) -> None:
         """Return once every write up to ``sequence`` (from append_unsynced) is fsynced."""
@@ -261,9 +307,13 @@ class StreamLog:
         self._check_usable()
         if not tables:
             tables = [pa.table({"value": pa.array([], pa.binary())})]
-        combined = pa.concat_tables([complete_publish_table(t) for t in tables])
-        pending = prepare_append(combined, self.name, self._config.max_message_bytes,
-                                 find_repeats=False, atomic=True, before_write=before_write)
+        if self._schemas.typed:  # each table's values converted, then one append
+            parts = [self._prepare_table(t, find_repeats=False).table for t in tables]
+            combined = pa.concat_tables(parts)
+        else:
+            combined = pa.concat_tables([complete_publish_table(t) for t in tables])
+        pending = self._prepare_table(combined, find_repeats=False, atomic=True,
+                                      before_write=before_write)
         request: CommitRequest[_Payload] = CommitRequest(
             pending, pending.table.get_total_buffer_size(), fsync=True, atomic=True)
         return self._submit(request)
@@ -292,6 +342,11 @@ class StreamLog:
         check_sizes(parts, self.name, self._config.max_message_bytes)
         with self._append_lock:
             self._check_usable()
+            if self._schemas.typed and any(part.count for part in parts):
+                raise InvalidArgumentError(
+                    f"stream '{self.name}' is typed (value schema version "
+                    f"{self._schemas.current}): prebuilt and staged frames are untyped, and "
+                    "typed sink writes are not supported yet; nothing was written")
             now = max(self._clock() if timestamp is None else timestamp, self._last_timestamp)
             first = self._view.end
             if expect_first is not None and first != expect_first:
@@ -392,6 +447,10 @@ class StreamLog:
             window.expire(now)
         first = self._view.end
         recent: pa.RecordBatch | StoredRow | None
+        if self._typed:
+            group = self._typed_members_locked(group)
+            if not group:
+                return 0
         if len(group) == 1 and isinstance(group[0].payload, LoneMessage):
             group[0].result = AppendResult(first, 1, [], now)
             recent = self._write_lone_locked(group[0].payload.value, first, now)
@@ -417,10 +476,34 @@ class StreamLog:
             if not planned:
                 return 0
             batch = self._write_rows_locked(planned, first, now)
-            recent = batch if batch.get_total_buffer_size() <= RECENT_MAX_BYTES else None
+            recent = (batch if batch is not None and batch.get_total_buffer_size()
+                      <= RECENT_MAX_BYTES else None)
         self._written_seq += 1
         self._publish_view_locked(recent=recent)
         return self._written_seq
+
+    def _typed_members_locked(
+        self, group: list[CommitRequest[_Payload]]
+    ) -> list[CommitRequest[_Payload]]:
+        """The members of a typed stream's group that can be written; the others fail.
+
+        Appends are converted to the current version before they queue; one
+        converted to an older version (the schema evolved meanwhile) is
+        written in that version, which reads convert like any older batch.
+        Only an untyped append checked before the stream became typed cannot
+        be written: it fails alone, nothing of it stored.
+        """
+        kept = []
+        for request in group:
+            payload = request.payload
+            if isinstance(payload, LoneMessage) or not payload.schema_version:
+                request.error = ValueMismatchError(
+                    f"publish to stream '{self.name}': the stream became typed (value schema "
+                    f"version {self._schemas.current}) while this publish was queued as "
+                    "untyped bytes; nothing of it was stored: publish it again")
+                continue
+            kept.append(request)
+        return kept
 
     def _write_lone_locked(self, value: bytes, first: int, now: int) -> StoredRow:
         """Write a lone message from its template (small_append.lone_payload); returns its row.
@@ -441,11 +524,29 @@ class StreamLog:
         return StoredRow(first, f"{self._id_prefix_text}{first:016x}", None, value, {}, now)
 
     def _write_rows_locked(self, planned: list[PlannedRows], first: int,
-                           now: int) -> pa.RecordBatch:
-        """Build and write the stored batch of a group; returns it."""
+                           now: int) -> pa.RecordBatch | None:
+        """Build and write the stored batch of a group; returns it.
+
+        A typed stream's group whose appends were converted to different
+        schema versions (an evolution while they queued) is written as one
+        batch per version run, and returns None (no single batch holds it).
+        """
+        version = planned[0].schema_version
+        if any(rows.schema_version != version for rows in planned):
+            for _version, group in groupby(planned, lambda r: r.schema_version):
+                run = list(group)
+                self._write_run_locked(run, first, now)
+                first += sum(rows.table.num_rows for rows in run)
+            return None
+        return self._write_run_locked(planned, first, now)
+
+    def _write_run_locked(self, planned: list[PlannedRows], first: int,
+                          now: int) -> pa.RecordBatch:
+        """Build and write the stored batch of rows in one schema version; returns it."""
         table = planned[0].table if len(planned) == 1 else pa.concat_tables(
             [rows.table for rows in planned]
         )
+        version = planned[0].schema_version
         supplied = None
         if any(rows.supplied is not None for rows in planned):
             supplied = pa.concat_arrays([  # one entry per append of the group
@@ -453,9 +554,13 @@ class StreamLog:
                 else pa.array(np.zeros(rows.table.num_rows, dtype=bool))
                 for rows in planned
             ])
-        batch = build_stored_batch(table, first, now, self._id_prefix)
+        if version:
+            batch = build_message_batch(table, first, now, self._id_prefix,
+                                        self._schemas.stored_schema(version))
+        else:
+            batch = build_stored_batch(table, first, now, self._id_prefix)
         flagged = self._write_locked(
-            first, now, lambda: self._segments.write_batch(batch, supplied, now))
+            first, now, lambda: self._segments.write_batch(batch, supplied, now, version))
         self._remember_ids_locked(flagged, now)
         return batch
 
@@ -516,16 +621,25 @@ class StreamLog:
 
     def read(self, offset: int, *, max_messages: int = DEFAULT_FETCH_MESSAGES,
              max_bytes: int = DEFAULT_FETCH_BYTES,
-             end_offset: int | None = None) -> ReadResult:
-        """Stored batches from ``offset``; OffsetOutOfRangeError outside [start, end]."""
+             end_offset: int | None = None, latest: bool = False) -> ReadResult:
+        """Stored batches from ``offset``; OffsetOutOfRangeError outside [start, end].
+
+        ``latest``: a typed stream's batches all in its current schema version
+        (older ones decoded and converted, value_schema.conform_batch; the
+        others are the stored bytes), that version in ``schema_version``.
+        """
         self._check_readable()
+        view = self._view
         try:
-            return read_stored_batches(self._view, self._cache, self.name, offset,
-                                       max_messages=max_messages, max_bytes=max_bytes,
-                                       end_offset=end_offset)
+            result = read_stored_batches(view, self._cache, self.name, offset,
+                                         max_messages=max_messages, max_bytes=max_bytes,
+                                         end_offset=end_offset)
         except FileNotFoundError:  # retention deleted the segment under the read
             view = self._view
             raise OffsetOutOfRangeError(self.name, offset, view.start, view.end) from None
+        if latest and view.schemas.typed:
+            return _conformed(result, view.schemas)
+        return result
 
     def recent_rows(self, offset: int) -> pa.RecordBatch | list[StoredRow] | None:
         """Rows [offset, end) if the last write holds them all, else None.
@@ -548,6 +662,10 @@ class StreamLog:
         first = view.end - recent.num_rows
         if offset < max(first, view.start) or offset >= view.end:
             return None
+        if view.schemas.typed:  # in the current version, as read(latest=True) gives
+            target = view.schemas.stored_schema(view.schemas.current)
+            if not recent.schema.equals(target):
+                recent = conform_batch(recent, target)
         return recent if offset == first else recent.slice(offset - first)
 
     def locate(self, offset: int, *, max_messages: int = DEFAULT_FETCH_MESSAGES,
@@ -558,17 +676,22 @@ class StreamLog:
                             end_offset=end_offset)
 
     def read_table(self, offset: int, end_offset: int) -> pa.Table:
-        """Messages [offset, end_offset) (up to the end of the log) as one table."""
+        """Messages [offset, end_offset) (up to the end of the log) as one table.
+
+        A typed stream's in its current schema version (read(latest=True)).
+        """
         batches: list[pa.RecordBatch] = []
         position = offset
+        schema = self._schemas.stored_schema(self._schemas.current)
         while position < end_offset:
             result = self.read(position, max_messages=end_offset - position,
-                               max_bytes=_READ_TABLE_BYTES, end_offset=end_offset)
+                               max_bytes=_READ_TABLE_BYTES, end_offset=end_offset, latest=True)
             if result.count == 0:
                 break
-            batches.extend(map(decode_payload, result.batches))
+            schema = self._schemas.stored_schema(result.schema_version)
+            batches.extend(decode_payload(payload, schema) for payload in result.batches)
             position = result.next_offset
-        return pa.Table.from_batches(batches, schema=MESSAGE_SCHEMA)
+        return pa.Table.from_batches(batches, schema=schema)
 
     def wait_for_data(self, offset: int, timeout_s: float) -> bool:
         """True as soon as end_offset > offset (woken by appends), False on timeout."""
@@ -704,6 +827,30 @@ class StreamLog:
             self._delete_head_locked(plan.delete_count, f"retention ({plan.reason})")
             return plan.delete_count
 
+    def set_value_schemas(self, schemas: ValueSchemas,
+                          before_change: Callable[[int, int], None] | None = None) -> None:
+        """Make ``schemas`` the stream's value schemas (the registry's, with every version).
+
+        ``before_change(start_offset, end_offset)`` runs under the append
+        lock first: no append is written between it and the change, so the
+        registry can refuse (raise) or record the change there, e.g. make an
+        untyped stream typed only while it holds no messages. Appends checked
+        against the previous version are written in it (reads convert them);
+        untyped ones queued before the stream became typed fail.
+        """
+        if schemas.current < self._schemas.current or not all(
+                v in schemas.values for v in self._schemas.values):
+            raise ValueError(f"stream '{self.name}': value schema versions only get added "
+                             f"(have {sorted(self._schemas.values)}, got "
+                             f"{sorted(schemas.values)})")
+        with self._append_lock:
+            if before_change is not None:
+                view = self._view
+                before_change(view.start, view.end)
+            self._schemas = schemas
+            self._typed = schemas.typed
+            self._publish_view_locked(start=self._view.start)  # same rows, new schemas
+
     def update_config(self, config: StreamConfig) -> None:
         with self._append_lock:
             old, self._config = self._config, config
@@ -750,6 +897,7 @@ class StreamLog:
             tuple(self._segments.segments),
             tail.size if tail is not None else 0,
             self._view.recent if start is not None else recent,
+            self._schemas,
         )
         with self._state:
             self._view = view
@@ -770,3 +918,19 @@ class StreamLog:
         if self._failure is not None:
             raise OSError(errno.EIO, f"stream '{self.name}' refuses writes after a disk error "
                           f"({self._failure}); restart the broker to recover it")
+
+
+def _conformed(result: ReadResult, schemas: ValueSchemas) -> ReadResult:
+    """``result`` with every batch in the current schema version (see StreamLog.read)."""
+    current = schemas.current
+    batches = result.batches
+    if any(version != current for version in result.versions):
+        target = schemas.stored_schema(current)
+        batches = [
+            data if version == current else conform_batch(
+                decode_payload(data, schemas.stored_schema(version)), target
+            ).serialize().to_pybytes()
+            for data, version in zip(result.batches, result.versions, strict=True)
+        ]
+    return replace(result, batches=batches, versions=(current,) * len(batches),
+                   schema_version=current)

@@ -30,6 +30,7 @@ from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.results import ReadResult, StoredRow
 from npstream.broker.storage.segment import Segment
 from npstream.broker.storage.settings import MIN_READ_BYTES
+from npstream.broker.storage.value_schemas import UNTYPED, ValueSchemas
 from npstream.proto.frames.payload import decode_payload
 from npstream.proto.frames.reader import BadFrame
 from npstream.proto.frames.record_batch import HEADER_SIZE, FrameHeader
@@ -37,6 +38,7 @@ from npstream.proto.frames.record_batch import HEADER_SIZE, FrameHeader
 __all__ = [
     "FileSpan",
     "LogView",
+    "decode_frame",
     "iter_frames",
     "locate_range",
     "offset_for_timestamp",
@@ -59,6 +61,9 @@ class LogView:
     memory instead of reading back and decoding the frame just written. They
     live in the view so that one read of ``StreamLog._view`` gives rows and
     offsets that belong together.
+
+    ``schemas`` are the stream's value schemas (value_schemas.py) when the
+    view was made: every frame in it was written in one of their versions.
     """
 
     start: int
@@ -66,6 +71,7 @@ class LogView:
     segments: tuple[Segment, ...]
     tail_size: int  # bytes of the last segment covered by this view
     recent: pa.RecordBatch | StoredRow | None = None
+    schemas: ValueSchemas = UNTYPED
 
     def limit(self, number: int) -> int:
         """Readable bytes of segment ``number``."""
@@ -127,38 +133,57 @@ def _range_stop(view: LogView, stream: str, offset: int, max_messages: int,
     return min(stop, offset + max(0, max_messages))
 
 
+def decode_frame(view: LogView, segment: Segment, position: int, header: FrameHeader,
+                 payload: memoryview | bytes) -> pa.RecordBatch:
+    """The stored batch of a frame, decoded in its header's schema version (zero copy)."""
+    if not header.schema_version:
+        return decode_payload(payload)
+    return decode_payload(payload, view.schemas.stored_schema(header.schema_version,
+                                                              segment.path, position))
+
+
 def read_stored_batches(
     view: LogView, cache: FileCache, stream: str, offset: int, *, max_messages: int,
     max_bytes: int, end_offset: int | None,
 ) -> ReadResult:
-    """Stored batches covering [offset, min(end_offset, end)) within the given limits."""
+    """Stored batches covering [offset, min(end_offset, end)) within the given limits.
+
+    Each batch is in the stored schema of its frame's version (``versions``,
+    given when the view's stream is typed).
+    """
     stop = _range_stop(view, stream, offset, max_messages, end_offset)
     batches: list[bytes | memoryview] = []
     if stop <= offset:
         return ReadResult(batches, offset, 0)
+    versions: list[int] | None = [] if view.schemas.typed else None
     position_offset = offset
     total_bytes = 0
     read_size = max(1, max_bytes) + HEADER_SIZE
-    for _segment, _position, header, payload in iter_frames(
+    for segment, position, header, payload in iter_frames(
         view, cache, offset, read_size=read_size, stop=stop
     ):
         low = position_offset - header.base_offset
         high = min(stop, header.next_offset) - header.base_offset
         data: bytes | memoryview = payload
         if low or high != header.count:
-            data = reencode_rows(decode_payload(payload), low, high)
+            data = reencode_rows(decode_frame(view, segment, position, header, payload), low,
+                                 high)
         if len(data) + total_bytes > max_bytes:
             if batches:
                 break
             if high - low > 1:  # always return something, but no more than needed
                 high = low + max(1, (high - low) * max_bytes // len(data))
-                data = reencode_rows(decode_payload(payload), low, high)
+                data = reencode_rows(decode_frame(view, segment, position, header, payload),
+                                     low, high)
         batches.append(data)
+        if versions is not None:
+            versions.append(header.schema_version)
         total_bytes += len(data)
         position_offset = header.base_offset + high
         if position_offset >= stop or total_bytes >= max_bytes or high < header.count:
             break
-    return ReadResult(batches, position_offset, position_offset - offset)
+    return ReadResult(batches, position_offset, position_offset - offset,
+                      tuple(versions) if versions is not None else ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +225,7 @@ def offset_for_timestamp(view: LogView, cache: FileCache, timestamp_ms: int) -> 
     segment = segments[number]
     relative = segment.time_index.relative_offset_before(timestamp_ms)
     found = view.end
-    for _segment, _position, header, payload in iter_frames(
+    for frame_segment, position, header, payload in iter_frames(
         view, cache, segment.base_offset + relative
     ):
         if header.max_timestamp < timestamp_ms:
@@ -208,7 +233,8 @@ def offset_for_timestamp(view: LogView, cache: FileCache, timestamp_ms: int) -> 
         if header.min_timestamp >= timestamp_ms:
             found = header.base_offset
         else:
-            timestamps = decode_payload(payload).column("timestamp").cast("int64")
+            batch = decode_frame(view, frame_segment, position, header, payload)
+            timestamps = batch.column("timestamp").cast("int64")
             row = int(np.searchsorted(np.asarray(timestamps), timestamp_ms, side="left"))
             found = header.base_offset + row
         break
@@ -217,9 +243,10 @@ def offset_for_timestamp(view: LogView, cache: FileCache, timestamp_ms: int) -> 
 
 def timestamp_at(view: LogView, cache: FileCache, offset: int) -> int:
     """Timestamp of the message at ``offset`` (which must be in [start, end))."""
-    for _segment, _position, header, payload in iter_frames(view, cache, offset):
+    for segment, position, header, payload in iter_frames(view, cache, offset):
         if header.min_timestamp == header.max_timestamp:
             return header.min_timestamp
-        timestamps = decode_payload(payload).column("timestamp").cast("int64")
+        batch = decode_frame(view, segment, position, header, payload)
+        timestamps = batch.column("timestamp").cast("int64")
         return int(timestamps[offset - header.base_offset].as_py())
     return 0

@@ -40,11 +40,19 @@ class AppendResult:
 
 @dataclass(frozen=True)
 class ReadResult:
-    """Stored Arrow IPC record-batch messages (MESSAGE_SCHEMA) covering [offset, next_offset)."""
+    """Stored Arrow IPC record-batch messages covering [offset, next_offset).
+
+    Untyped streams: every batch in MESSAGE_SCHEMA and ``versions`` empty. Typed
+    streams: ``versions[i]`` is the value schema version batch ``i`` is
+    encoded in (its stored schema); ``StreamLog.read(..., latest=True)``
+    returns them all in ``schema_version``, the stream's current version.
+    """
 
     batches: list[bytes | memoryview]
     next_offset: int
     count: int
+    versions: tuple[int, ...] = ()
+    schema_version: int = 0
 
 
 @dataclass(frozen=True)

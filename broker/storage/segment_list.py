@@ -23,12 +23,11 @@ from npstream.broker.storage.batch_builder import reencode_rows, serialize_frame
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.files import fsync_dir, segment_path
 from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload
-from npstream.broker.storage.reader import LogView, iter_frames
+from npstream.broker.storage.reader import LogView, decode_frame, iter_frames
 from npstream.broker.storage.segment import Segment
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
 from npstream.broker.storage.staged_segment import StagedSegment, Stamp
 from npstream.broker.storage.stream_files import write_retention_config, write_schema
-from npstream.proto.frames.payload import decode_payload
 from npstream.proto.frames.record_batch import FLAG_PRODUCER_IDS, FrameHeader, encode_frame
 
 __all__ = ["SegmentList", "UndoFailedError"]
@@ -81,13 +80,16 @@ class SegmentList:
         return segment
 
     def write_batch(
-        self, batch: pa.RecordBatch, supplied: pa.BooleanArray | None, timestamp: int
+        self, batch: pa.RecordBatch, supplied: pa.BooleanArray | None, timestamp: int,
+        schema_version: int = 0,
     ) -> list[pa.RecordBatch]:
         """Write ``batch`` as frames of at most max_batch_bytes; all or nothing.
 
-        ``supplied`` marks the rows with producer ids. Returns the parts written
-        with the producer-ids flag (their ids enter the dedup window). On an
-        OSError every frame of the batch is removed again before it propagates
+        ``supplied`` marks the rows with producer ids; ``schema_version`` is
+        the value schema version ``batch`` is in (0: untyped, MESSAGE_SCHEMA),
+        written into every frame header. Returns the parts written with the
+        producer-ids flag (their ids enter the dedup window). On an OSError
+        every frame of the batch is removed again before it propagates
         (UndoFailedError if that fails too).
         """
         first = batch.column(0)[0].as_py()
@@ -101,6 +103,7 @@ class SegmentList:
             frames.append((payload, *encode_frame(
                 payload, base_offset=first + start, count=count,
                 min_timestamp=timestamp, max_timestamp=timestamp, flags=flags,
+                schema_version=schema_version,
             )))
         self._write_frames(frames, timestamp)
         return flagged
@@ -265,10 +268,11 @@ class SegmentList:
         number = view.segment_number(offset)
         segment = self.segments[number]
         cut, kept, frame_header = segment.size, b"", None
-        for _segment, position, header, payload in iter_frames(view, self._cache, offset):
+        for frame_segment, position, header, payload in iter_frames(view, self._cache, offset):
             cut, frame_header = position, header
             if header.base_offset < offset:
-                kept = reencode_rows(decode_payload(payload), 0, offset - header.base_offset)
+                kept = reencode_rows(decode_frame(view, frame_segment, position, header, payload),
+                                     0, offset - header.base_offset)
             break
         for later in self.segments[number + 1 :]:
             later.delete(self._cache)
@@ -282,6 +286,7 @@ class SegmentList:
                 count=offset - frame_header.base_offset,
                 min_timestamp=frame_header.min_timestamp,
                 max_timestamp=frame_header.max_timestamp, flags=frame_header.flags,
+                schema_version=frame_header.schema_version,
             )
             rebuilt.write_frame(self._cache, header_bytes, kept, header,
                                 self._settings.index_interval_bytes)

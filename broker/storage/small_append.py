@@ -49,7 +49,7 @@ from npstream.proto.schema import MESSAGE_SCHEMA
 
 __all__ = ["LONE_TEMPLATE_MAX_BYTES", "SMALL_BATCH_MAX_ROWS", "LoneMessage", "MessageRows",
            "build_stored_batch", "lone_message", "lone_payload", "prepare_rows",
-           "remember_lone_template"]
+           "remember_lone_template", "rows_table"]
 
 # Up to this many rows a stored batch is built from Python values; above it the
 # columnar builder is cheaper (its cost hardly grows with the row count).
@@ -76,6 +76,24 @@ class MessageRows:
     ids: Sequence[str]
     keys: Sequence[bytes | None]
     headers: Sequence[dict[str, bytes] | None]
+
+
+def rows_table(rows: MessageRows) -> pa.Table:
+    """The rows as a publish table (an empty id as null), for the general append path.
+
+    A typed stream's appends take that path: the values (JSON bytes) become
+    the struct of its schema column-wise there (append_plan.typed_values).
+    """
+    length = len(rows.values)
+    ids = ([i or None for i in rows.ids] if any(rows.ids) else None)
+    return pa.Table.from_arrays([
+        pa.array(rows.values, _BINARY),
+        pa.array(ids, _STRING) if ids is not None else null_array(_STRING, length),
+        (pa.array(rows.keys, _BINARY) if any(k is not None for k in rows.keys)
+         else null_array(_BINARY, length)),
+        (pa.array([list(h.items()) if h else None for h in rows.headers], _HEADERS)
+         if any(rows.headers) else null_array(_HEADERS, length)),
+    ], schema=PUBLISH_SCHEMA)
 
 
 def _check_sizes(rows: MessageRows, stream: str, limit: int) -> None:

@@ -32,6 +32,7 @@ from npstream.broker.storage.log import StreamLog
 from npstream.broker.storage.retention import idle_stream_check
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
 from npstream.broker.storage.stream_files import read_retention_config
+from npstream.broker.storage.value_schemas import UNTYPED, ValueSchemas
 from npstream.proto.names import STREAM_NAME_RE
 
 __all__ = ["Storage", "wall_clock_ms"]
@@ -64,6 +65,7 @@ class Storage:
         self._name_locks: dict[str, threading.Lock] = {}
         self._idle_due: dict[str, int] = {}
         self._closed = False
+        self._schemas_of: Callable[[str], ValueSchemas] = lambda _name: UNTYPED
         streams_root(settings.data_dir).mkdir(parents=True, exist_ok=True)
         self._flusher = Flusher(settings.flush_interval_ms)
 
@@ -81,13 +83,14 @@ class Storage:
                 raise ShuttingDownError("storage is closed")
             return self._name_locks.setdefault(name, threading.Lock())
 
-    def _open_unlocked(self, name: str, config: StreamConfig) -> StreamLog:
+    def _open_unlocked(self, name: str, config: StreamConfig,
+                       value_schemas: ValueSchemas = UNTYPED) -> StreamLog:
         """Open (recover) ``name``; the caller holds its name lock and it is not open."""
         directory = stream_dir(self.settings.data_dir, name)
         loaded = load_log(directory, self._cache, self.settings.index_interval_bytes, name)
         stream_log = StreamLog(
             name, config, directory, loaded, settings=self.settings, cache=self._cache,
-            clock=self._clock, on_dirty=self._flusher.mark_dirty,
+            clock=self._clock, on_dirty=self._flusher.mark_dirty, value_schemas=value_schemas,
         )
         with self._lock:
             self._logs[name] = stream_log
@@ -96,10 +99,22 @@ class Storage:
 
     # ------------------------------------------------------------------ contract
 
-    def open_log(self, name: str, config: StreamConfig) -> StreamLog:
+    def set_value_schema_lookup(self, lookup: Callable[[str], ValueSchemas]) -> None:
+        """Where a stream's value schemas come from when storage opens it by itself.
+
+        Retention opens idle streams nobody asked for; their frames must
+        decode in their versions too (the dedup window is rebuilt on open).
+        The broker's registry sets this; the default knows no typed stream.
+        """
+        self._schemas_of = lookup
+
+    def open_log(self, name: str, config: StreamConfig,
+                 value_schemas: ValueSchemas = UNTYPED) -> StreamLog:
         """The open log of ``name``; recovers it first if it was not open.
 
-        Mid-log corruption raises CorruptRecordError and the stream stays closed.
+        ``value_schemas``: a typed stream's schemas, every version (the
+        registry's; value_schemas.py). Mid-log corruption raises
+        CorruptRecordError and the stream stays closed.
         """
         self._directory(name)
         with self._name_lock(name):
@@ -108,8 +123,10 @@ class Storage:
             if existing is not None:
                 if existing.config != config:
                     existing.update_config(config)
+                if existing.value_schemas.values.keys() != value_schemas.values.keys():
+                    existing.set_value_schemas(value_schemas)
                 return existing
-            return self._open_unlocked(name, config)
+            return self._open_unlocked(name, config, value_schemas)
 
     def close_log(self, name: str) -> None:
         """Flush and close ``name`` if it is open (its files stay)."""
@@ -134,7 +151,8 @@ class Storage:
                 fsync_dir(streams_root(self.settings.data_dir))
         log.info("stream %s: dropped, files deleted", name)
 
-    def repair_log(self, name: str, config: StreamConfig) -> tuple[int, str]:
+    def repair_log(self, name: str, config: StreamConfig,
+                   value_schemas: ValueSchemas = UNTYPED) -> tuple[int, str]:
         """Truncate ``name`` at its first bad frame; (truncated_bytes, "file@position").
 
         The log is closed for the repair and open again afterwards.
@@ -147,7 +165,7 @@ class Storage:
                 stream_log.close()
             result = repair_log(directory, self._cache,
                                 self.settings.index_interval_bytes, name)
-            self._open_unlocked(name, config)
+            self._open_unlocked(name, config, value_schemas)
         return result
 
     def enforce_retention(self) -> None:
@@ -184,7 +202,7 @@ class Storage:
                             continue
                     check = idle_stream_check(directory, config, now)
                     if check.must_open:
-                        stream_log = self._open_unlocked(name, config)
+                        stream_log = self._open_unlocked(name, config, self._schemas_of(name))
                         stream_log.apply_retention(now)
                         with self._lock:
                             self._logs.pop(name, None)

@@ -49,7 +49,7 @@ def test_header_documented_layout_matches_code():
     fields = documented_frame_header()
     assert [name for _, _, name in fields] == [
         "magic", "version", "flags", "reserved", "payload_length", "crc32c", "base_offset",
-        "count", "reserved2", "min_timestamp", "max_timestamp",
+        "count", "schema_version", "min_timestamp", "max_timestamp",
     ]
     position = 0
     for offset, size, name in fields:
@@ -72,7 +72,7 @@ def test_header_documented_layout_matches_code():
     assert field("magic") == MAGIC
     assert field("version") == FORMAT_VERSION == 1
     assert field("flags") == FLAG_PRODUCER_IDS
-    assert field("reserved") == 0 and field("reserved2") == 0
+    assert field("reserved") == 0 and field("schema_version") == 0  # an untyped frame
     assert field("payload_length") == len(payload) and len(payload) % 8 == 0
     assert field("base_offset") == 1000
     assert field("count") == 3
