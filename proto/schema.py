@@ -43,9 +43,11 @@ def normalize_publish_table(data: pa.Table | pa.RecordBatch) -> pa.Table:
     """Return data with exactly the PUBLISH_COLUMNS it has, cast to their types.
 
     Strings are accepted for ``value`` and ``key`` (cast to their UTF-8 bytes),
-    large_binary/large_string as well. Raises ValueError naming the column when
-    ``value`` is missing or contains nulls, or when a column is unknown or
-    cannot be cast.
+    large_binary/large_string as well. A struct ``value`` (a record of a typed
+    stream's schema, docs/typed-streams.md) is kept as it is: the broker
+    checks it against the stream's schema. Raises ValueError naming the
+    column when ``value`` is missing or contains nulls, or when a column is
+    unknown or cannot be cast.
     """
     table = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
     unknown = [name for name in table.column_names if name not in PUBLISH_COLUMNS]
@@ -61,6 +63,8 @@ def normalize_publish_table(data: pa.Table | pa.RecordBatch) -> pa.Table:
         if name not in table.column_names:
             continue
         column = table.column(name)
+        if name == "value" and pa.types.is_struct(column.type):
+            target = column.type  # a typed stream's record: checked by the broker
         if column.type != target:
             try:
                 column = column.cast(target)

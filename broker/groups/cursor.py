@@ -5,7 +5,9 @@ with auto-commit, moves the cursor past them under the group's lock, so
 concurrent pullers of one group never get the same messages. Without
 auto-commit nothing moves until ``commit``: the same messages come back.
 A cursor below the stream's start (retention, delete_before) continues at
-the start, logged once; one past the end waits for new data.
+the start, logged once; one past the end waits for new data. A typed
+stream's batches go out in MESSAGE_SCHEMA with each record as JSON bytes
+(typed_values.py), like every group delivery.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from typing import TYPE_CHECKING
 from npstream.broker.errors import BrokerError, OffsetOutOfRangeError
 from npstream.broker.groups.store import PositionWriter
 from npstream.broker.groups.tuning import LONG_POLL_SLICE_S
+from npstream.broker.groups.typed_values import untyped_batch
+from npstream.proto.frames.payload import decode_payload
 
 if TYPE_CHECKING:
-    from npstream.broker.storage import StreamLog
+    from npstream.broker.storage import ReadResult, StreamLog
 
 __all__ = ["CursorGroup", "PullResult"]
 
@@ -39,6 +43,15 @@ class PullResult:
         self.count = count
         self.next_offset = next_offset
         self.ticket = ticket  # PositionWriter ticket of the auto-commit (0: none)
+
+
+def _delivered(stream_log: StreamLog, result: ReadResult) -> list[bytes | memoryview]:
+    """A pull's batches as sent: stored bytes, or a typed stream's with JSON values."""
+    if not result.schema_version:
+        return result.batches
+    schema = stream_log.value_schemas.stored_schema(result.schema_version)
+    return [untyped_batch(decode_payload(data, schema)).serialize().to_pybytes()
+            for data in result.batches]
 
 
 class CursorGroup:
@@ -93,12 +106,13 @@ class CursorGroup:
                 position = self._effective_locked(stream_log)
                 if position < stream_log.end_offset:
                     try:
-                        result = stream_log.read(position, max_messages=limit)
+                        result = stream_log.read(position, max_messages=limit, latest=True)
                     except OffsetOutOfRangeError:
                         continue  # retention moved the start between the two lines above
                     if result.count:
                         ticket = self._set_locked(result.next_offset) if auto_commit else 0
-                        return PullResult(result.batches, result.count, self._committed, ticket)
+                        return PullResult(_delivered(stream_log, result), result.count,
+                                          self._committed, ticket)
             remaining = deadline - time.monotonic()
             if remaining <= 0 or (should_stop is not None and should_stop()):
                 return PullResult([], 0, position, 0)

@@ -56,6 +56,7 @@ from npstream.broker.groups.tuning import (
     MAX_PENDING_PER_GROUP,
     MEMBER_IDLE_MS,
 )
+from npstream.broker.groups.typed_values import json_values
 from npstream.proto.frames.payload import decode_payload
 
 if TYPE_CHECKING:
@@ -96,13 +97,18 @@ class SharedSnapshot(NamedTuple):
 
 
 def rows_from_batch(batch: pa.RecordBatch) -> list[DeliveryRow]:
-    """The rows of a stored (MESSAGE_SCHEMA) record batch, converted one column at a time."""
+    """The rows of a stored record batch, converted one column at a time.
+
+    A typed stream's value (a struct) becomes each record's JSON bytes
+    (typed_values.py).
+    """
     headers = [dict(h) if h else {} for h in batch.column("headers").to_pylist()]
+    value = batch.column("value")
     return list(map(tuple.__new__, repeat(DeliveryRow), zip(  # no Python call per row
         batch.column("offset").to_pylist(),
         batch.column("id").to_pylist(),
         batch.column("key").to_pylist(),
-        batch.column("value").to_pylist(),
+        json_values(value) if pa.types.is_struct(value.type) else value.to_pylist(),
         headers,
         batch.column("timestamp").view(pa.int64()).to_pylist(),  # same buffer, no cast
         strict=True,
@@ -232,14 +238,15 @@ class SharedGroup:
                 continue
             try:
                 result = stream_log.read(self._buffer_next, max_messages=FRESH_READ_CHUNK,
-                                         max_bytes=FRESH_READ_BYTES)
+                                         max_bytes=FRESH_READ_BYTES, latest=True)
             except OffsetOutOfRangeError:  # retention moved the start meanwhile
                 self._follow_log_locked(stream_log)
                 return []
             if result.next_offset <= self._buffer_next:
                 break
+            schema = stream_log.value_schemas.stored_schema(result.schema_version)
             for payload in result.batches:
-                batch = decode_payload(payload)
+                batch = decode_payload(payload, schema)
                 self._buffer.append(batch)
                 self._buffered += batch.num_rows
             self._buffer_next = result.next_offset

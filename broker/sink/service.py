@@ -116,9 +116,20 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
         self._inbox = inbox
 
     def _max_message_bytes(self, stream: str) -> int:
-        """The target's limit; for a stream Commit will auto-create, the broker default."""
+        """The target's limit; for a stream Commit will auto-create, the broker default.
+
+        A typed target is refused: staged frames are untyped (MESSAGE_SCHEMA),
+        and typed sink writes are not built yet (docs/typed-streams.md).
+        """
         try:
-            return self._registry.get(stream).config.max_message_bytes
+            stream_log = self._registry.get(stream)
+            if stream_log.value_schemas.typed:
+                raise InvalidArgumentError(
+                    f"stream '{stream}' is typed (value schema version "
+                    f"{stream_log.value_schemas.current}): the exactly-once sink cannot write "
+                    "typed streams yet (typed sink writes come next); nothing was staged. "
+                    "Write to an untyped stream, or publish to this one")
+            return stream_log.config.max_message_bytes
         except StreamNotFoundError:
             if not self._registry.auto_create:
                 raise

@@ -160,6 +160,11 @@ def prepare_stage(
                                         if "stream" in data.column_names else data)
     except ValueError as exc:
         raise InvalidArgumentError(f"cannot stage: {exc}") from None
+    if pa.types.is_struct(table.schema.field("value").type):
+        raise InvalidArgumentError(
+            "cannot stage: the value is a struct (a typed stream's record); the exactly-once "
+            "sink cannot write typed streams yet (typed sink writes come next), so stage "
+            "bytes for untyped streams")
     routed = "stream" in data.column_names  # else every row goes to the default stream
     if routed:
         targets = [t for t in pc.unique(streams).to_pylist() if t is not None]

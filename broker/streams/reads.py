@@ -12,6 +12,10 @@ of a long range is a loop of round trips through Python gRPC's unary path
   client can prove it opened the same file; it falls back to gRPC otherwise.
 - ``ReadRange``: one server-streaming call that keeps reading while the client
   receives, with gRPC flow control bounding what is buffered.
+
+Typed streams: Locate also sends every value schema version (a frame's header
+names its version; the client converts older ones), ReadRange sends every
+batch in the current version with its stored schema, as Fetch does.
 """
 
 from __future__ import annotations
@@ -27,7 +31,12 @@ from npstream.broker.errors import OffsetOutOfRangeError
 from npstream.broker.rpc.registration import add_service
 from npstream.broker.rpc.status import rpc_method
 from npstream.broker.server.context import BrokerContext
-from npstream.broker.streams.service import check_fetch_request, on_log
+from npstream.broker.streams.service import (
+    check_fetch_request,
+    on_log,
+    stored_schema_bytes,
+    value_schemas_pb,
+)
 from npstream.proto import pb
 from npstream.proto.defaults import DEFAULT_FETCH_BYTES, DEFAULT_FETCH_MESSAGES
 from npstream.proto.host_identity import boot_id
@@ -74,6 +83,8 @@ class StreamReadServicer:
             self._metrics.located_messages.inc(stop - request.offset)
         reply.start_offset = stream_log.start_offset
         reply.end_offset = stream_log.end_offset
+        # After the spans: every version of their frames is among these.
+        reply.value_schemas.extend(value_schemas_pb(self._registry.schema_versions(stream)))
         return reply
 
     @rpc_method
@@ -88,7 +99,7 @@ class StreamReadServicer:
         while True:
             result = on_log(self._registry, stream, functools.partial(
                 stream_log.read, offset, end_offset=stop, max_bytes=max_bytes,
-                max_messages=min(max(stop - offset, 0), READ_RANGE_MAX_MESSAGES),
+                max_messages=min(max(stop - offset, 0), READ_RANGE_MAX_MESSAGES), latest=True,
             ))
             self._metrics.fetched_messages.inc(result.count)
             self._metrics.fetched_bytes.inc(sum(len(b) for b in result.batches))
@@ -98,6 +109,8 @@ class StreamReadServicer:
                 start_offset=stream_log.start_offset,
                 end_offset=stream_log.end_offset,
                 count=result.count,
+                stored_schema=stored_schema_bytes(stream_log, result),
+                schema_version=result.schema_version,
             ), "batches", result.batches)
             offset = result.next_offset
             if result.count == 0 or offset >= stop or self._stopping.is_set():

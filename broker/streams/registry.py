@@ -10,6 +10,16 @@ overrode it.
 A log that fails to open with mid-log corruption is remembered as broken:
 describe/list report it with ``error`` and every read or write fails with
 StreamNeedsRepairError until ``repair`` truncates the log at the bad frame.
+
+Typed streams (docs/typed-streams.md): the versions of a stream's value
+schema are rows of ``stream_schemas`` (version, the value fields as an Arrow
+IPC schema message, canonical DDL, creation time), written with the stream's
+row at create, one more per compatible change, dropped with the stream. The
+registry parses and checks schemas (npstream.proto.value_schema) and hands
+every version to the stream's log. An untyped stream becomes typed only while
+it holds no messages (start_offset == end_offset): its stored bytes have no
+schema to be read in. The check and the new row are made under the log's
+append lock, so no untyped append slips in between.
 """
 
 from __future__ import annotations
@@ -26,25 +36,55 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from npstream.broker.errors import (
     AlreadyExistsError,
     CorruptRecordError,
     InvalidArgumentError,
     OffsetOutOfRangeError,
+    SchemaIncompatibleError,
+    SchemaInvalidError,
     StreamNeedsRepairError,
     StreamNotFoundError,
 )
 from npstream.broker.metadata import Metadata
 from npstream.broker.server.config import BrokerConfig
-from npstream.broker.storage import LogStats, Storage, StreamConfig, StreamLog
+from npstream.broker.storage import (
+    UNTYPED,
+    LogStats,
+    Storage,
+    StreamConfig,
+    StreamLog,
+    ValueSchemas,
+)
 from npstream.proto.defaults import DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE
 from npstream.proto.names import validate_stream_name
 from npstream.proto.stream_config import STREAM_CONFIG_FIELDS
+from npstream.proto.value_schema import (
+    IncompatibleSchemaError,
+    SchemaError,
+    check_evolution,
+    deserialize_schema,
+    parse_schema,
+    serialize_schema,
+    to_ddl,
+)
 
-__all__ = ["StreamRegistry", "StreamStatus", "check_stream_name"]
+__all__ = ["SchemaVersion", "StreamRegistry", "StreamStatus", "check_stream_name"]
 
 log = logging.getLogger(__name__)
 
+_SCHEMAS_TABLE = """
+CREATE TABLE IF NOT EXISTS stream_schemas (
+    stream       TEXT NOT NULL,
+    version      INTEGER NOT NULL,  -- 1, 2, ...; stored frames record theirs
+    arrow_schema BLOB NOT NULL,     -- the value's fields as an Arrow IPC schema message
+    ddl          TEXT NOT NULL,     -- canonical DDL of the same schema
+    created_ms   INTEGER NOT NULL,
+    PRIMARY KEY (stream, version)
+) WITHOUT ROWID
+"""
 
 
 def check_stream_name(name: object) -> str:
@@ -56,6 +96,17 @@ def check_stream_name(name: object) -> str:
 
 
 @dataclass(frozen=True)
+class SchemaVersion:
+    """One version of a typed stream's value schema."""
+
+    version: int
+    schema: pa.Schema  # the value's fields
+    ddl: str
+    arrow_schema: bytes  # serialize_schema(schema), as stored and sent
+    created_ms: int
+
+
+@dataclass(frozen=True)
 class StreamStatus:
     """What DescribeStream reports; ``stats`` is None when the log needs repair."""
 
@@ -64,6 +115,7 @@ class StreamStatus:
     created_ms: int
     stats: LogStats | None
     error: str = ""
+    schemas: tuple[SchemaVersion, ...] = ()  # oldest first; empty: untyped
 
 
 @dataclass(frozen=True)
@@ -71,6 +123,12 @@ class _Record:
     name: str
     overrides: Mapping[str, int]
     created_ms: int
+    schemas: tuple[SchemaVersion, ...] = ()
+
+    def value_schemas(self) -> ValueSchemas:
+        if not self.schemas:
+            return UNTYPED
+        return ValueSchemas.of({v.version: v.schema for v in self.schemas})
 
 
 def _now_ms() -> int:
@@ -99,9 +157,18 @@ class StreamRegistry:
         self._logs: dict[str, StreamLog] = {}
         self._broken: dict[str, CorruptRecordError] = {}
         self._open_locks: dict[str, threading.Lock] = {}
+        metadata.executescript(_SCHEMAS_TABLE)
+        schemas: dict[str, list[SchemaVersion]] = {}
+        for row in metadata.execute("SELECT stream, version, arrow_schema, ddl, created_ms "
+                                    "FROM stream_schemas ORDER BY stream, version"):
+            schemas.setdefault(row["stream"], []).append(SchemaVersion(
+                row["version"], deserialize_schema(bytes(row["arrow_schema"])), row["ddl"],
+                bytes(row["arrow_schema"]), row["created_ms"]))
         for row in metadata.execute("SELECT name, config_json, created_ms FROM streams"):
             overrides = {k: int(v) for k, v in json.loads(row["config_json"]).items()}
-            self._records[row["name"]] = _Record(row["name"], overrides, row["created_ms"])
+            self._records[row["name"]] = _Record(row["name"], overrides, row["created_ms"],
+                                                 tuple(schemas.get(row["name"], ())))
+        storage.set_value_schema_lookup(self.value_schemas_of)
 
     # ------------------------------------------------------------ helpers
 
@@ -143,6 +210,31 @@ class StreamRegistry:
             checked[field] = int(value)
         return checked
 
+    def schema_versions(self, name: str) -> tuple[SchemaVersion, ...]:
+        """The stream's value schema versions, oldest first (empty: untyped)."""
+        return self._record(name).schemas
+
+    def value_schemas_of(self, name: str) -> ValueSchemas:
+        """The stream's value schemas for its log (UNTYPED when untyped or unknown)."""
+        record = self._records.get(name)
+        return record.value_schemas() if record is not None else UNTYPED
+
+    def _new_version(self, name: str, text: str, version: int) -> SchemaVersion:
+        """Schema version ``version`` from DDL or JSON text; SchemaInvalidError if it is not one."""
+        try:
+            schema = parse_schema(text)
+        except SchemaError as exc:
+            raise SchemaInvalidError(f"value schema of stream '{name}': {exc}") from None
+        return SchemaVersion(version, schema, to_ddl(schema), serialize_schema(schema),
+                             self._clock())
+
+    def _insert_schema(self, name: str, entry: SchemaVersion) -> None:
+        self._metadata.execute(
+            "INSERT INTO stream_schemas (stream, version, arrow_schema, ddl, created_ms) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (name, entry.version, entry.arrow_schema, entry.ddl, entry.created_ms),
+        )
+
     def _record(self, name: str) -> _Record:
         record = self._records.get(check_stream_name(name))
         if record is None:
@@ -167,7 +259,8 @@ class StreamRegistry:
                 raise StreamNeedsRepairError(name, broken)
             record = self._record(name)
             try:
-                stream_log = self._storage.open_log(name, self.effective_config(record.overrides))
+                stream_log = self._storage.open_log(name, self.effective_config(record.overrides),
+                                                    record.value_schemas())
             except CorruptRecordError as exc:
                 self.mark_broken(name, exc)
                 raise StreamNeedsRepairError(name, exc) from None
@@ -197,19 +290,30 @@ class StreamRegistry:
         return self._open(name)
 
     def create(
-        self, name: str, overrides: Mapping[str, int], *, exist_ok: bool = False
+        self, name: str, overrides: Mapping[str, int], *, exist_ok: bool = False,
+        value_schema: str = "",
     ) -> tuple[StreamStatus, bool]:
-        """(status, created). Same effective config as an existing stream: not an error."""
+        """(status, created). Same effective config and schema as an existing stream: not an error.
+
+        ``value_schema`` (DDL or JSON) makes a typed stream, schema version 1.
+        """
         name = check_stream_name(name)
         overrides = self._check_overrides(name, overrides)
+        schema = self._new_version(name, value_schema, 1) if value_schema else None
         with self._lock:
             existing = self._records.get(name)
             if existing is None:
-                record = _Record(name, overrides, self._clock())
-                self._metadata.execute(
-                    "INSERT INTO streams (name, config_json, created_ms) VALUES (?, ?, ?)",
-                    (name, json.dumps(overrides, sort_keys=True), record.created_ms),
-                )
+                record = _Record(name, overrides, self._clock(),
+                                 (schema,) if schema is not None else ())
+                with self._metadata.transaction():
+                    self._metadata.execute(
+                        "INSERT INTO streams (name, config_json, created_ms) VALUES (?, ?, ?)",
+                        (name, json.dumps(overrides, sort_keys=True), record.created_ms),
+                    )
+                    self._metadata.execute("DELETE FROM stream_schemas WHERE stream = ?",
+                                           (name,))  # rows a crash may have left behind
+                    if schema is not None:
+                        self._insert_schema(name, schema)
                 self._records[name] = record
         if existing is not None:
             wanted = self.effective_config(overrides)
@@ -219,8 +323,20 @@ class StreamRegistry:
                     f"stream '{name}' already exists with a different config: "
                     f"existing {have}, requested {wanted}; pass exist_ok to keep the existing one"
                 )
+            latest = existing.schemas[-1] if existing.schemas else None
+            same_schema = (schema.schema.equals(latest.schema) if schema and latest
+                           else schema is None and latest is None)
+            if not same_schema and not exist_ok:
+                shown_have = f"'{latest.ddl}' (version {latest.version})" if latest else "none"
+                shown_wanted = f"'{schema.ddl}'" if schema else "none"
+                raise AlreadyExistsError(
+                    f"stream '{name}' already exists with a different value schema: existing "
+                    f"{shown_have}, requested {shown_wanted}; pass exist_ok to keep the "
+                    "existing one, or update_stream to evolve the schema"
+                )
             return self.describe(name), False
-        log.info("created stream '%s' config=%s", name, self.effective_config(overrides))
+        log.info("created stream '%s' config=%s%s", name, self.effective_config(overrides),
+                 f" value schema '{schema.ddl}'" if schema else "")
         return self.describe(name), True
 
     def describe(self, name: str) -> StreamStatus:
@@ -229,8 +345,11 @@ class StreamRegistry:
         try:
             stats = self._open(record.name).stats()
         except StreamNeedsRepairError as exc:
-            return StreamStatus(record.name, config, record.created_ms, None, str(exc))
-        return StreamStatus(record.name, config, record.created_ms, stats)
+            return StreamStatus(record.name, config, record.created_ms, None, str(exc),
+                                record.schemas)
+        record = self._records.get(record.name, record)  # a schema added meanwhile
+        return StreamStatus(record.name, config, record.created_ms, stats,
+                            schemas=record.schemas)
 
     def matching(self, prefix: str = "", pattern: str = "", after: str = "") -> list[str]:
         """Sorted names with the prefix, matching the glob (case-sensitive), after a name."""
@@ -267,25 +386,83 @@ class StreamRegistry:
         token = base64.urlsafe_b64encode(page[-1].encode()).decode() if len(names) > size else ""
         return statuses, token
 
-    def update(self, name: str, overrides: Mapping[str, int]) -> StreamStatus:
-        """Change only the given fields; the log picks the new config up at once."""
+    def update(self, name: str, overrides: Mapping[str, int],
+               value_schema: str = "") -> StreamStatus:
+        """Change only the given fields; the log picks the new config up at once.
+
+        ``value_schema`` (DDL or JSON): the stream's new value schema, applied
+        first; when it is refused nothing of the update is applied.
+        """
         record = self._record(name)
         changes = self._check_overrides(record.name, overrides)
+        if value_schema:
+            self._change_schema(record.name, value_schema)
+        if not changes and value_schema:
+            return self.describe(record.name)
         with self._open_lock(record.name):
-            merged = {**record.overrides, **changes}
             with self._lock:
-                if record.name not in self._records:
+                current = self._records.get(record.name)
+                if current is None:
                     raise StreamNotFoundError(record.name)
+                merged = {**current.overrides, **changes}
                 self._metadata.execute(
                     "UPDATE streams SET config_json = ? WHERE name = ?",
                     (json.dumps(merged, sort_keys=True), record.name),
                 )
-                self._records[record.name] = _Record(record.name, merged, record.created_ms)
+                self._records[record.name] = dataclasses.replace(current, overrides=merged)
                 stream_log = self._logs.get(record.name)
             if stream_log is not None:
                 stream_log.update_config(self.effective_config(merged))
         log.info("updated stream '%s' config=%s", record.name, self.effective_config(merged))
         return self.describe(record.name)
+
+    def _change_schema(self, name: str, text: str) -> None:
+        """Make ``text`` the stream's value schema: a new version, or nothing when identical.
+
+        SchemaInvalidError when it does not parse; SchemaIncompatibleError when
+        the evolution rules refuse it, or when an untyped stream that holds
+        messages would become typed.
+        """
+        stream_log = self._open(name)  # the emptiness check needs the log
+        with self._open_lock(name):
+            record = self._records.get(name)
+            if record is None:
+                raise StreamNotFoundError(name)
+            latest = record.schemas[-1] if record.schemas else None
+            entry = self._new_version(name, text, latest.version + 1 if latest else 1)
+            if latest is not None:
+                if entry.schema.equals(latest.schema):
+                    return  # identical: no new version
+                try:
+                    check_evolution(latest.schema, entry.schema)
+                except IncompatibleSchemaError as exc:
+                    raise SchemaIncompatibleError(
+                        f"value schema of stream '{name}' cannot change from '{latest.ddl}' "
+                        f"(version {latest.version}) to '{entry.ddl}': {exc}"
+                    ) from None
+            schemas = record.value_schemas().with_version(entry.version, entry.schema)
+
+            def record_change(start: int, end: int) -> None:  # under the log's append lock
+                if latest is None and end > start:
+                    raise SchemaIncompatibleError(
+                        f"stream '{name}' holds {end - start} untyped message(s) (offsets "
+                        f"[{start}, {end})): an untyped stream becomes typed only while it "
+                        "holds no messages, since stored bytes have no schema to be read "
+                        "in; delete its messages first (delete_messages) or use a new stream"
+                    )
+                with self._lock:
+                    if self._records.get(name) is not record:
+                        raise StreamNotFoundError(name)  # deleted (or changed) meanwhile
+                    self._insert_schema(name, entry)
+                    self._records[name] = dataclasses.replace(
+                        record, schemas=(*record.schemas, entry))
+
+            with self._lock:
+                if self._logs.get(name) is not stream_log:
+                    raise StreamNotFoundError(name)
+            stream_log.set_value_schemas(schemas, record_change)
+        log.info("stream '%s': value schema version %d '%s'%s", name, entry.version, entry.ddl,
+                 " (the stream is typed now)" if latest is None else "")
 
     def delete(self, name: str) -> bool:
         """Drop the files, then the row, then tell listeners; False if there was no stream."""
@@ -301,8 +478,9 @@ class StreamRegistry:
             # Files before the row: a crash in between leaves an empty stream, never a
             # new stream that inherits old data.
             self._storage.drop_log(name)
-            with self._lock:
+            with self._lock, self._metadata.transaction():
                 self._metadata.execute("DELETE FROM streams WHERE name = ?", (name,))
+                self._metadata.execute("DELETE FROM stream_schemas WHERE stream = ?", (name,))
                 self._records.pop(name, None)
         log.info("deleted stream '%s'", name)
         for listener in list(self._on_deleted):
@@ -339,7 +517,7 @@ class StreamRegistry:
             if was_open:
                 self._storage.close_log(record.name)
             truncated, detail = self._storage.repair_log(
-                record.name, self.effective_config(record.overrides)
+                record.name, self.effective_config(record.overrides), record.value_schemas()
             )
         if truncated:
             log.warning("repaired stream '%s': cut %d bytes at %s", record.name, truncated, detail)

@@ -5,13 +5,19 @@ builds the reply; errors are typed BrokerErrors mapped by rpc/status.py. Message
 data stays columnar: Publish turns the request into one Arrow table (the
 ``messages`` field of simple clients is converted column by column), and
 Fetch returns the stored Arrow IPC batches as they are.
+
+Typed streams (docs/typed-streams.md): both publish paths reach the log,
+which converts the values (a struct column, or JSON objects in bytes) to the
+stream's schema; Fetch returns every batch in the current schema version
+(older versions' batches converted by the log) with that version's stored
+schema in ``stored_schema``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 import grpc
@@ -28,10 +34,15 @@ from npstream.broker.faults import PublishFault
 from npstream.broker.rpc.registration import add_service
 from npstream.broker.rpc.status import rpc_method
 from npstream.broker.server.context import BrokerContext
-from npstream.broker.storage import AckMode, AppendResult, StreamLog
+from npstream.broker.storage import AckMode, AppendResult, ReadResult, StreamLog
 from npstream.broker.storage.small_append import MessageRows
 from npstream.broker.streams.publish_stream import serve_publish_stream
-from npstream.broker.streams.registry import StreamRegistry, StreamStatus, check_stream_name
+from npstream.broker.streams.registry import (
+    SchemaVersion,
+    StreamRegistry,
+    StreamStatus,
+    check_stream_name,
+)
 from npstream.proto import pb, pb_grpc
 from npstream.proto.defaults import DEFAULT_FETCH_BYTES, DEFAULT_FETCH_MESSAGES
 from npstream.proto.schema import normalize_publish_table
@@ -55,10 +66,17 @@ LONG_POLL_SLICE_S = 0.25
 T = TypeVar("T")
 
 
+def value_schemas_pb(schemas: Iterable[SchemaVersion]) -> list[pb.ValueSchema]:
+    """A typed stream's schema versions as sent (StreamInfo, LocateResponse), oldest first."""
+    return [pb.ValueSchema(version=v.version, ddl=v.ddl, arrow_schema=v.arrow_schema,
+                           created_ms=v.created_ms) for v in schemas]
+
+
 def stream_info(status: StreamStatus) -> pb.StreamInfo:
     info = pb.StreamInfo(name=status.name, config=status.config.to_pb(),
                          created_ms=status.created_ms,
-                         error=status.error)
+                         error=status.error,
+                         value_schemas=value_schemas_pb(status.schemas))
     if status.stats is not None:
         stats = status.stats
         info.start_offset = stats.start_offset
@@ -69,6 +87,13 @@ def stream_info(status: StreamStatus) -> pb.StreamInfo:
         info.last_timestamp_ms = stats.last_timestamp_ms
         info.segment_count = stats.segment_count
     return info
+
+
+def stored_schema_bytes(stream_log: StreamLog, result: ReadResult) -> bytes:
+    """FetchResponse.stored_schema: the schema a typed read's batches are in (b"" untyped)."""
+    if not result.schema_version:
+        return b""
+    return stream_log.value_schemas.stored_ipc[result.schema_version]
 
 
 def _overrides(config: pb.StreamConfig) -> dict[str, int]:
@@ -150,7 +175,8 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
     def CreateStream(self, request: pb.CreateStreamRequest,
                      context: grpc.ServicerContext) -> pb.StreamInfo:
         status, _created = self._registry.create(
-            request.name, _overrides(request.config), exist_ok=request.exist_ok
+            request.name, _overrides(request.config), exist_ok=request.exist_ok,
+            value_schema=request.value_schema,
         )
         return stream_info(status)
 
@@ -171,7 +197,8 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
     @rpc_method
     def UpdateStream(self, request: pb.UpdateStreamRequest,
                      context: grpc.ServicerContext) -> pb.StreamInfo:
-        return stream_info(self._registry.update(request.name, _overrides(request.config)))
+        return stream_info(self._registry.update(request.name, _overrides(request.config),
+                                                 request.value_schema))
 
     @rpc_method
     def DeleteStream(self, request: pb.DeleteStreamRequest,
@@ -315,6 +342,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
             max_messages=request.max_messages or DEFAULT_FETCH_MESSAGES,
             max_bytes=max_bytes,
             end_offset=end,
+            latest=True,
         ))
         batches = [b if isinstance(b, bytes) else bytes(b) for b in result.batches]
         self._metrics.fetch_requests.inc()
@@ -326,6 +354,8 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
             start_offset=stream_log.start_offset,
             end_offset=stream_log.end_offset,
             count=result.count,
+            stored_schema=stored_schema_bytes(stream_log, result),
+            schema_version=result.schema_version,
         )
 
     @rpc_method
