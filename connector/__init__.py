@@ -15,6 +15,7 @@ from npstream.client.models import (
     BatchPublishResult,
     PublishResult,
     RepairResult,
+    SchemaVersion,
     StreamConfig,
     StreamInfo,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "OffsetOutOfRange",
     "PublishResult",
     "RepairResult",
+    "SchemaVersion",
     "SinkConflict",
     "StagingNotFound",
     "StreamConfig",

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from npstream.errors import NpstreamError
 from npstream.proto import pb
+from npstream.proto.value_schema import value_sizes
 from npstream.proto.wire import encode_with_bytes
 
 __all__ = [
@@ -53,9 +54,17 @@ def _header_bytes(column: pa.ChunkedArray) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
+def _value_bytes(column: pa.ChunkedArray) -> np.ndarray:
+    """Bytes of each value: binary lengths, or a typed stream's record sizes (a struct)."""
+    if not pa.types.is_struct(column.type):
+        return _lengths(column)
+    parts = [np.asarray(value_sizes(chunk), dtype=np.int64) for chunk in column.chunks]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
 def row_sizes(table: pa.Table) -> np.ndarray:
     """Approximate wire bytes of each row of a normalized publish table."""
-    sizes = _lengths(table.column("value")) + ROW_OVERHEAD_BYTES
+    sizes = _value_bytes(table.column("value")) + ROW_OVERHEAD_BYTES
     for name in ("id", "key"):
         if name in table.column_names:
             sizes += _lengths(table.column(name))

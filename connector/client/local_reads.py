@@ -17,12 +17,17 @@ reads bytes and checks them:
 Anything else - a file deleted by retention since ``Locate``, no permission,
 a torn read - raises ``LocalReadUnavailable`` and the caller reads the same
 range over gRPC, which reports data loss and errors the usual way.
+
+A typed stream's frames are decoded in the schema version their header names
+(``Locate`` sends every version) and converted to the latest version when
+older, so local reads give what Fetch gives (docs/typed-streams.md).
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -31,9 +36,13 @@ from npstream.errors import NpstreamError
 from npstream.proto import pb
 from npstream.proto.frames.payload import decode_payload
 from npstream.proto.frames.reader import BadFrame, FrameReader
+from npstream.proto.frames.record_batch import FrameHeader
 from npstream.proto.host_identity import boot_id
+from npstream.proto.schema import MESSAGE_SCHEMA
+from npstream.proto.value_schema import conform_batch, deserialize_schema, stored_schema
 
-__all__ = ["LocalReadUnavailable", "LocalSpans", "check_same_host", "iter_local"]
+__all__ = ["FrameSchemas", "LocalReadUnavailable", "LocalSpans", "check_same_host",
+           "frame_schemas", "iter_local"]
 
 # Bytes per pread: a few syscalls per 64 MiB segment, and the memory one
 # chunk of batches holds while the caller consumes it.
@@ -48,6 +57,43 @@ class LocalReadUnavailable(NpstreamError):
         self.permanent = permanent
 
 
+class FrameSchemas:
+    """A stream's stored schemas by frame version, from LocateResponse.value_schemas.
+
+    ``latest`` is the version every decoded batch is converted to (0 and
+    MESSAGE_SCHEMA for an untyped stream).
+    """
+
+    def __init__(self, stored: dict[int, pa.Schema]) -> None:
+        self.stored = stored
+        self.latest = max(stored, default=0)
+        self.schema = stored[self.latest] if stored else MESSAGE_SCHEMA
+
+    def decode(self, header: FrameHeader, payload: memoryview) -> pa.RecordBatch:
+        """The frame's batch in the latest version; LocalReadUnavailable for an unknown one."""
+        version = header.schema_version
+        if not version and not self.latest:
+            return decode_payload(payload)
+        schema = self.stored.get(version)
+        if schema is None:
+            raise LocalReadUnavailable(
+                f"frame at offset {header.base_offset} is in value schema version {version}, "
+                f"not among the versions Locate sent ({sorted(self.stored)})", permanent=False)
+        batch = decode_payload(payload, schema)
+        return batch if version == self.latest else conform_batch(batch, self.schema)
+
+
+@functools.lru_cache(maxsize=64)
+def _frame_schemas(key: tuple[tuple[int, bytes], ...]) -> FrameSchemas:
+    return FrameSchemas({version: stored_schema(deserialize_schema(data))
+                         for version, data in key})
+
+
+def frame_schemas(value_schemas: Sequence[pb.ValueSchema]) -> FrameSchemas:
+    """The FrameSchemas of a LocateResponse's value_schemas (cached: Locate repeats them)."""
+    return _frame_schemas(tuple((v.version, v.arrow_schema) for v in value_schemas))
+
+
 @dataclass(frozen=True)
 class LocalSpans:
     """What ``Locate`` answered for [offset, next_offset)."""
@@ -58,6 +104,10 @@ class LocalSpans:
     @property
     def next_offset(self) -> int:
         return self.response.next_offset
+
+    @functools.cached_property
+    def schemas(self) -> FrameSchemas:
+        return frame_schemas(self.response.value_schemas)
 
 
 def check_same_host(response: pb.LocateResponse) -> None:
@@ -75,6 +125,7 @@ def iter_local(located: LocalSpans) -> Iterator[tuple[pa.RecordBatch, int, int]]
     iterating, so a long range costs memory for one chunk at a time.
     """
     check_same_host(located.response)
+    schemas = located.schemas
     position, stop = located.offset, located.next_offset
     for span in located.response.spans:
         if position >= stop:
@@ -93,7 +144,7 @@ def iter_local(located: LocalSpans) -> Iterator[tuple[pa.RecordBatch, int, int]]
                         permanent=False)
                 low = position - header.base_offset
                 high = min(stop, header.next_offset) - header.base_offset
-                batch = decode_payload(payload)
+                batch = schemas.decode(header, payload)
                 if low or high != header.count:
                     batch = batch.slice(low, high - low)
                 position = header.base_offset + high

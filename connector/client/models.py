@@ -8,18 +8,22 @@ reprs show both.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+import pyarrow as pa
 
 from npstream.client.values import ms_to_iso
 from npstream.proto import pb
 from npstream.proto.stream_config import StreamConfig
 from npstream.proto.units import datetime_from_ms
+from npstream.proto.value_schema import deserialize_schema
 
 __all__ = [
     "BatchPublishResult",
     "PublishResult",
     "RepairResult",
+    "SchemaVersion",
     "StreamConfig",
     "StreamInfo",
 ]
@@ -34,12 +38,46 @@ def _show_ms(ms: int) -> str:
 
 
 @dataclass(frozen=True, repr=False)
+class SchemaVersion:
+    """One version of a typed stream's value schema (docs/typed-streams.md).
+
+    ``schema`` is the value's fields as a pyarrow schema, ``ddl`` the same in
+    the broker's canonical DDL.
+    """
+
+    version: int
+    ddl: str
+    schema: pa.Schema
+    created_ms: int
+
+    @classmethod
+    def from_pb(cls, message: pb.ValueSchema) -> SchemaVersion:
+        return cls(message.version, message.ddl, deserialize_schema(message.arrow_schema),
+                   message.created_ms)
+
+    @property
+    def created(self) -> dt.datetime | None:
+        return _datetime(self.created_ms)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict (the schema as its DDL)."""
+        return {"version": self.version, "ddl": self.ddl, "created_ms": self.created_ms,
+                "created": ms_to_iso(self.created_ms) if self.created_ms else None}
+
+    def __repr__(self) -> str:
+        return (f"SchemaVersion(version={self.version}, ddl={self.ddl!r}, "
+                f"created_ms={_show_ms(self.created_ms)})")
+
+
+@dataclass(frozen=True, repr=False)
 class StreamInfo:
-    """What the broker knows about one stream: offsets, size, times, config.
+    """What the broker knows about one stream: offsets, size, times, config, schema.
 
     ``end_offset`` is the next offset to be written; the retained messages are
     ``[start_offset, end_offset)``. ``error`` is non-empty when the stream
-    needs ``repair_stream``.
+    needs ``repair_stream``. A typed stream has ``value_schema`` (its current
+    value fields) and ``schema_versions`` (every version, oldest first); an
+    untyped one None and ``[]``.
     """
 
     name: str
@@ -53,9 +91,12 @@ class StreamInfo:
     created_ms: int
     segment_count: int
     error: str = ""
+    value_schema: pa.Schema | None = None
+    schema_versions: list[SchemaVersion] = field(default_factory=list)
 
     @classmethod
     def from_pb(cls, message: pb.StreamInfo) -> StreamInfo:
+        versions = [SchemaVersion.from_pb(v) for v in message.value_schemas]
         return cls(
             name=message.name,
             config=StreamConfig.from_pb(message.config),
@@ -68,6 +109,8 @@ class StreamInfo:
             created_ms=message.created_ms,
             segment_count=message.segment_count,
             error=message.error,
+            value_schema=versions[-1].schema if versions else None,
+            schema_versions=versions,
         )
 
     @property
@@ -84,9 +127,21 @@ class StreamInfo:
     def created(self) -> dt.datetime | None:
         return _datetime(self.created_ms)
 
+    @property
+    def value_schema_ddl(self) -> str | None:
+        """The current value schema as DDL; None for an untyped stream."""
+        return self.schema_versions[-1].ddl if self.schema_versions else None
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready dict (nested config, times in ms plus ISO strings)."""
-        data = asdict(self)
+        """Plain JSON-ready dict (nested config, times in ms plus ISO strings).
+
+        ``value_schema`` is the current schema's DDL (None when untyped),
+        ``schema_versions`` a list of SchemaVersion.to_dict().
+        """
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["config"] = asdict(self.config)
+        data["value_schema"] = self.value_schema_ddl
+        data["schema_versions"] = [v.to_dict() for v in self.schema_versions]
         for name in ("first_timestamp", "last_timestamp", "created"):
             ms = data[f"{name}_ms"]
             data[name] = ms_to_iso(ms) if ms else None
@@ -105,6 +160,9 @@ class StreamInfo:
             f"segment_count={self.segment_count}",
             f"config={self.config!r}",
         ]
+        if self.schema_versions:
+            parts.append(f"value_schema={self.value_schema_ddl!r}")
+            parts.append(f"schema_versions={self.schema_versions!r}")
         if self.error:
             parts.append(f"error={self.error!r}")
         return f"StreamInfo({', '.join(parts)})"

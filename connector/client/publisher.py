@@ -82,7 +82,12 @@ class Publisher(ClientCore):
         headers: Mapping[str, bytes | str] | None = None,
         ack: str = "fsync",
     ) -> PublishResult:
-        """Append one message; with an ``id`` a resend within the dedup window is a no-op."""
+        """Append one message; with an ``id`` a resend within the dedup window is a no-op.
+
+        For a typed stream ``value`` is a record (a dict of its fields), sent
+        as JSON and checked by the broker against the stream's schema
+        (ValueMismatch when it does not fit).
+        """
         if id is not None and not isinstance(id, str):
             raise InvalidArgument(f"id must be str, got {type(id).__name__}: {id!r}")
         message = pb.Message(
@@ -108,7 +113,9 @@ class Publisher(ClientCore):
         """Append many messages in order, as Arrow IPC requests of about 4 MiB each.
 
         ``messages`` is a list of dicts (keys value/id/key/headers), a pyarrow
-        Table/RecordBatch with PUBLISH_COLUMNS (value required), or an iterable
+        Table/RecordBatch with PUBLISH_COLUMNS (value required; for a typed
+        stream it may be a struct of the schema's fields, and a dict value is
+        sent as JSON that the broker parses against the schema), or an iterable
         of such tables (e.g. a generator or ``ParquetFile.iter_batches()``):
         all of them are published in order on one PublishStream call, each
         table read from the iterator only when the requests before it are on

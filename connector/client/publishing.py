@@ -24,7 +24,7 @@ import pyarrow as pa
 from npstream.client.batching import chunk_offsets
 from npstream.client.connection import StreamingCall, never_reached_broker
 from npstream.client.models import BatchPublishResult
-from npstream.errors import BrokerUnavailable, NpstreamError
+from npstream.errors import BrokerUnavailable, NpstreamError, ValueMismatch
 from npstream.proto import pb
 
 __all__ = ["PUBLISH_WINDOW", "NotSent", "PublishTally", "RequestPlan", "pipelined"]
@@ -158,6 +158,9 @@ class PublishTally:
             f"rows 0..{done - 1} of this batch were stored before the error "
             f"(offsets {int(offsets.min())}..{int(offsets.max())}); rows from {done} on {rest}"
         )
+        if isinstance(exc, ValueMismatch):
+            exc.add_note(f"the message index in the error counts within the failed request, "
+                         f"which starts at row {done} of this batch")
 
     def result(self) -> BatchPublishResult:
         offsets = np.concatenate(self._offsets) if self._offsets else np.zeros(0, np.int64)

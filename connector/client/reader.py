@@ -6,11 +6,17 @@ files (``npstream.client.local_reads``, after one Locate call), elsewhere one
 Fetch or one server-streaming ReadRange call. Either way the broker's stored
 record batches are decoded without per-row work and only trimmed at the
 range edges, so the choice never shows in the result.
+
+A typed stream's batches have ``value`` as a struct of its latest schema
+version's fields: the broker sends them in that version with its stored
+schema (FetchResponse.stored_schema), and local reads convert older frames
+the same way (local_reads.FrameSchemas).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 from collections.abc import Iterable, Iterator
 from typing import NoReturn
@@ -42,8 +48,20 @@ log = logging.getLogger(__name__)
 MAX_INT32 = (1 << 31) - 1  # FetchRequest.max_messages is an int32
 
 
-def _decode_batches(batches: Iterable[bytes]) -> list[pa.RecordBatch]:
-    return [pa.ipc.read_record_batch(pa.py_buffer(data), MESSAGE_SCHEMA) for data in batches]
+@functools.lru_cache(maxsize=64)
+def _stored_schema(data: bytes) -> pa.Schema:
+    """FetchResponse.stored_schema: a plain Arrow IPC schema message (the whole batch schema)."""
+    return pa.ipc.read_schema(pa.py_buffer(data))
+
+
+def _response_schema(response: pb.FetchResponse) -> pa.Schema:
+    """The schema of a response's batches: MESSAGE_SCHEMA, or a typed stream's stored one."""
+    return _stored_schema(response.stored_schema) if response.stored_schema else MESSAGE_SCHEMA
+
+
+def _decode_batches(batches: Iterable[bytes],
+                    schema: pa.Schema = MESSAGE_SCHEMA) -> list[pa.RecordBatch]:
+    return [pa.ipc.read_record_batch(pa.py_buffer(data), schema) for data in batches]
 
 
 def _trim(batch: pa.RecordBatch, start: int, end: int | None) -> pa.RecordBatch:
@@ -101,15 +119,27 @@ class Reader(ClientCore):
 
         Returns ``(batches, next_offset)``. ``wait`` > 0 long-polls when
         ``offset`` is the end of the stream. The batches are decoded from the
-        broker's bytes without per-row work.
+        broker's bytes without per-row work; a typed stream's have ``value`` as
+        a struct of its latest schema's fields.
         """
+        batches, next_offset, _schema = self._fetch_decoded(
+            stream, offset, end_offset, max_messages, max_bytes, wait)
+        return batches, next_offset
+
+    def _fetch_decoded(
+        self, stream: str, offset: int, end_offset: int | None, max_messages: int,
+        max_bytes: int, wait: float,
+    ) -> tuple[list[pa.RecordBatch], int, pa.Schema | None]:
+        """fetch_batches plus the schema of the batches (None when nothing was asked)."""
         if end_offset is not None and checked_offset("end_offset", end_offset) <= offset:
-            return [], offset
+            return [], offset, None
         response = self._fetch(stream, offset, max_messages, max_bytes, wait, end_offset)
+        schema = _response_schema(response)
         batches = [
-            _trim(batch, offset, end_offset) for batch in _decode_batches(response.batches)
+            _trim(batch, offset, end_offset)
+            for batch in _decode_batches(response.batches, schema)
         ]
-        return [b for b in batches if b.num_rows], max(response.next_offset, offset)
+        return [b for b in batches if b.num_rows], max(response.next_offset, offset), schema
 
     def fetch(
         self,
@@ -120,13 +150,17 @@ class Reader(ClientCore):
         wait: float = 0.0,
         end_offset: int | None = None,
     ) -> pa.Table:
-        """Like ``fetch_batches`` but one Table (MESSAGE_SCHEMA; empty when nothing)."""
-        batches, _ = self.fetch_batches(
-            stream, offset, end_offset=end_offset, max_messages=max_messages,
-            max_bytes=max_bytes, wait=wait,
-        )
+        """Like ``fetch_batches`` but one Table (empty when nothing).
+
+        MESSAGE_SCHEMA, or for a typed stream the same envelope with ``value``
+        a struct of its latest schema's fields.
+        """
+        batches, _, schema = self._fetch_decoded(
+            stream, offset, end_offset, max_messages, max_bytes, wait)
+        if schema is None:  # an empty range: nothing was fetched
+            schema = batches[0].schema if batches else MESSAGE_SCHEMA
         # from_batches, not Schema.empty_table(): the latter imports pandas (~0.5 s).
-        return pa.Table.from_batches(batches, schema=MESSAGE_SCHEMA)
+        return pa.Table.from_batches(batches, schema=schema)
 
     def read_batches(
         self,
@@ -221,7 +255,7 @@ class Reader(ClientCore):
         response = None
         for response in self._conn.server_stream("StreamReadService.ReadRange", request,
                                                   timeout=None):
-            for batch in _decode_batches(response.batches):
+            for batch in _decode_batches(response.batches, _response_schema(response)):
                 batch = _trim(batch, offset, end)
                 if batch.num_rows:
                     yield batch

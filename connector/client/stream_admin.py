@@ -9,13 +9,18 @@ so that a mistake fails before a round trip, and whose effects are logged
 from __future__ import annotations
 
 import logging
+from typing import TypeAlias
+
+import pyarrow as pa
 
 from npstream.client.checks import Duration, Size, checked_offset, checked_stream, parsed
 from npstream.client.core import ClientCore
 from npstream.client.models import RepairResult, StreamInfo
+from npstream.errors import InvalidArgumentType, InvalidSchema
 from npstream.proto import pb
 from npstream.proto.defaults import DEFAULT_LIST_PAGE_SIZE
 from npstream.proto.units import parse_duration_ms, parse_size
+from npstream.proto.value_schema import SchemaError, normalize_schema, to_ddl
 
 __all__ = ["LIST_PAGE_SIZE", "StreamAdmin"]
 
@@ -45,6 +50,33 @@ def _config(
     return config
 
 
+# A value schema as create_stream/update_stream take it: DDL or JSON text, or pyarrow.
+SchemaLike: TypeAlias = str | pa.Schema
+
+
+def _schema_text(schema: SchemaLike | None) -> str:
+    """The wire form of a value schema: DDL or JSON text as given, a pyarrow schema as DDL.
+
+    A pyarrow schema is checked here (InvalidSchema naming the field), text by
+    the broker (the same parser, one round trip later).
+    """
+    if schema is None:
+        return ""
+    if isinstance(schema, pa.Schema):
+        try:
+            return to_ddl(normalize_schema(schema))
+        except SchemaError as exc:
+            raise InvalidSchema(f"schema: {exc}") from None
+    if isinstance(schema, str):
+        if not schema.strip():
+            raise InvalidSchema("schema is empty: give DDL ('a INT, b STRING'), Spark's "
+                                "StructType JSON or a pyarrow.Schema, or None for untyped")
+        return schema
+    raise InvalidArgumentType(
+        "schema must be DDL or JSON text, a pyarrow.Schema or None, got "
+        f"{type(schema).__name__}")
+
+
 class StreamAdmin(ClientCore):
     """Stream lifecycle methods of ``Client`` (docs/client.md, "Streams")."""
 
@@ -56,14 +88,18 @@ class StreamAdmin(ClientCore):
         dedup_window: Duration | None = None,
         max_message_bytes: Size | None = None,
         exist_ok: bool = False,
+        schema: SchemaLike | None = None,
     ) -> StreamInfo:
+        """Create a stream; with ``schema`` (DDL, JSON or pyarrow) a typed stream, version 1."""
         request = pb.CreateStreamRequest(
             name=checked_stream(name),
             config=_config(max_age, max_bytes, dedup_window, max_message_bytes),
             exist_ok=exist_ok,
+            value_schema=_schema_text(schema),
         )
         info = StreamInfo.from_pb(self.call("StreamService.CreateStream", request))
-        log.info("created stream '%s' (or it existed): %s", info.name, info.config)
+        log.info("created stream '%s' (or it existed): %s%s", info.name, info.config,
+                 f", value schema '{info.value_schema_ddl}'" if info.schema_versions else "")
         return info
 
     def stream_info(self, name: str) -> StreamInfo:
@@ -96,14 +132,25 @@ class StreamAdmin(ClientCore):
         max_bytes: Size | None = None,
         dedup_window: Duration | None = None,
         max_message_bytes: Size | None = None,
+        schema: SchemaLike | None = None,
     ) -> StreamInfo:
-        """Change only the given settings (0 = unlimited/off); None leaves one as it is."""
+        """Change only the given settings (0 = unlimited/off); None leaves one as it is.
+
+        ``schema``: a new value schema (DDL, JSON or pyarrow). An untyped stream
+        becomes typed (only while it holds no messages); a typed one gets a new
+        version when the change is compatible (IncompatibleSchema otherwise);
+        the same schema changes nothing.
+        """
         request = pb.UpdateStreamRequest(
             name=checked_stream(name),
             config=_config(max_age, max_bytes, dedup_window, max_message_bytes),
+            value_schema=_schema_text(schema),
         )
         info = StreamInfo.from_pb(self.call("StreamService.UpdateStream", request))
-        log.info("updated stream '%s': %s", info.name, info.config)
+        log.info("updated stream '%s': %s%s", info.name, info.config,
+                 f", value schema version {info.schema_versions[-1].version} "
+                 f"'{info.value_schema_ddl}'" if schema is not None and info.schema_versions
+                 else "")
         return info
 
     def delete_stream(self, name: str) -> bool:
