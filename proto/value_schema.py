@@ -1141,6 +1141,15 @@ _WRAP_OPEN = b'{"v":'
 _WRAP_CLOSE = b"}\n"
 
 
+# pyarrow's JSON reader needs every line inside one block (default 1 MiB); a
+# message up to the gRPC limit must read, so blocks grow to the longest line.
+_MIN_JSON_BLOCK_BYTES = 1 << 20
+
+
+def _json_read_options(longest_line: int) -> pa_json.ReadOptions:
+    return pa_json.ReadOptions(block_size=max(_MIN_JSON_BLOCK_BYTES, longest_line + 1))
+
+
 class _JsonReader:
     """Column-wise reading of JSON objects, one per message, with exact message indices.
 
@@ -1160,6 +1169,8 @@ class _JsonReader:
         self.offsets = offsets[lines.offset : lines.offset + len(lines) + 1]
         self.data = lines.buffers()[2]
         self.schema = pa.schema([pa.field("v", _json_parse_type(target))])
+        self.read_options = _json_read_options(
+            int(np.diff(self.offsets).max()) if self.count else 0)
 
     def read(self, lo: int, hi: int, newlines_in_values: bool) -> pa.Array | None:
         """The parsed struct of messages [lo, hi), or None when they do not read."""
@@ -1169,7 +1180,7 @@ class _JsonReader:
                                        newlines_in_values=newlines_in_values)
         try:
             table = pa_json.read_json(pa.BufferReader(self.data.slice(start, end - start)),
-                                      parse_options=options)
+                                      read_options=self.read_options, parse_options=options)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return None
         if table.num_rows != hi - lo:
@@ -1198,7 +1209,9 @@ def _fits_json(value: Any, t: pa.DataType) -> bool:
     line = json.dumps({"v": value}).encode()
     options = pa_json.ParseOptions(explicit_schema=pa.schema([("v", _json_parse_type(t))]))
     try:
-        column = pa_json.read_json(pa.BufferReader(line), parse_options=options).column(0)
+        column = pa_json.read_json(pa.BufferReader(line),
+                                   read_options=_json_read_options(len(line)),
+                                   parse_options=options).column(0)
         if column.type != t:
             column.cast(t, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

@@ -931,3 +931,12 @@ def test_value_sizes_ignore_values_behind_nulls():
     assert value_sizes(pa.chunked_array([values.slice(0, 1), values.slice(1)])).tolist() == [
         9, 0, 11]
     assert value_sizes(values.slice(0, 0)).tolist() == []
+
+
+def test_value_struct_json_reads_a_message_larger_than_the_json_block():
+    big = "x" * (3 << 20)  # 3 MiB: over pyarrow's default 1 MiB JSON block
+    values = pa.array([json.dumps({"blob": big}).encode(), b'{"blob": "small"}'], pa.binary())
+
+    result = value_struct(values, parse_schema("blob STRING"))
+
+    assert result.field("blob").to_pylist() == [big, "small"]
