@@ -33,8 +33,8 @@ from npstream.broker.rpc.status import rpc_method
 from npstream.broker.server.context import BrokerContext
 from npstream.broker.streams.service import (
     check_fetch_request,
+    fetch_response,
     on_log,
-    stored_schema_bytes,
     value_schemas_pb,
 )
 from npstream.proto import pb
@@ -104,14 +104,8 @@ class StreamReadServicer:
             self._metrics.fetched_messages.inc(result.count)
             self._metrics.fetched_bytes.inc(sum(len(b) for b in result.batches))
             # The stored batches go into the reply with one copy (npstream.proto.wire).
-            yield encode_with_bytes(pb.FetchResponse(
-                next_offset=result.next_offset,
-                start_offset=stream_log.start_offset,
-                end_offset=stream_log.end_offset,
-                count=result.count,
-                stored_schema=stored_schema_bytes(stream_log, result),
-                schema_version=result.schema_version,
-            ), "batches", result.batches)
+            yield encode_with_bytes(fetch_response(stream_log, result), "batches",
+                                    result.batches)
             offset = result.next_offset
             if result.count == 0 or offset >= stop or self._stopping.is_set():
                 return

@@ -89,11 +89,25 @@ def stream_info(status: StreamStatus) -> pb.StreamInfo:
     return info
 
 
-def stored_schema_bytes(stream_log: StreamLog, result: ReadResult) -> bytes:
-    """FetchResponse.stored_schema: the schema a typed read's batches are in (b"" untyped)."""
-    if not result.schema_version:
-        return b""
-    return stream_log.value_schemas.stored_ipc[result.schema_version]
+def fetch_response(stream_log: StreamLog, result: ReadResult,
+                   batches: Sequence[bytes] = ()) -> pb.FetchResponse:
+    """A FetchResponse for ``result`` (Fetch, and each ReadRange reply), batches optional.
+
+    ReadRange joins the stored batches in after encoding (npstream.proto.wire),
+    so it passes none here. ``stored_schema`` is the schema a typed read's
+    batches are in (empty for untyped streams).
+    """
+    stored_schema = (stream_log.value_schemas.stored_ipc[result.schema_version]
+                     if result.schema_version else b"")
+    return pb.FetchResponse(
+        batches=batches,
+        next_offset=result.next_offset,
+        start_offset=stream_log.start_offset,
+        end_offset=stream_log.end_offset,
+        count=result.count,
+        stored_schema=stored_schema,
+        schema_version=result.schema_version,
+    )
 
 
 def _overrides(config: pb.StreamConfig) -> dict[str, int]:
@@ -348,15 +362,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         self._metrics.fetch_requests.inc()
         self._metrics.fetched_messages.inc(result.count)
         self._metrics.fetched_bytes.inc(sum(len(b) for b in batches))
-        return pb.FetchResponse(
-            batches=batches,
-            next_offset=result.next_offset,
-            start_offset=stream_log.start_offset,
-            end_offset=stream_log.end_offset,
-            count=result.count,
-            stored_schema=stored_schema_bytes(stream_log, result),
-            schema_version=result.schema_version,
-        )
+        return fetch_response(stream_log, result, batches)
 
     @rpc_method
     def OffsetForTimestamp(self, request: pb.OffsetForTimestampRequest,

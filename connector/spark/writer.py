@@ -188,8 +188,8 @@ def _abort(options: WriteOptions, batch_id: int) -> None:
                     "staging after sink_staging_ttl): %s", options.sink_id, batch_id, exc)
 
 
-class NpstreamStreamWriter(DataSourceStreamArrowWriter):
-    """Exactly-once micro-batch writer (``writeStream.format("npstream")``)."""
+class _OptionsHolder:
+    """What both writers keep: their checked options (pickled to the tasks)."""
 
     def __init__(self, options: WriteOptions) -> None:
         self.options = options
@@ -197,6 +197,10 @@ class NpstreamStreamWriter(DataSourceStreamArrowWriter):
     @property
     def sink_id(self) -> str:
         return self.options.sink_id
+
+
+class NpstreamStreamWriter(_OptionsHolder, DataSourceStreamArrowWriter):
+    """Exactly-once micro-batch writer (``writeStream.format("npstream")``)."""
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> NpstreamCommitMessage:
         from pyspark import TaskContext
@@ -216,15 +220,8 @@ class NpstreamStreamWriter(DataSourceStreamArrowWriter):
         _abort(self.options, batch_id)
 
 
-class NpstreamBatchWriter(DataSourceArrowWriter):
+class NpstreamBatchWriter(_OptionsHolder, DataSourceArrowWriter):
     """All-or-nothing batch writer (``df.write.format("npstream")``): one commit per job."""
-
-    def __init__(self, options: WriteOptions) -> None:
-        self.options = options
-
-    @property
-    def sink_id(self) -> str:
-        return self.options.sink_id
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> NpstreamCommitMessage:
         return _stage_all(self.options, BATCH_WRITE_BATCH_ID, iterator)
