@@ -148,35 +148,28 @@ def _show(info: StreamInfo, as_json: bool) -> None:
         print("\n".join(_describe_lines(info)))
 
 
+# The stream settings `create` and `update` take, as flag dests = SDK argument names.
+_SETTINGS = ("max_age", "max_bytes", "dedup_window", "max_message_bytes", "schema")
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {name: getattr(args, name) for name in _SETTINGS}
+
+
 def _create(args: argparse.Namespace) -> int:
     with client_from_args(args) as client:
-        info = client.create_stream(
-            args.name,
-            max_age=args.max_age,
-            max_bytes=args.max_bytes,
-            dedup_window=args.dedup_window,
-            max_message_bytes=args.max_message_bytes,
-            exist_ok=args.exist_ok,
-            schema=args.schema,
-        )
+        info = client.create_stream(args.name, exist_ok=args.exist_ok, **_settings(args))
     _show(info, args.json)
     return 0
 
 
 def _update(args: argparse.Namespace) -> int:
-    settings = ("max_age", "max_bytes", "dedup_window", "max_message_bytes", "schema")
-    if all(getattr(args, name) is None for name in settings):
+    settings = _settings(args)
+    if all(value is None for value in settings.values()):
         raise CliError("nothing to update: give at least one of --max-age, --max-bytes, "
                        "--dedup-window, --max-message-bytes, --schema", EXIT_USAGE)
     with client_from_args(args) as client:
-        info = client.update_stream(
-            args.name,
-            max_age=args.max_age,
-            max_bytes=args.max_bytes,
-            dedup_window=args.dedup_window,
-            max_message_bytes=args.max_message_bytes,
-            schema=args.schema,
-        )
+        info = client.update_stream(args.name, **settings)
     _show(info, args.json)
     return 0
 
