@@ -36,9 +36,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import grpc
+import pyarrow as pa
 
 from npstream.broker import faults
-from npstream.broker.errors import BrokerError, InvalidArgumentError
+from npstream.broker.errors import BrokerError, InvalidArgumentError, SchemaIncompatibleError
 from npstream.broker.sink.markers import Pending, SinkMarkers
 from npstream.broker.sink.recovery import settle
 from npstream.broker.sink.staging import (
@@ -49,6 +50,7 @@ from npstream.broker.sink.staging import (
 )
 from npstream.broker.sink.staging_format import StagedFrames
 from npstream.proto import pb
+from npstream.proto.value_schema import to_ddl
 
 if TYPE_CHECKING:
     from npstream.broker.storage.log import StreamLog
@@ -91,6 +93,31 @@ class StagingNotFoundError(BrokerError):
 class CommitOutcome:
     already_committed: bool
     written: dict[str, tuple[int, int]] = field(default_factory=dict)  # [start, end) per stream
+
+
+def _check_schemas(sink_id: str, batch_id: int, stream: str, stream_log: StreamLog,
+                   framed: dict[str, tuple[int, pa.Schema | None]]) -> None:
+    """SchemaIncompatibleError unless each staging's rows fit the stream's schemas now.
+
+    ``framed``: staging id -> (version, value schema) its rows for ``stream``
+    were framed in (0, None: untyped). A stream that was typed at Stage time
+    must still have that version with that schema (not deleted and
+    re-created with another), and an untyped staging needs an untyped stream.
+    """
+    schemas = stream_log.value_schemas
+    for staging_id, (version, value_schema) in framed.items():
+        now = schemas.values.get(version) if version else None
+        if (not version and not schemas.typed) or (
+                now is not None and value_schema is not None and now.equals(value_schema)):
+            continue
+        staged_as = (f"in value schema version {version} ({to_ddl(value_schema)})"
+                     if version and value_schema is not None else "untyped (binary values)")
+        has = (f"typed (current version {schemas.current}: "
+               f"{to_ddl(schemas.current_value_schema)})" if schemas.typed else "untyped")
+        raise SchemaIncompatibleError(
+            f"cannot commit sink '{sink_id}' batch {batch_id}: staging '{staging_id}' holds "
+            f"rows for stream '{stream}' {staged_as}, but the stream is now {has}; nothing "
+            "was appended. Abort the batch and write it again (a restarted query re-stages it)")
 
 
 class SinkCommitter:
@@ -176,12 +203,17 @@ class SinkCommitter:
                 f"cannot commit sink '{sink_id}' batch {batch_id}: staging "
                 f"{', '.join(repr(m) for m in missing)} not found (aborted, expired after "
                 "sink_staging_ttl, or never staged); nothing was appended")
-        streams: set[str] = set()
-        for staging_id in staging_ids:  # StagingFormatError for an older broker's staging
-            streams.update(self.staging.targets(sink_id, batch_id, staging_id))
-        for stream in sorted(streams):  # NOT_FOUND here, before anything is recorded
-            self._streams.get(stream, create_if_missing=True)
-        return self.markers.begin(sink_id, batch_id, staging_ids, sorted(streams))
+        # StagingFormatError for an older broker's staging
+        staged = [self.staging.open_frames(sink_id, batch_id, s) for s in staging_ids]
+        streams = sorted({stream for item in staged for stream in item.streams})
+        for stream in streams:  # NOT_FOUND or a schema refusal here, before anything is recorded
+            framed = {item.staging_id: item.schema_for(stream)
+                      for item in staged if stream in item.streams}
+            typed = any(version for version, _schema in framed.values())
+            # A typed staging's stream existed at Stage time: it is not re-created untyped.
+            stream_log = self._streams.get(stream, create_if_missing=not typed)
+            _check_schemas(sink_id, batch_id, stream, stream_log, framed)
+        return self.markers.begin(sink_id, batch_id, staging_ids, streams)
 
     def run(self, pending: Pending) -> dict[str, tuple[int, int]]:
         """Append every stream of a pending commit not done yet, then record the batch.

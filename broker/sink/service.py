@@ -33,6 +33,7 @@ from npstream.broker.sink.inbox import INBOX_DIR_NAME, InboxRefused, StageInbox
 from npstream.broker.sink.markers import SinkMarkers
 from npstream.broker.sink.recovery import recover
 from npstream.broker.sink.staging import (
+    StageTarget,
     StagingArea,
     check_batch_id,
     check_sink_id,
@@ -115,25 +116,18 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
         self._metrics = metrics
         self._inbox = inbox
 
-    def _max_message_bytes(self, stream: str) -> int:
-        """The target's limit; for a stream Commit will auto-create, the broker default.
-
-        A typed target is refused: staged frames are untyped (MESSAGE_SCHEMA),
-        and typed sink writes are not built yet (docs/typed-streams.md).
-        """
+    def _target(self, stream: str) -> StageTarget:
+        """A Stage target: its limit and value schemas; for a stream Commit will
+        auto-create, the broker default and untyped (StreamNotFoundError without
+        auto-create)."""
         try:
             stream_log = self._registry.get(stream)
-            if stream_log.value_schemas.typed:
-                raise InvalidArgumentError(
-                    f"stream '{stream}' is typed (value schema version "
-                    f"{stream_log.value_schemas.current}): the exactly-once sink cannot write "
-                    "typed streams yet (typed sink writes come next); nothing was staged. "
-                    "Write to an untyped stream, or publish to this one")
-            return stream_log.config.max_message_bytes
         except StreamNotFoundError:
             if not self._registry.auto_create:
                 raise
-            return self._registry.effective_config({}).max_message_bytes
+            return StageTarget(self._registry.effective_config({}).max_message_bytes,
+                               exists=False)
+        return StageTarget(stream_log.config.max_message_bytes, stream_log.value_schemas)
 
     @rpc_method
     def Stage(self, raw: bytes, context: grpc.ServicerContext) -> pb.StageResponse:
@@ -158,7 +152,7 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
             log.info("sink '%s' batch %d is already committed: staging '%s' (%d rows) "
                      "discarded", sink_id, batch_id, staging_id, data.num_rows)
             return pb.StageResponse(staged_rows=data.num_rows, staged_bytes=0)
-        table = prepare_stage(data, request.stream, self._max_message_bytes)
+        table = prepare_stage(data, request.stream, self._target)
         size = self._staging.write(sink_id, batch_id, staging_id, table)
         self._metrics.staged_rows.inc(table.num_rows)
         self._metrics.staged_bytes.inc(size)

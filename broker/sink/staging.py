@@ -27,8 +27,12 @@ window does not have to remember them.
 
 Everything a commit could fail on is checked here, at Stage time, so a commit
 only moves bytes: the value column, stream names, routing and each stream's
-``max_message_bytes``. Any bad row rejects the whole Stage (INVALID_ARGUMENT
-naming the row and the stream) and nothing is stored.
+``max_message_bytes``. A typed target's values (a struct column, or JSON
+objects in bytes) are converted to its current value schema version's struct
+here, as a publish converts them (docs/typed-streams.md). Any bad row rejects
+the whole Stage (INVALID_ARGUMENT naming the row and the stream; reason
+VALUE_MISMATCH with the field and the expected type for a typed value) and
+nothing is stored.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from npstream.broker.errors import InvalidArgumentError
+from npstream.broker.errors import InvalidArgumentError, ValueMismatchError
 from npstream.broker.sink.staging_format import (
     INDEX_SUFFIX,
     StagedFrames,
@@ -59,15 +63,21 @@ from npstream.broker.sink.staging_format import (
 from npstream.broker.storage.batch_builder import check_message_sizes
 from npstream.broker.storage.direct_write import DirectFileWriter, WrittenBlocks, edge_blocks
 from npstream.broker.storage.files import fsync_dir
+from npstream.broker.storage.staged_segment import TypedFrames
+from npstream.broker.storage.value_schemas import UNTYPED, ValueSchemas
 from npstream.proto.message_size import message_sizes
 from npstream.proto.names import NAME_RULE, STREAM_NAME_RE, validate_stream_name
 from npstream.proto.schema import normalize_publish_table
+from npstream.proto.value_schema import ValueMismatchError as SchemaValueMismatch
+from npstream.proto.value_schema import stored_schema, value_sizes, value_struct
 
 __all__ = [
     "STAGING_SUFFIX",
-    "StagedTable",
+    "PreparedStage",
+    "StageTarget",
     "StagingArea",
     "StagingFile",
+    "TargetRows",
     "check_sink_id",
     "check_staging_id",
     "message_sizes",
@@ -79,8 +89,6 @@ log = logging.getLogger(__name__)
 
 STAGING_SUFFIX = ".arrow"
 _TMP_SUFFIX = ".tmp"
-_META_STREAMS = b"npstream.streams"
-_META_ROWS = b"npstream.rows"
 # Frames per staging file are cut at the broker's max_batch_bytes (the server passes it).
 DEFAULT_MAX_FRAME_BYTES = 8 << 20
 # Sink and staging ids become path components: the stream-name alphabet, which
@@ -142,15 +150,73 @@ def _resolve_streams(table: pa.Table, default_stream: str) -> pa.ChunkedArray:
     return column
 
 
+@dataclass(frozen=True)
+class StageTarget:
+    """What a Stage needs to know of a target stream (the service asks the registry)."""
+
+    max_message_bytes: int
+    schemas: ValueSchemas = UNTYPED  # the stream's value schemas; UNTYPED when untyped
+    exists: bool = True  # False: the commit will auto-create it (untyped)
+
+
+@dataclass(frozen=True)
+class TargetRows:
+    """One target stream's rows of a Stage, ready to be framed.
+
+    ``table`` has publish columns (``value`` and whichever of ``id``, ``key``,
+    ``headers`` were sent): for an untyped stream the value is binary, for a
+    typed one the struct of ``schema_version`` (converted and checked here),
+    whose schema ``value_schema`` is kept in the staging's index so that
+    the commit can tell whether the stream still has that schema.
+    """
+
+    stream: str
+    table: pa.Table
+    schema_version: int = 0
+    value_schema: pa.Schema | None = None
+
+    @property
+    def typed_frames(self) -> TypedFrames | None:
+        """How storage frames these rows (None: untyped, MESSAGE_SCHEMA)."""
+        if not self.schema_version or self.value_schema is None:
+            return None
+        return TypedFrames(self.schema_version, stored_schema(self.value_schema))
+
+
+@dataclass(frozen=True)
+class PreparedStage:
+    """A Stage's rows per target stream, in stream-name order, each in staged order."""
+
+    targets: tuple[TargetRows, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(target.table.num_rows for target in self.targets)
+
+    @property
+    def streams(self) -> list[str]:
+        return [target.stream for target in self.targets]
+
+    def rows_for(self, stream: str) -> pa.Table:
+        """One stream's rows (publish columns); KeyError when the Stage has none for it."""
+        for target in self.targets:
+            if target.stream == stream:
+                return target.table
+        raise KeyError(stream)
+
+
 def prepare_stage(
     data: pa.Table,
     default_stream: str,
-    max_message_bytes: Callable[[str], int],
-) -> pa.Table:
-    """The table to store for one Stage call: checked, routed, in publish types.
+    target_of: Callable[[str], StageTarget],
+) -> PreparedStage:
+    """What to store for one Stage call: checked, routed, in each target's publish types.
 
-    ``max_message_bytes(stream)`` gives a target's limit (and raises
-    StreamNotFoundError when the stream may not be auto-created).
+    ``target_of(stream)`` describes a target (and raises StreamNotFoundError
+    when the stream may not be auto-created). A typed target's values (a
+    struct column, or JSON objects in bytes) become its current schema
+    version's struct; any value that does not fit, or a struct for an
+    untyped stream, rejects the whole Stage naming the row of the input.
     """
     if default_stream:
         _checked_stream_name(default_stream, "the request's default stream")
@@ -160,28 +226,62 @@ def prepare_stage(
                                         if "stream" in data.column_names else data)
     except ValueError as exc:
         raise InvalidArgumentError(f"cannot stage: {exc}") from None
-    if pa.types.is_struct(table.schema.field("value").type):
-        raise InvalidArgumentError(
-            "cannot stage: the value is a struct (a typed stream's record); the exactly-once "
-            "sink cannot write typed streams yet (typed sink writes come next), so stage "
-            "bytes for untyped streams")
     routed = "stream" in data.column_names  # else every row goes to the default stream
     if routed:
-        targets = [t for t in pc.unique(streams).to_pylist() if t is not None]
+        names = sorted(t for t in pc.unique(streams).to_pylist() if t is not None)
     else:
-        targets = [default_stream] if table.num_rows else []
-    sizes = message_sizes(table)
-    for target in sorted(targets):
-        first = pc.index(streams, target).as_py() if routed else 0
-        _checked_stream_name(target, f"row {first}")
-        # Sizes of other targets' rows count 0, so the error names the row of the input.
-        mine = (np.where(pc.equal(streams, target).to_numpy(zero_copy_only=False), sizes, 0)
-                if routed else sizes)
-        check_message_sizes(mine, target, max_message_bytes(target), staged=True)
-    table = table.add_column(0, pa.field("stream", pa.string(), nullable=False), streams)
-    metadata = {_META_STREAMS: json.dumps(sorted(targets)).encode(),
-                _META_ROWS: str(table.num_rows).encode()}
-    return table.replace_schema_metadata(metadata)
+        names = [default_stream] if table.num_rows else []
+    targets = []
+    for name in names:
+        rows: np.ndarray | None = None  # the input rows of this target; None: all of them
+        if routed:
+            rows = np.flatnonzero(pc.equal(streams, name).to_numpy(zero_copy_only=False))
+            _checked_stream_name(name, f"row {int(rows[0])}")
+        mine = table if rows is None or len(rows) == table.num_rows else table.take(rows)
+        targets.append(_target_rows(name, mine, rows, table.num_rows, target_of(name)))
+    return PreparedStage(tuple(targets))
+
+
+def _target_rows(stream: str, table: pa.Table, rows: np.ndarray | None, input_rows: int,
+                 target: StageTarget) -> TargetRows:
+    """One target's rows in its publish types, sizes checked; errors name the input row."""
+    def input_row(index: int) -> int:
+        return int(rows[index]) if rows is not None else index
+
+    value_type = table.schema.field("value").type
+    version = target.schemas.current
+    value_schema = target.schemas.values.get(version)
+    if value_schema is None:
+        if pa.types.is_struct(value_type):
+            raise InvalidArgumentError(
+                f"cannot stage for stream '{stream}': the value is a struct (a typed stream's "
+                + ("record), but the stream is untyped (binary values); send bytes, or give "
+                   "the stream a value schema (docs/typed-streams.md)" if target.exists else
+                   "record), but the stream does not exist and would be created untyped; "
+                   "create it with a value schema first (Spark: option createStream=true)")
+                + "; nothing was staged")
+        sizes = message_sizes(table)
+    else:
+        column = table.schema.get_field_index("value")
+        try:
+            values = value_struct(table.column(column), value_schema)
+        except SchemaValueMismatch as exc:
+            where = f"field '{exc.field}'" if exc.field else "the value"
+            raise ValueMismatchError(
+                f"row {input_row(exc.index)} for stream '{stream}' (value schema version "
+                f"{version}): {where} {exc.problem}; expected {exc.expected}; nothing was "
+                "staged") from None
+        value_field = stored_schema(value_schema).field("value")
+        if values.type != value_field.type:
+            values = values.cast(value_field.type)
+        table = table.set_column(column, value_field, values)
+        sizes = message_sizes(table, value_sizes=value_sizes(values))
+    if rows is not None:  # sizes at the input's rows (others 0), so the error names its row
+        spread = np.zeros(input_rows, dtype=np.int64)
+        spread[rows] = sizes
+        sizes = spread
+    check_message_sizes(sizes, stream, target.max_message_bytes, staged=True)
+    return TargetRows(stream, table, version, value_schema)
 
 
 def _checked_stream_name(name: str, where: str) -> None:
@@ -207,22 +307,6 @@ class StagingFile:
         return int(self.path.stat().st_mtime * 1000)
 
 
-@dataclass(frozen=True)
-class StagedTable:
-    """A staging file's content: ``stream`` column plus publish columns."""
-
-    staging_id: str
-    table: pa.Table
-    streams: list[str]
-
-    def rows_for(self, stream: str) -> pa.Table:
-        """This staging's rows for one stream, in staged order, without the stream column."""
-        table = self.table
-        if self.streams != [stream]:
-            table = table.filter(pc.equal(table.column("stream"), stream))
-        return table.drop_columns(["stream"])
-
-
 class StagingArea:
     """The ``<data_dir>/sink`` tree. Thread-safe: each file is written via its own temp name."""
 
@@ -241,7 +325,8 @@ class StagingArea:
     def path(self, sink_id: str, batch_id: int, staging_id: str) -> Path:
         return self.root / sink_id / str(batch_id) / f"{staging_id}{STAGING_SUFFIX}"
 
-    def write(self, sink_id: str, batch_id: int, staging_id: str, table: pa.Table) -> int:
+    def write(self, sink_id: str, batch_id: int, staging_id: str,
+              table: PreparedStage) -> int:
         """Store durably (fsynced, renamed, directory fsynced); returns the file size."""
         target = self.path(sink_id, batch_id, staging_id)
         try:
@@ -251,7 +336,7 @@ class StagingArea:
             # meanwhile): write it again; the sweep deletes it if it is never committed.
             return self._write_once(target, table)
 
-    def _write_once(self, target: Path, table: pa.Table) -> int:
+    def _write_once(self, target: Path, table: PreparedStage) -> int:
         """Data file and index file through temporary names; the data file is renamed last."""
         self._make_dirs(target.parent)
         suffix = f".{uuid.uuid4().hex[:12]}{_TMP_SUFFIX}"
@@ -299,17 +384,12 @@ class StagingArea:
         index = read_index(self.path(sink_id, batch_id, staging_id))
         return list(index["streams"])
 
-    def read(self, sink_id: str, batch_id: int, staging_id: str) -> StagedTable:
-        """The staged rows as one table with their target streams (for checks and tests)."""
+    def read(self, sink_id: str, batch_id: int, staging_id: str) -> PreparedStage:
+        """The staged rows per target stream, decoded back (for checks and tests)."""
         frames = self.open_frames(sink_id, batch_id, staging_id)
-        parts = []
-        for stream in frames.streams:
-            rows = frames.rows_for(stream)
-            parts.append(rows.add_column(0, "stream", pa.repeat(
-                pa.scalar(stream, pa.string()), rows.num_rows)))
-        table = pa.concat_tables(parts) if parts else pa.table(
-            {"stream": pa.array([], pa.string()), "value": pa.array([], pa.binary())})
-        return StagedTable(staging_id, table, frames.streams)
+        return PreparedStage(tuple(
+            TargetRows(stream, frames.rows_for(stream), *frames.schema_for(stream))
+            for stream in frames.streams))
 
     def open_frames(self, sink_id: str, batch_id: int, staging_id: str) -> StagedFrames:
         """The staged frames (mapped only when copied); StagingFormatError for old staging.

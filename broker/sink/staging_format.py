@@ -5,10 +5,11 @@ build and serialize stored batches and write them: the rows were encoded twice
 and copied several times, all while every Spark task of the micro-batch
 waited. Now Stage does that work once, in parallel with the tasks, and stores
 the result: for each target stream, frames in the segment layout whose
-payloads are MESSAGE_SCHEMA record-batch messages with placeholder offsets
-(0..) and timestamps (0), and final ids (rows staged without an id get one
-here: 16 random hex characters chosen per staging file and stream, then the
-row's index as 16 hex digits, the shape of the broker's generated ids). Each
+payloads are stored-batch messages (MESSAGE_SCHEMA, or a typed stream's
+stored schema) with placeholder offsets (0..) and timestamps (0), and final
+ids (rows staged without an id get one here: 16 random hex characters chosen
+per staging file and stream, then the row's index as 16 hex digits, the
+shape of the broker's generated ids). Each
 frame starts with a placeholder header: right length, count and flags, no
 offsets, no CRC. The frames themselves are storage's layout, built by
 storage (storage/staged_segment.py); this module decides which rows go into
@@ -28,7 +29,15 @@ Files (the data file appears last, so its presence means the staging exists)::
                          "streams": [sorted targets], "frames": [[stream, count, flags,
                          payload position, payload length, largest message bytes,
                          placeholder base offset, offsets position, timestamps position,
-                         payload CRC32C], ...]}
+                         payload CRC32C, value schema version], ...],
+                         "schemas": {typed target: [version, value schema as DDL]}}
+
+A typed target's frames are in the stored schema of the stream's value
+schema version at Stage time (typed streams, docs/typed-streams.md) and
+carry that version in their headers, as an append's would; the index keeps
+the version's schema so that a commit can refuse a stream that no longer
+has it (deleted and re-created meanwhile). Both additions are optional
+(version 0, no schemas: untyped), so the format number did not change.
 
 The index stays a separate file because an adopted data file must hold
 frames and nothing else; it outlives the data file until the batch is
@@ -60,7 +69,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from npstream.broker.errors import StagingFormatError
 from npstream.broker.storage.prebuilt import PrebuiltFrame
@@ -71,9 +79,13 @@ from npstream.broker.storage.staged_segment import (
     build_staged_frames,
 )
 from npstream.proto.frames.payload import decode_payload
+from npstream.proto.schema import MESSAGE_SCHEMA
+from npstream.proto.value_schema import parse_schema, stored_schema, to_ddl
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer  # bytes, memoryview, mmap, pyarrow.Buffer...
+
+    from npstream.broker.sink.staging import PreparedStage
 
 __all__ = ["FORMAT", "INDEX_SUFFIX", "StagedFrames", "build_staging", "frame_slots",
            "index_path", "read_index"]
@@ -96,37 +108,39 @@ _ID_PREFIX_BYTES = 8  # random bytes -> 16 hex characters, as the broker's gener
 _refusal_logged = threading.Event()
 
 
-def build_staging(table: pa.Table,
+def build_staging(prepared: PreparedStage,
                   max_frame_bytes: int) -> tuple[list[ReadableBuffer], StagingIndex]:
-    """The data file of ``table`` (prepare_stage output) as buffers back to back, and its index.
+    """The data file of ``prepared`` (prepare_stage output) as buffers back to back, and its index.
 
     Stored batches are cut into payloads of about ``max_frame_bytes`` (the
     broker's max_batch_bytes), as an append would cut them.
     """
-    streams = sorted(json.loads(table.schema.metadata[b"npstream.streams"]))
     pieces: list[ReadableBuffer] = []
     frames: list[list[object]] = []
+    schemas: dict[str, list[object]] = {}
     position = 0
-    for stream in streams:
-        rows = table
-        if len(streams) > 1:
-            rows = table.filter(pc.equal(table.column("stream"), stream))
+    for target in prepared.targets:
+        stream = target.stream
+        typed = target.typed_frames
+        if typed is not None and target.value_schema is not None:
+            schemas[stream] = [target.schema_version, to_ddl(target.value_schema)]
         id_prefix = secrets.token_hex(_ID_PREFIX_BYTES).encode()
         first = 0
-        for part in _parts(rows.drop_columns(["stream"])):
+        for part in _parts(target.table):
             # Placeholder offsets first.. keep the generated ids unique within the file.
             buffers, slots = build_staged_frames(part, first, position, max_frame_bytes,
-                                                 id_prefix)
+                                                 id_prefix, typed)
             pieces += buffers
             frames += [[stream, slot.count, slot.flags, slot.payload_position,
                         slot.payload_length, slot.max_message_bytes,
                         slot.stamp.placeholder_base, slot.stamp.offsets_position,
-                        slot.stamp.timestamps_position, slot.stamp.payload_crc]
+                        slot.stamp.timestamps_position, slot.stamp.payload_crc,
+                        slot.schema_version]
                        for slot in slots]
             position = slots[-1].payload_position + slots[-1].payload_length
             first += part.num_rows
-    return pieces, {"format": FORMAT, "rows": table.num_rows, "bytes": position,
-                    "streams": streams, "frames": frames}
+    return pieces, {"format": FORMAT, "rows": prepared.num_rows, "bytes": position,
+                    "streams": prepared.streams, "frames": frames, "schemas": schemas}
 
 
 def _parts(rows: pa.Table) -> Iterator[pa.Table]:
@@ -197,8 +211,9 @@ def frame_slots(index: StagingIndex) -> list[tuple[str, FrameSlot]]:
     """(target stream, slot) of every frame an index lists, in file order."""
     # Index entries: [stream, count, flags, payload position, payload length, largest,
     # placeholder base offset, offsets position, timestamps position (both in the
-    # payload), payload CRC32C]
-    return [(f[0], FrameSlot(f[3], f[4], f[1], f[2], f[5], StampSlot(*f[6:10])))
+    # payload), payload CRC32C, value schema version (absent before typed streams: 0)]
+    return [(f[0], FrameSlot(f[3], f[4], f[1], f[2], f[5], StampSlot(*f[6:10]),
+                             f[10] if len(f) > 10 else 0))
             for f in index["frames"]]
 
 
@@ -215,7 +230,20 @@ class StagedFrames:
         self.streams: list[str] = list(index["streams"])
         self.rows = int(index["rows"])
         self._frames = frame_slots(index)
+        # Typed targets: stream -> [schema version, value schema as DDL] (module doc).
+        self._schemas: dict[str, list[Any]] = dict(index.get("schemas") or {})
         self._map: mmap.mmap | None = None
+
+    def schema_for(self, stream: str) -> tuple[int, pa.Schema | None]:
+        """(value schema version, value schema) the rows for ``stream`` were framed in.
+
+        (0, None) for an untyped target. The schema is the one the stream had
+        at Stage time; the commit compares it with the stream's version now.
+        """
+        entry = self._schemas.get(stream)
+        if not entry:
+            return 0, None
+        return int(entry[0]), parse_schema(str(entry[1]))
 
     def count_for(self, stream: str) -> int:
         return sum(slot.count for target, slot in self._frames if target == stream)
@@ -252,12 +280,14 @@ class StagedFrames:
         view = memoryview(mapped) if mapped is not None else memoryview(b"")
         return [PrebuiltFrame(view[slot.payload_position:slot.payload_position
                                    + slot.payload_length], slot.count, slot.flags,
-                              slot.max_message_bytes)
+                              slot.max_message_bytes, slot.schema_version)
                 for target, slot in self._frames if target == stream]
 
     def rows_for(self, stream: str) -> pa.Table:
         """The rows for one stream as publish columns (id, key, value, headers)."""
-        batches = [decode_payload(pa.py_buffer(frame.payload))
+        _version, value_schema = self.schema_for(stream)
+        schema = stored_schema(value_schema) if value_schema is not None else MESSAGE_SCHEMA
+        batches = [decode_payload(pa.py_buffer(frame.payload), schema)
                    for frame in self.frames_for(stream)]
         table = pa.Table.from_batches(batches) if batches else None
         if table is None:

@@ -339,14 +339,11 @@ class StreamLog:
         reopened, like a disk error; a caller that recorded where the append
         started finishes it from there.
         """
-        check_sizes(parts, self.name, self._config.max_message_bytes)
         with self._append_lock:
             self._check_usable()
-            if self._schemas.typed and any(part.count for part in parts):
-                raise InvalidArgumentError(
-                    f"stream '{self.name}' is typed (value schema version "
-                    f"{self._schemas.current}): prebuilt and staged frames are untyped, and "
-                    "typed sink writes are not supported yet; nothing was written")
+            self._check_prebuilt_versions(parts)
+            check_sizes(parts, self.name, self._config.max_message_bytes,
+                        self._schemas.stored_schema)
             now = max(self._clock() if timestamp is None else timestamp, self._last_timestamp)
             first = self._view.end
             if expect_first is not None and first != expect_first:
@@ -364,6 +361,27 @@ class StreamLog:
             self._publish_view_locked()
         self._sync_through(sequence)
         return AppendResult(first, count, [], now)
+
+    def _check_prebuilt_versions(self, parts: Sequence[PrebuiltFrame | StagedSegment]) -> None:
+        """InvalidArgumentError unless every frame is in a value schema version of this stream.
+
+        Staged frames were framed for the stream's schema at Stage time; the
+        sink checks at commit that the version still means the same schema
+        (a stream deleted and re-created meanwhile), this is storage's own
+        guard that no frame lands in a stream that could not decode it.
+        """
+        versions = {part.schema_version for part in parts if isinstance(part, PrebuiltFrame)}
+        versions.update(slot.schema_version for part in parts
+                        if isinstance(part, StagedSegment) for slot in part.slots)
+        schemas = self._schemas
+        wrong = sorted(v for v in versions if (v not in schemas.values if schemas.typed else v))
+        if wrong:
+            raise InvalidArgumentError(
+                f"stream '{self.name}' is "
+                + (f"typed (value schema versions {sorted(schemas.values)})" if schemas.typed
+                   else "untyped")
+                + f", but frames to append are in value schema version {wrong[0]}"
+                + (" (0: untyped)" if not wrong[0] else "") + "; nothing was written")
 
     def can_adopt(self, staged: StagedSegment, min_bytes: int) -> bool:
         """Whether append_prebuilt should adopt ``staged`` as a segment rather than copy it.
@@ -390,7 +408,7 @@ class StreamLog:
         # Staged files are stamped first, all at once: nothing is in the log yet, so a
         # failure there leaves it unchanged, and the stamps' disk waits overlap.
         stamps = dict(zip(staged, stamp_all([(part, bases[i]) for i, part in staged.items()],
-                                            now), strict=True))
+                                            now, self._schemas.stored_schema), strict=True))
         reached = first
         try:
             for begin, end, write in self._write_steps(parts, bases, stamps, now):
@@ -423,12 +441,14 @@ class StreamLog:
                 continue
             if frames:
                 yield run_start, i, partial(
-                    self._segments.write_prebuilt, frames, bases[run_start], now)
+                    self._segments.write_prebuilt, frames, bases[run_start], now,
+                    self._schemas.stored_schema)
                 frames = []
             yield i, i + 1, partial(self._segments.adopt, part, bases[i], stamps[i])
         if frames:
             yield run_start, len(parts), partial(
-                self._segments.write_prebuilt, frames, bases[run_start], now)
+                self._segments.write_prebuilt, frames, bases[run_start], now,
+                self._schemas.stored_schema)
 
     def _write_group(self, group: list[CommitRequest[_Payload]]) -> int:
         """Leader: plan, frame and write one group; returns its write sequence number."""

@@ -26,7 +26,7 @@ from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload
 from npstream.broker.storage.reader import LogView, decode_frame, iter_frames
 from npstream.broker.storage.segment import Segment
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
-from npstream.broker.storage.staged_segment import StagedSegment, Stamp
+from npstream.broker.storage.staged_segment import StagedSegment, Stamp, StoredSchemas
 from npstream.broker.storage.stream_files import write_retention_config, write_schema
 from npstream.proto.frames.record_batch import FLAG_PRODUCER_IDS, FrameHeader, encode_frame
 
@@ -119,19 +119,22 @@ class SegmentList:
         self._write_frames([(payload, header_bytes, header)], timestamp)
 
     def write_prebuilt(
-        self, frames: list[PrebuiltFrame], first: int, timestamp: int
+        self, frames: list[PrebuiltFrame], first: int, timestamp: int,
+        stored_schema: StoredSchemas,
     ) -> list[pa.RecordBatch]:
         """Stamp and write prebuilt frames from offset ``first`` on; all or nothing.
 
         Like write_batch, without building or serializing anything: each payload
-        is stamped in place (prebuilt.py) and written as it is. Returns the
+        is stamped in place (prebuilt.py; decoded in ``stored_schema`` of its
+        version) and written as it is, its version in the header. Returns the
         stamped batches of the frames flagged as carrying producer ids.
         """
         flagged: list[pa.RecordBatch] = []
         ready = []
         base = first
         for frame in frames:  # every frame checked and stamped before the first byte is written
-            batch = stamp_payload(frame.payload, base, timestamp)
+            batch = stamp_payload(frame.payload, base, timestamp,
+                                  stored_schema(frame.schema_version))
             if batch.num_rows != frame.count:
                 raise ValueError(f"prebuilt frame at offset {base} holds {batch.num_rows} rows, "
                                  f"not {frame.count}")
@@ -141,6 +144,7 @@ class SegmentList:
             ready.append((payload, *encode_frame(
                 payload, base_offset=base, count=frame.count,
                 min_timestamp=timestamp, max_timestamp=timestamp, flags=frame.flags,
+                schema_version=frame.schema_version,
             )))
             base += frame.count
         self._write_frames(ready, timestamp)

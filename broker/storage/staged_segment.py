@@ -30,7 +30,7 @@ own index, storage decides what a frame with a placeholder header is.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +49,7 @@ from npstream.broker.storage.batch_builder import (
     frame_slices,
     message_sizes,
     producer_id_mask,
+    typed_publish_schema,
 )
 from npstream.broker.storage.direct_write import DirectFileWriter
 from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload, stamp_ranges
@@ -63,12 +64,14 @@ from npstream.proto.frames.record_batch import (
     encode_header_for_crc,
 )
 from npstream.proto.message_size import first_oversized
+from npstream.proto.schema import MESSAGE_SCHEMA
+from npstream.proto.value_schema import value_sizes
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer  # bytes, memoryview, mmap, pyarrow.Buffer...
 
-__all__ = ["FrameSlot", "StagedSegment", "Stamp", "StampSlot", "build_staged_frames",
-           "check_sizes", "placeholder_header", "stamp_all"]
+__all__ = ["FrameSlot", "StagedSegment", "Stamp", "StampSlot", "StoredSchemas", "TypedFrames",
+           "build_staged_frames", "check_sizes", "placeholder_header", "stamp_all"]
 
 # How stamping patches a file: around the page cache when it was written so.
 _PAGE_CACHE = DirectFileWriter(direct=False)
@@ -76,13 +79,24 @@ _DIRECT = DirectFileWriter(direct=True)
 # Files stamped at once by stamp_all (each waits on the disk most of the time).
 STAMP_THREADS = 4
 _ID_COLUMNS = [0, 1]  # offset, id: what the dedup window remembers of flagged frames
+# The stored batch schema of a frame's value schema version (ValueSchemas.stored_schema).
+StoredSchemas = Callable[[int], pa.Schema]
 
 
-def placeholder_header(payload_length: int, count: int, flags: int) -> bytes:
+def _message_schema(version: int) -> pa.Schema:
+    """An untyped stream's only frame schema."""
+    if version:
+        raise ValueError(f"frame in value schema version {version}, but no schemas were given")
+    return MESSAGE_SCHEMA
+
+
+def placeholder_header(payload_length: int, count: int, flags: int,
+                       schema_version: int = 0) -> bytes:
     """The header a staged frame carries until its commit stamps it (see module doc)."""
     return (MAGIC + bytes([FORMAT_VERSION, flags, 0, 0])
             + payload_length.to_bytes(4, "little") + bytes(4)  # crc 0
-            + bytes(8) + count.to_bytes(4, "little") + bytes(20))
+            + bytes(8) + count.to_bytes(4, "little")
+            + schema_version.to_bytes(4, "little") + bytes(16))
 
 
 @dataclass(frozen=True)
@@ -102,7 +116,11 @@ class StampSlot:
 
 @dataclass(frozen=True)
 class FrameSlot:
-    """One frame of a staged file: its payload's place, row count, flags, largest message."""
+    """One frame of a staged file: its payload's place, row count, flags, largest message.
+
+    ``schema_version``: the value schema version of a typed stream's frame
+    (its payload is that version's stored schema), 0 for an untyped one.
+    """
 
     payload_position: int  # the header is the HEADER_SIZE bytes before it
     payload_length: int
@@ -110,6 +128,7 @@ class FrameSlot:
     flags: int
     max_message_bytes: int
     stamp: StampSlot
+    schema_version: int = 0
 
     @property
     def header_position(self) -> int:
@@ -158,13 +177,15 @@ class StagedSegment:
             handle.seek(slot.payload_position)
             return handle.read(slot.payload_length)
 
-    def stamp(self, first: int, timestamp: int) -> Stamp:
+    def stamp(self, first: int, timestamp: int,
+              stored_schema: StoredSchemas = _message_schema) -> Stamp:
         """Stamp offsets first.. and ``timestamp`` into the file, fsync it.
 
         Only the offset and timestamp columns and the headers are written; the
         payloads are not read (their CRCs are patched: crc_patch.py), except
         for frames flagged as carrying producer ids, whose (offset, id)
-        columns are returned for the dedup window. ValueError when the file
+        columns are returned for the dedup window (decoded in
+        ``stored_schema(version)``, the frame's schema). ValueError when the file
         does not have the size its index says (nothing is renamed then; the
         file may be half stamped, which a later stamp redoes: stamping writes
         whole columns computed from the index, never from the file).
@@ -188,9 +209,11 @@ class StagedSegment:
             crc = crc_patch.patch(crc, slot.payload_length, stamp.timestamps_position,
                                   np.zeros(slot.count, dtype="<i8"), timestamps)
             header_bytes, header = encode_header_for_crc(FrameHeader(
-                slot.flags, slot.payload_length, crc, base, slot.count, timestamp, timestamp))
+                slot.flags, slot.payload_length, crc, base, slot.count, timestamp, timestamp,
+                slot.schema_version))
             if slot.flags & FLAG_PRODUCER_IDS:
-                flagged.append(self._ids(slot, base, timestamp))
+                flagged.append(self._ids(slot, base, timestamp,
+                                         stored_schema(slot.schema_version)))
             faults.hit("storage.write", self.path, slot.header_position)
             (header_at, _), (offsets_at, _), (timestamps_at, _) = slot.stamped_ranges()
             patches += [(header_at, header_bytes), (offsets_at, offsets),
@@ -205,9 +228,11 @@ class StagedSegment:
         faults.hit("storage.stamped", self.path)
         return headers, flagged
 
-    def _ids(self, slot: FrameSlot, base: int, timestamp: int) -> pa.RecordBatch:
+    def _ids(self, slot: FrameSlot, base: int, timestamp: int,
+             schema: pa.Schema) -> pa.RecordBatch:
         """The (offset, id) columns of a flagged frame, as stamped (read back for them)."""
-        batch = stamp_payload(memoryview(bytearray(self.read_payload(slot))), base, timestamp)
+        batch = stamp_payload(memoryview(bytearray(self.read_payload(slot))), base, timestamp,
+                              schema)
         if batch.num_rows != slot.count:
             raise ValueError(f"staged frame at byte {slot.payload_position} of {self.path} "
                              f"holds {batch.num_rows} rows, not {slot.count}")
@@ -217,8 +242,17 @@ class StagedSegment:
 Stamp = tuple[list[tuple[int, FrameHeader]], list[pa.RecordBatch]]  # StagedSegment.stamp's result
 
 
+@dataclass(frozen=True)
+class TypedFrames:
+    """How a typed stream's staged rows are framed: their schema version and its stored schema."""
+
+    version: int
+    stored: pa.Schema
+
+
 def build_staged_frames(rows: pa.Table, first: int, position: int, max_frame_bytes: int,
-                        id_prefix: bytes) -> tuple[list[ReadableBuffer], list[FrameSlot]]:
+                        id_prefix: bytes, typed: TypedFrames | None = None,
+                        ) -> tuple[list[ReadableBuffer], list[FrameSlot]]:
     """Publish rows as frames of a staged segment: the buffers to write, and each frame's slot.
 
     The rows (publish columns, completed here) get the placeholder offsets
@@ -229,12 +263,21 @@ def build_staged_frames(rows: pa.Table, first: int, position: int, max_frame_byt
     a row carries a producer id. The buffers go back to back from file
     position ``position``; the slots record where each payload lands and
     what stamping it needs (StampSlot).
+
+    ``typed``: the rows' value is a typed stream's struct of that schema
+    version (already converted and checked); the frames are then in its
+    stored schema and carry the version.
     """
-    rows = complete_publish_table(rows)
+    version, schema = (typed.version, typed.stored) if typed else (0, MESSAGE_SCHEMA)
+    if typed is None:
+        rows = complete_publish_table(rows)
+        sizes = message_sizes(rows)
+    else:
+        rows = complete_publish_table(rows, typed_publish_schema(schema.field("value").type))
+        sizes = message_sizes(rows, value_sizes=value_sizes(rows.column("value")))
     ids = rows.column("id").chunk(0)
     supplied = producer_id_mask(ids) if ids.null_count < len(ids) else None
-    sizes = message_sizes(rows)
-    batch = build_message_batch(rows, first, 0, id_prefix)
+    batch = build_message_batch(rows, first, 0, id_prefix, schema)
     pieces: list[ReadableBuffer] = []
     slots: list[FrameSlot] = []
     # Cut as an append cuts (frame_slices), sized without serializing the whole batch.
@@ -245,17 +288,19 @@ def build_staged_frames(rows: pa.Table, first: int, position: int, max_frame_byt
         if supplied is not None and pc.any(supplied.slice(start, count)).as_py():
             flags = FLAG_PRODUCER_IDS
         payload = piece.serialize()
-        _batch, ((offsets_at, _), (timestamps_at, _)) = stamp_ranges(payload)
-        pieces += [placeholder_header(payload.size, count, flags), payload]
+        _batch, ((offsets_at, _), (timestamps_at, _)) = stamp_ranges(payload, schema)
+        pieces += [placeholder_header(payload.size, count, flags, version), payload]
         position += HEADER_SIZE
         slots.append(FrameSlot(
             position, payload.size, count, flags, int(sizes[start:start + count].max()),
-            StampSlot(first + start, offsets_at, timestamps_at, crc32c.crc32c(payload))))
+            StampSlot(first + start, offsets_at, timestamps_at, crc32c.crc32c(payload)),
+            version))
         position += payload.size
     return pieces, slots
 
 
-def stamp_all(jobs: Sequence[tuple[StagedSegment, int]], timestamp: int) -> list[Stamp]:
+def stamp_all(jobs: Sequence[tuple[StagedSegment, int]], timestamp: int,
+              stored_schema: StoredSchemas = _message_schema) -> list[Stamp]:
     """Stamp each (file, first offset) of one append, concurrently; results in order.
 
     A stamp mostly waits on the disk (a few block reads and writes, an
@@ -263,32 +308,38 @@ def stamp_all(jobs: Sequence[tuple[StagedSegment, int]], timestamp: int) -> list
     threads at once. The first failure is raised once all are done.
     """
     if len(jobs) <= 1:
-        return [staged.stamp(first, timestamp) for staged, first in jobs]
+        return [staged.stamp(first, timestamp, stored_schema) for staged, first in jobs]
     with ThreadPoolExecutor(min(STAMP_THREADS, len(jobs)),
                             thread_name_prefix="stamp") as pool:
-        futures = [pool.submit(staged.stamp, first, timestamp) for staged, first in jobs]
+        futures = [pool.submit(staged.stamp, first, timestamp, stored_schema)
+                   for staged, first in jobs]
     return [future.result() for future in futures]
 
 
-def check_sizes(parts: Sequence[PrebuiltFrame | StagedSegment], stream: str, limit: int) -> None:
+def check_sizes(parts: Sequence[PrebuiltFrame | StagedSegment], stream: str, limit: int,
+                stored_schema: StoredSchemas = _message_schema) -> None:
     """MessageTooLargeError for the first message over ``limit`` (0 = none), as append does.
 
     Frames carry their largest message size, so only a frame over the limit
-    (the stream's limit was lowered after they were staged) is decoded; its
-    rows are then measured and compared by the one rule
-    (npstream.proto.message_size), and the index is the message's in the append.
+    (the stream's limit was lowered after they were staged) is decoded (in
+    ``stored_schema(version)``); its rows are then measured and compared by
+    the one rule (npstream.proto.message_size), and the index is the
+    message's in the append.
     """
     if limit <= 0:
         return
     index = 0
     for part in parts:
-        pieces = ([(part.count, part.max_message_bytes, lambda part=part: part.payload)]
+        pieces = ([(part.count, part.max_message_bytes, part.schema_version,
+                    lambda part=part: part.payload)]
                   if isinstance(part, PrebuiltFrame) else
-                  [(slot.count, slot.max_message_bytes,
+                  [(slot.count, slot.max_message_bytes, slot.schema_version,
                     lambda part=part, slot=slot: part.read_payload(slot)) for slot in part.slots])
-        for count, largest, payload in pieces:
+        for count, largest, version, payload in pieces:
             if largest > limit:
-                sizes = message_sizes(pa.Table.from_batches([decode_payload(payload())]))
+                rows = pa.Table.from_batches([decode_payload(payload(), stored_schema(version))])
+                sizes = message_sizes(rows, value_sizes=value_sizes(rows.column("value"))
+                                      if version else None)
                 row = first_oversized(sizes, limit)
                 if row is not None:
                     raise MessageTooLargeError(stream, index + row, int(sizes[row]), limit)

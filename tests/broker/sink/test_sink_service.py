@@ -337,11 +337,10 @@ def test_commit_listing_staging_of_an_older_broker_is_refused_naming_its_format(
     """An upgrade in the middle of a batch: a staging file in the Arrow IPC stream format of
     brokers before staged frames is refused, naming its format and the one this broker
     reads, logged once; nothing is appended, and the batch staged again commits."""
-    from npstream.broker.sink.staging import prepare_stage
-
     sink.stage("s-upgrade", 0, "0-1", stream_name, pa.table({"value": ["new"], "id": ["n"]}))
-    old = prepare_stage(pa.table({"value": ["old1", "old2"], "id": ["o1", None]}), stream_name,
-                        lambda stream: 1 << 20)
+    # What format 0 stored: the routed rows with their stream column, in one IPC stream.
+    old = pa.table({"stream": [stream_name] * 2, "value": [b"old1", b"old2"],
+                    "id": ["o1", None]})
     path = Path(broker.data_dir) / "sink" / "s-upgrade" / "0" / "0-0.arrow"
     with pa.OSFile(str(path), "wb") as out, pa.ipc.new_stream(out, old.schema) as writer:
         writer.write_table(old)

@@ -12,12 +12,13 @@ from pathlib import Path
 import crc32c
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 
 from npstream.broker.errors import InvalidArgumentError, StagingFormatError
 from npstream.broker.sink import staging_format
 from npstream.broker.sink.staging import (
+    PreparedStage,
+    StageTarget,
     StagingArea,
     check_sink_id,
     check_staging_id,
@@ -30,21 +31,22 @@ from npstream.proto.schema import HEADERS_TYPE, MESSAGE_SCHEMA
 
 
 def limits(limit: int = 1 << 20):
-    return lambda stream: limit
+    return lambda stream: StageTarget(limit)
 
 
 def test_prepare_stage_with_stream_column_routes_rows_and_falls_back_to_default():
     data = pa.table({"value": ["a", "b", "c"], "stream": ["x", None, "y"]})
     staged = prepare_stage(data, "d", limits())
-    assert staged.column("stream").to_pylist() == ["x", "d", "y"]
-    assert staged.column("value").to_pylist() == [b"a", b"b", b"c"]
-    assert staged.schema.metadata[b"npstream.streams"] == b'["d", "x", "y"]'
-    assert staged.schema.metadata[b"npstream.rows"] == b"3"
+    assert staged.streams == ["d", "x", "y"]
+    assert {s: staged.rows_for(s).column("value").to_pylist() for s in staged.streams} == {
+        "d": [b"b"], "x": [b"a"], "y": [b"c"]}
+    assert staged.num_rows == 3
 
 
 def test_prepare_stage_without_stream_column_sends_all_rows_to_default():
     staged = prepare_stage(pa.table({"value": [b"1", b"2"]}), "orders", limits())
-    assert staged.column("stream").to_pylist() == ["orders", "orders"]
+    assert staged.streams == ["orders"]
+    assert staged.rows_for("orders").column("value").to_pylist() == [b"1", b"2"]
 
 
 def test_prepare_stage_null_stream_without_default_names_the_row():
@@ -79,7 +81,7 @@ def test_prepare_stage_oversized_row_names_row_stream_and_limit():
     with pytest.raises(InvalidArgumentError,
                        match=r"row 2 for stream 'small' is 4 bytes, over the stream's "
                              r"max_message_bytes=3; nothing was staged"):
-        prepare_stage(data, "", per_stream.__getitem__)
+        prepare_stage(data, "", lambda stream: StageTarget(per_stream[stream]))
 
 
 def test_prepare_stage_missing_value_column_is_rejected():
@@ -100,14 +102,15 @@ def test_prepare_stage_unknown_column_is_rejected():
 def test_prepare_stage_keeps_ids_and_leaves_missing_ones_to_the_broker():
     data = pa.table({"value": ["a", "b"], "id": ["keep", None]})
     staged = prepare_stage(data, "s", limits())
-    assert staged.column("id").to_pylist() == ["keep", None]
-    assert "id" not in prepare_stage(pa.table({"value": ["a"]}), "s", limits()).column_names
+    assert staged.rows_for("s").column("id").to_pylist() == ["keep", None]
+    assert "id" not in prepare_stage(pa.table({"value": ["a"]}), "s",
+                                     limits()).rows_for("s").column_names
 
 
 def test_prepare_stage_casts_string_key_and_string_headers():
     headers = pa.array([[("h", "vv")], None], pa.map_(pa.string(), pa.string()))
     data = pa.table({"value": ["a", "b"], "key": ["k", None], "headers": headers})
-    staged = prepare_stage(data, "s", limits())
+    staged = prepare_stage(data, "s", limits()).rows_for("s")
     assert staged.schema.field("key").type == pa.binary()
     assert staged.schema.field("headers").type == HEADERS_TYPE
     assert staged.column("headers").to_pylist() == [[("h", b"vv")], None]
@@ -129,7 +132,7 @@ def test_check_ids_path_like_value_is_rejected(bad):
         check_staging_id(bad)
 
 
-def staged(values: list[str], stream: str = "s") -> pa.Table:
+def staged(values: list[str], stream: str = "s") -> PreparedStage:
     return prepare_stage(pa.table({"value": values}), stream, limits())
 
 
@@ -148,7 +151,7 @@ def test_staging_area_rewrite_of_same_id_replaces_the_file(tmp_path: Path):
     area = StagingArea(tmp_path)
     area.write("k", 0, "st", staged(["old", "old"]))
     area.write("k", 0, "st", staged(["new"]))
-    assert area.read("k", 0, "st").table.column("value").to_pylist() == [b"new"]
+    assert area.read("k", 0, "st").rows_for("s").column("value").to_pylist() == [b"new"]
     assert sorted(p.name for p in (tmp_path / "k" / "0").iterdir()) == ["st.arrow", "st.index"]
 
 
@@ -308,9 +311,8 @@ def test_staging_file_in_format_1_is_refused_naming_its_format(tmp_path: Path):
         with pa.ipc.new_stream(sink, MESSAGE_SCHEMA) as writer:
             writer.write_batch(pa.RecordBatch.from_pylist([], MESSAGE_SCHEMA))
             for stream in ("a", "b"):
-                rows = table.filter(pc.equal(table.column("stream"), stream))
                 batch = build_message_batch(
-                    complete_publish_table(rows.drop_columns(["stream"])), 0, 0, b"f" * 16)
+                    complete_publish_table(table.rows_for(stream)), 0, 0, b"f" * 16)
                 position = sink.tell()
                 writer.write_batch(batch)
                 frames.append([stream, batch.num_rows, 0, position, sink.tell() - position, 1])
@@ -327,7 +329,7 @@ def test_staging_file_in_format_1_is_refused_naming_its_format(tmp_path: Path):
 def test_staging_file_of_an_older_broker_is_refused_naming_its_format(tmp_path: Path):
     """Before staged frames, a staging file was an Arrow IPC stream with a stream column."""
     area = StagingArea(tmp_path)
-    old = prepare_stage(pa.table({"value": ["1", "2"], "stream": ["a", "b"]}), "", limits())
+    old = pa.table({"stream": ["a", "b"], "value": [b"1", b"2"]})
     path = area.path("k", 4, "old")
     path.parent.mkdir(parents=True)
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, old.schema) as writer:

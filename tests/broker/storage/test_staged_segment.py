@@ -9,7 +9,7 @@ import pytest
 
 from npstream.broker import faults
 from npstream.broker.errors import MessageTooLargeError
-from npstream.broker.sink.staging import prepare_stage
+from npstream.broker.sink.staging import StageTarget, prepare_stage
 from npstream.broker.sink.staging_format import StagedFrames, build_staging
 from npstream.broker.storage import StreamConfig
 from npstream.broker.storage.direct_write import DirectFileWriter
@@ -26,7 +26,7 @@ def stage(directory: Path, name: str, values: list[str], *, ids: list[str | None
     columns: dict[str, object] = {"value": values}
     if ids is not None:
         columns["id"] = pa.array(ids, pa.string())
-    table = prepare_stage(pa.table(columns), STREAM, lambda stream: 1 << 20)
+    table = prepare_stage(pa.table(columns), STREAM, lambda stream: StageTarget(1 << 20))
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.arrow"
     pieces, index = build_staging(table, max_frame_bytes)
@@ -223,7 +223,7 @@ def test_stamping_a_file_this_broker_staged_reads_nothing_back_and_after_a_resta
     area = StagingArea(data_dir.parent / "sink", max_frame_bytes=2048)
     for name in ("a", "b"):
         table = prepare_stage(pa.table({"value": [f"{name}{i}" for i in range(300)]}), STREAM,
-                              lambda stream: 1 << 20)
+                              lambda stream: StageTarget(1 << 20))
         area.write("sink", 0, name, table)
     preadv_calls.clear()
     storage = make_storage()

@@ -311,7 +311,8 @@ def test_kill_and_restart_keeps_schemas_and_data(broker_factory, tmp_path):
         assert again.stored_count == 0
 
 
-# ---------------------------------------------------------------- groups and the sink
+# ---------------------------------------------------------------- groups
+# (sink writes into typed streams: tests/broker/sink/test_typed_sink.py)
 
 
 def test_group_deliveries_carry_json_records(client, name):
@@ -325,12 +326,3 @@ def test_group_deliveries_carry_json_records(client, name):
     assert pulled.table.schema == MESSAGE_SCHEMA
     assert [m.json() for m in pulled] == [{"sensorId": "s1", "reading": 2.5},
                                           {"sensorId": "s2", "reading": None}]
-
-
-def test_sink_stage_into_a_typed_stream_is_refused(client, name):
-    from npstream.errors import InvalidArgument
-
-    client.create_stream(name, schema=DDL)
-    sink = client.sink(local_staging=False)
-    with pytest.raises(InvalidArgument, match="typed sink writes come next"):
-        sink.stage("typed-sink", 0, "s0", name, pa.table({"value": [b'{"sensorId": "a"}']}))
