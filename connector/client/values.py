@@ -1,7 +1,9 @@
 """How Python values become message bytes, and how the CLI shows bytes again.
 
 One rule everywhere (SDK, CLI, docs): ``bytes`` are sent as they are, ``str``
-as its UTF-8 bytes, anything else as compact JSON. Keys and header values are
+as its UTF-8 bytes, anything else as compact JSON (``datetime`` and ``date``
+inside it as ISO 8601 text, which a typed stream reads as TIMESTAMP and DATE;
+a naive ``datetime`` is taken as UTC there). Keys and header values are
 ``bytes`` or ``str`` only: they are identifiers, and silently JSON-encoding
 them would make ``key=1`` and ``key="1"`` differ in a surprising way.
 """
@@ -9,6 +11,7 @@ them would make ``key=1`` and ``key="1"`` differ in a surprising way.
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -40,6 +43,13 @@ def _reject_constant(name: str) -> object:
     raise ValueError(f"{name} is not JSON")
 
 
+def _json_default(value: object) -> object:
+    """JSON for the objects a typed stream's record commonly holds besides plain JSON types."""
+    if isinstance(value, (datetime.datetime, datetime.date)):
+        return value.isoformat()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def encode_value(value: object) -> bytes:
     """Message bytes for ``value``: bytes as is, str as UTF-8, anything else as JSON."""
     if isinstance(value, bytes):
@@ -50,7 +60,7 @@ def encode_value(value: object) -> bytes:
         return value.encode("utf-8")
     try:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
-                          allow_nan=False).encode("utf-8")
+                          allow_nan=False, default=_json_default).encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(
             f"value of type {type(value).__name__} cannot be sent: use bytes, str or a "

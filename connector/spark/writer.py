@@ -14,7 +14,10 @@ How a micro-batch is written (docs/exactly-once.md has the whole argument):
    attempt that was never listed (a failed or speculative attempt) is never
    appended and is garbage-collected by the broker.
 
-Rows move as Arrow end to end: the task never converts to Python rows.
+Rows move as Arrow end to end: the task never converts to Python rows. A
+typed stream's fields written as columns are packed into the ``value``
+struct by each task (no copy); the broker converts them to the stream's
+schema at Stage (write_target.py checks them against it at query start).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pyspark.sql.datasource import (
 )
 
 from npstream.errors import NpstreamError
+from npstream.spark.write_target import check_write_target
 from npstream.spark.writer_options import WriteOptions, parse_write_options
 
 __all__ = [
@@ -73,15 +77,31 @@ class NpstreamCommitMessage(WriterCommitMessage):
     rows: int = 0
 
 
+def _packed(batch: pa.RecordBatch, value_fields: tuple[str, ...]) -> pa.RecordBatch:
+    """``batch`` with ``value_fields`` as one struct column ``value`` (a typed record; no copy)."""
+    fields = [batch.schema.field(name) for name in value_fields]
+    value = pa.StructArray.from_arrays([batch.column(name) for name in value_fields],
+                                       fields=fields)
+    rest = [name for name in batch.schema.names if name not in value_fields]
+    return pa.RecordBatch.from_arrays([*(batch.column(name) for name in rest), value],
+                                      names=[*rest, "value"])
+
+
 def _chunks(batches: Iterable[pa.RecordBatch], columns: tuple[str, ...],
-            target_bytes: int) -> Iterator[pa.Table]:
-    """Tables of about target_bytes of the wanted columns (batches are sliced, never copied)."""
+            target_bytes: int, value_fields: tuple[str, ...] = ()) -> Iterator[pa.Table]:
+    """Tables of about target_bytes of the wanted columns (batches are sliced, never copied).
+
+    ``value_fields``: columns that are a typed stream's fields, packed into
+    the ``value`` struct the broker expects.
+    """
     pending: list[pa.RecordBatch] = []
     pending_bytes = 0
     for batch in batches:
         if batch.num_rows == 0:
             continue
         batch = batch.select(list(columns))
+        if value_fields:
+            batch = _packed(batch, value_fields)
         size = batch.nbytes
         if size > target_bytes and batch.num_rows > 1:
             rows_per_chunk = max(1, int(batch.num_rows * target_bytes / size))
@@ -138,7 +158,8 @@ def _stage_all(options: WriteOptions, batch_id: int, iterator: Iterable[pa.Recor
                 raise wrapped from None
 
         in_flight: deque[Future[None]] = deque()
-        for table in _chunks(iterator, options.columns, options.stage_bytes):
+        for table in _chunks(iterator, options.columns, options.stage_bytes,
+                             options.value_fields):
             if len(in_flight) >= STAGE_REQUESTS_IN_FLIGHT:
                 in_flight.popleft().result()
             staging_id = f"{prefix}-{len(message.staging_ids)}"
@@ -234,13 +255,17 @@ class NpstreamBatchWriter(_OptionsHolder, DataSourceArrowWriter):
 
 
 def make_stream_writer(options: dict[str, str], schema: Any) -> NpstreamStreamWriter:
-    """The streaming writer for a query (options and schema validated here, on the driver)."""
-    return NpstreamStreamWriter(parse_write_options(options, schema, "stream"))
+    """The streaming writer for a query (options, schema and target checked here, on the driver)."""
+    checked = parse_write_options(options, schema, "stream")
+    check_write_target(checked)
+    return NpstreamStreamWriter(checked)
 
 
 def make_batch_writer(options: dict[str, str], schema: Any,
                       overwrite: bool) -> NpstreamBatchWriter:
     """The batch writer for one job, under a fresh sink id (one all-or-nothing commit)."""
     sink_id = f"batch-{uuid.uuid4().hex}"
-    return NpstreamBatchWriter(parse_write_options(options, schema, "batch", overwrite=overwrite,
-                                                   batch_sink_id=sink_id))
+    checked = parse_write_options(options, schema, "batch", overwrite=overwrite,
+                                  batch_sink_id=sink_id)
+    check_write_target(checked)
+    return NpstreamBatchWriter(checked)

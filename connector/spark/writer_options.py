@@ -24,9 +24,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlparse
 
+import pyarrow as pa
+
 from npstream.errors import InvalidArgument
 from npstream.proto.names import NAME_RULE, STREAM_NAME_RE, validate_stream_name
 from npstream.proto.units import parse_size
+from npstream.proto.value_schema import SchemaError, normalize_schema
 from npstream.spark.options import (
     BOTH,
     CONNECTION_SPECS,
@@ -103,6 +106,10 @@ WRITE_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("stageBytes", DEFAULT_STAGE_BYTES, _parse_stage_bytes,
                "a size between 64KiB and 32MiB such as 4MiB", BOTH,
                "Arrow bytes per Stage request sent by a task."),
+    OptionSpec("createStream", "false", parse_bool, "true or false", BOTH,
+               "Create the target stream (the 'stream' option) when it does not exist: "
+               "typed with the data's schema when the value is written as columns or as a "
+               "struct, untyped when it is a binary/string 'value' column."),
     OptionSpec("localStaging", "true", parse_bool, "true or false", BOTH,
                "Tasks on the broker's machine hand their rows over in a file of the "
                "broker's stage inbox (checked, with gRPC as the fallback); false: always "
@@ -117,7 +124,9 @@ _SPECS_BY_KEY: dict[str, OptionSpec] = {spec.name.lower(): spec for spec in WRIT
 # The documented names of every write option (source.py checks unknown options against it).
 WRITER_OPTIONS: frozenset[str] = frozenset(spec.name for spec in WRITE_SPECS)
 
-# Input columns: name -> the Spark types accepted (simpleString form).
+# Input columns: name -> the Spark types accepted (simpleString form). A struct
+# ``value`` (a typed stream's record) is accepted too, and with no ``value``
+# column at all the other columns are a typed stream's fields (module doc).
 ACCEPTED_COLUMNS: dict[str, tuple[str, ...]] = {
     "value": ("string", "binary"),
     "key": ("string", "binary"),
@@ -145,6 +154,12 @@ class WriteOptions:
     columns: tuple[str, ...]  # input columns sent to the broker, in input order
     use_stream_column: bool
     local_staging: bool
+    create_stream: bool = False
+    # Typed writes (docs/typed-streams.md): the input columns a task packs into the
+    # ``value`` struct (empty: the value is a column of its own), and the value's
+    # Arrow schema (fields of the struct), None for a binary/string value.
+    value_fields: tuple[str, ...] = ()
+    value_schema: pa.Schema | None = None
 
 
 def checkpoint_sink_id(checkpoint_location: str) -> str:
@@ -164,11 +179,63 @@ def _query_sink_id(query_name: str) -> str:
     return "q-" + hashlib.sha256(query_name.encode()).hexdigest()[:24]
 
 
-def _check_columns(schema: Any) -> tuple[str, ...]:
-    """The input columns to send; InvalidOptionError for an unusable column or type."""
+@dataclass(frozen=True)
+class _Columns:
+    """What the input schema says about a write (``_check_columns``)."""
+
+    sent: tuple[str, ...]  # input columns sent to the broker, in input order
+    value_fields: tuple[str, ...] = ()  # packed into the value struct by each task
+    value_schema: pa.Schema | None = None  # the typed value's fields; None: bytes
+
+
+def _value_schema(fields: list[Any], where: str) -> pa.Schema:
+    """The Arrow schema of a typed value's Spark fields, as a value schema (normalized)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    try:
+        return normalize_schema(to_arrow_schema(StructType(fields), timezone="UTC"))
+    except SchemaError as exc:
+        name = (exc.field or "").split(".")[0]
+        spark_type = next((f.dataType.simpleString() for f in fields if f.name == name), "?")
+        raise InvalidOptionError(
+            f"{where.format(name=name)} has type {spark_type}, which a typed stream cannot "
+            f"hold: {exc}. Cast or drop it before writing.") from None
+    except (TypeError, AssertionError) as exc:  # pyspark's converter refuses the type
+        raise InvalidOptionError(f"The data to write has a type a typed stream cannot hold: "
+                                 f"{exc}") from None
+
+
+def _check_columns(schema: Any) -> _Columns:
+    """The input columns to send; InvalidOptionError for an unusable column or type.
+
+    Three shapes: a binary/string ``value`` (untyped, or JSON objects for a
+    typed stream), a struct ``value`` (a typed stream's record, e.g. a read
+    with valueColumns=struct), or no ``value`` column: then every column
+    that is not ``id``, ``key``, ``headers``, ``stream`` (or the ignored
+    ``offset``, ``timestamp``) is a field of a typed stream's record.
+    """
     fields = {f.name: f.dataType.simpleString() for f in schema.fields}
     accepted = ", ".join(f"{name} ({' or '.join(types)})"
                          for name, types in ACCEPTED_COLUMNS.items())
+    value = next((f for f in schema.fields if f.name == "value"), None)
+    if value is None:
+        envelope = [f for f in schema.fields if f.name in ACCEPTED_COLUMNS]
+        record = [f for f in schema.fields
+                  if f.name not in ACCEPTED_COLUMNS and f.name not in IGNORED_COLUMNS]
+        if not record:
+            raise InvalidOptionError(
+                f"The data to write has no 'value' column (columns: {', '.join(fields) or 'none'})"
+                f" and no other column to write as a typed stream's fields. Accepted columns: "
+                f"{accepted}, or a typed stream's fields as columns.")
+        _check_envelope_types(envelope)
+        value_schema = _value_schema(record, "Column '{name}'")
+        return _Columns(tuple(f.name for f in schema.fields if f.name not in IGNORED_COLUMNS),
+                        tuple(f.name for f in record), value_schema)
+    if value.dataType.typeName() == "struct":
+        value_schema = _value_schema(list(value.dataType.fields), "Field 'value.{name}'")
+    else:
+        value_schema = None
     for name, type_name in fields.items():
         if name in IGNORED_COLUMNS:
             continue
@@ -176,16 +243,23 @@ def _check_columns(schema: Any) -> tuple[str, ...]:
             raise InvalidOptionError(
                 f"Column '{name}' ({type_name}) cannot be written to npstream. Accepted columns: "
                 f"{accepted}; {' and '.join(repr(c) for c in sorted(IGNORED_COLUMNS))} are ignored "
-                "(the broker assigns them). Select or rename the columns before writing.")
-        if type_name not in ACCEPTED_COLUMNS[name]:
+                "(the broker assigns them). Select or rename the columns before writing; to "
+                "write a typed stream's fields as columns, drop the 'value' column.")
+    _check_envelope_types([f for f in schema.fields if f.name in ACCEPTED_COLUMNS
+                           and not (f.name == "value" and value_schema is not None)])
+    return _Columns(tuple(name for name in fields if name not in IGNORED_COLUMNS),
+                    (), value_schema)
+
+
+def _check_envelope_types(columns: list[Any]) -> None:
+    for column in columns:
+        type_name = column.dataType.simpleString()
+        if type_name not in ACCEPTED_COLUMNS[column.name]:
             raise InvalidOptionError(
-                f"Column '{name}' has type {type_name}; the npstream writer accepts "
-                f"{' or '.join(ACCEPTED_COLUMNS[name])}. Cast it before writing.")
-    if "value" not in fields:
-        raise InvalidOptionError(
-            f"The data to write has no 'value' column (columns: {', '.join(fields) or 'none'}); "
-            f"it is required. Accepted columns: {accepted}.")
-    return tuple(name for name in fields if name not in IGNORED_COLUMNS)
+                f"Column '{column.name}' has type {type_name}; the npstream writer accepts "
+                f"{' or '.join(ACCEPTED_COLUMNS[column.name])}"
+                + (" (or a struct: a typed stream's record)" if column.name == "value" else "")
+                + ". Cast it before writing.")
 
 
 def parse_write_options(options: Mapping[str, str], schema: Any, mode: WriteMode, *,
@@ -216,7 +290,8 @@ def parse_write_options(options: Mapping[str, str], schema: Any, mode: WriteMode
             "Use mode('append'), or delete the stream's messages first.")
     connection = parse_connection_options(
         {k: v for k, v in raw.items() if k in {s.name.lower() for s in CONNECTION_SPECS}}, env)
-    columns = _check_columns(schema)
+    checked = _check_columns(schema)
+    columns = checked.sent
     stream: str | None = values.get("stream")
     if stream is None and "stream" not in columns:
         raise InvalidOptionError(
@@ -240,7 +315,14 @@ def parse_write_options(options: Mapping[str, str], schema: Any, mode: WriteMode
             "Cannot name the sink: set the option 'sinkId', or 'checkpointLocation' on the "
             "query (the sink id is derived from it so that a restarted query recognises its "
             "own commits).")
+    if values["createStream"] and stream is None:
+        raise InvalidOptionError(
+            "Option 'createStream' (value 'true') needs the option 'stream' naming the stream "
+            "to create; rows routed by a 'stream' column go to existing streams only.")
     return WriteOptions(mode=mode, connection=connection, sink_id=sink_id, stream=stream,
                         stage_bytes=values["stageBytes"], columns=columns,
                         use_stream_column=use_stream_column,
-                        local_staging=values["localStaging"])
+                        local_staging=values["localStaging"],
+                        create_stream=values["createStream"],
+                        value_fields=checked.value_fields,
+                        value_schema=checked.value_schema)

@@ -11,9 +11,11 @@ The package also holds the column-wise operations both sides need on values:
 turning published values (a struct column, or JSON objects one per message)
 into the schema's struct (``value_struct``), bringing a batch stored under an
 older version to the latest one (``conform_batch``), the evolution rules
-(``check_evolution``) and per-message sizes for ``max_message_bytes``
-(``value_sizes``). None of them loops over rows in Python on the success path;
-only locating the first bad message of a refused request does.
+(``check_evolution``), per-message sizes for ``max_message_bytes``
+(``value_sizes``) and, for writers that know only their columns' types yet,
+which of them can never be written (``writable_problems``). None of them
+loops over rows in Python on the success path; only locating the first bad
+message of a refused request does.
 
 Modules: ``errors`` (the three errors), ``types`` (the supported types'
 DDL/Arrow/Spark names), ``parse`` (DDL and Spark JSON in), ``normalize``
@@ -24,7 +26,7 @@ JSON reader), ``sizes`` (``value_sizes``). Import from the package: the names
 below are its API.
 """
 
-from npstream.proto.value_schema.conform import conform_batch, stored_schema
+from npstream.proto.value_schema.conform import conform_batch, stored_schema, writable_problems
 from npstream.proto.value_schema.errors import (
     IncompatibleSchemaError,
     SchemaError,
@@ -57,4 +59,5 @@ __all__ = [
     "to_spark_json",
     "value_sizes",
     "value_struct",
+    "writable_problems",
 ]

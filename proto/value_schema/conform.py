@@ -357,3 +357,58 @@ def conform_batch(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
     columns = [value if name == "value" else batch.column(batch.schema.get_field_index(name))
                for name in target.names]
     return pa.RecordBatch.from_arrays(columns, schema=target)
+
+
+def writable_problems(source: pa.Schema, target: pa.Schema) -> list[tuple[str, str]]:
+    """(field path, problem) for each field of ``source`` that can never be written as ``target``.
+
+    A writer that knows its columns' types before it has any rows (Spark, at
+    query start) checks them here by type alone, with the rules the values
+    are converted by later (``value_struct``): fields match by name, a field
+    ``target`` lacks is refused, a missing NOT NULL field is refused, types
+    must be convertible (a safe cast then checks each value). Nullability of
+    ``source`` is not held against it: nulls in a NOT NULL field are caught
+    when the values come. Empty when every field can be written.
+    """
+    problems: list[tuple[str, str]] = []
+    _writable(pa.struct(list(source)), pa.struct(list(target)), "", problems)
+    return problems
+
+
+def _writable(source: pa.DataType, target: pa.DataType, path: str,
+              problems: list[tuple[str, str]]) -> None:
+    expected = _type_ddl(target)
+    if pa.types.is_null(source) or source == target:
+        return
+    if pa.types.is_struct(target):
+        if not pa.types.is_struct(source):
+            problems.append((path, f"is {_describe(source)}, expected {expected}"))
+            return
+        names = {target.field(i).name: target.field(i) for i in range(target.num_fields)}
+        have = {source.field(i).name: source.field(i) for i in range(source.num_fields)}
+        for name, field in have.items():
+            if name not in names:
+                problems.append((_join(path, name), "is not in the stream's value schema"))
+            else:
+                _writable(field.type, names[name].type, _join(path, name), problems)
+        for name, field in names.items():
+            if name not in have and not field.nullable:
+                problems.append((_join(path, name),
+                                 f"is missing (NOT NULL {_type_ddl(field.type)})"))
+        return
+    if pa.types.is_list(target):
+        if not (pa.types.is_list(source) or pa.types.is_large_list(source)
+                or pa.types.is_fixed_size_list(source)):
+            problems.append((path, f"is {_describe(source)}, expected {expected}"))
+            return
+        _writable(source.value_type, target.value_type, _join(path, "element"), problems)
+        return
+    if pa.types.is_map(target):
+        if not pa.types.is_map(source):
+            problems.append((path, f"is {_describe(source)}, expected {expected}"))
+            return
+        _writable(source.key_type, target.key_type, _join(path, "key"), problems)
+        _writable(source.item_type, target.item_type, _join(path, "value"), problems)
+        return
+    if not _castable(source, target, json_mode=False):
+        problems.append((path, f"is {_describe(source)}, expected {expected}"))

@@ -8,6 +8,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import (
     BinaryType,
+    DayTimeIntervalType,
+    DoubleType,
     IntegerType,
     LongType,
     MapType,
@@ -17,6 +19,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from npstream.proto.value_schema import to_ddl
 from npstream.spark.options import InvalidOptionError
 from npstream.spark.writer import (
     NpstreamCommitMessage,
@@ -25,7 +28,11 @@ from npstream.spark.writer import (
     make_batch_writer,
     make_stream_writer,
 )
-from npstream.spark.writer_options import WRITER_OPTIONS, checkpoint_sink_id
+from npstream.spark.writer_options import (
+    WRITER_OPTIONS,
+    checkpoint_sink_id,
+    parse_write_options,
+)
 
 VALUE_ONLY = StructType([StructField("value", StringType())])
 READER_SCHEMA = StructType([
@@ -38,7 +45,7 @@ READER_SCHEMA = StructType([
 
 def test_writer_options_lists_every_documented_name():
     expected = {"broker", "token", "tls", "tlsRootCertificates", "stream", "sinkId",
-                "stageBytes", "localStaging", "checkpointLocation", "queryName"}
+                "stageBytes", "createStream", "localStaging", "checkpointLocation", "queryName"}
     assert set(WRITER_OPTIONS) == expected
 
 
@@ -173,3 +180,60 @@ def test_staging_ids_follow_partition_order_and_skip_failed_tasks():
     messages = [NpstreamCommitMessage(2, ["2a"]), None, NpstreamCommitMessage(0, ["0a", "0b"]),
                 NpstreamCommitMessage(1, [])]
     assert _staging_ids(messages) == ["0a", "0b", "2a"]
+
+
+# ---------------------------------------------------------------- typed writes
+
+READINGS = StructType([
+    StructField("id", StringType()), StructField("sensorId", StringType(), False),
+    StructField("reading", DoubleType()), StructField("ts", TimestampType()),
+    StructField("offset", LongType()),
+])
+
+
+def test_columns_without_value_are_a_typed_record_with_the_envelope_kept_apart():
+    options = parse_write_options({"stream": "t"}, READINGS, "batch", batch_sink_id="b")
+    assert options.columns == ("id", "sensorId", "reading", "ts")
+    assert options.value_fields == ("sensorId", "reading", "ts")
+    assert to_ddl(options.value_schema) == "sensorId STRING NOT NULL, reading DOUBLE, ts TIMESTAMP"
+
+
+def test_struct_value_column_is_a_typed_record():
+    schema = StructType([StructField("key", StringType()), StructField("value", StructType([
+        StructField("sensorId", StringType()), StructField("reading", DoubleType())]))])
+    options = parse_write_options({"stream": "t"}, schema, "batch", batch_sink_id="b")
+    assert options.value_fields == ()
+    assert options.columns == ("key", "value")
+    assert to_ddl(options.value_schema) == "sensorId STRING, reading DOUBLE"
+
+
+def test_a_column_type_no_typed_stream_holds_is_named():
+    schema = StructType([StructField("sensorId", StringType()),
+                         StructField("took", DayTimeIntervalType())])
+    with pytest.raises(InvalidOptionError, match=r"Column 'took' has type interval day to "
+                                                 r"second, which a typed stream cannot hold"):
+        make_batch_writer({"stream": "t"}, schema, False)
+
+
+def test_envelope_column_of_a_typed_record_keeps_its_type_rule():
+    schema = StructType([StructField("key", IntegerType()), StructField("n", IntegerType())])
+    with pytest.raises(InvalidOptionError, match=r"Column 'key' has type int; the npstream "
+                                                 r"writer accepts string or binary"):
+        make_batch_writer({"stream": "t"}, schema, False)
+
+
+def test_create_stream_needs_the_stream_option():
+    with pytest.raises(InvalidOptionError, match=r"'createStream' \(value 'true'\) needs the "
+                                                 r"option 'stream'"):
+        make_batch_writer({"createStream": "true"}, READER_SCHEMA, False)
+
+
+def test_chunks_pack_record_columns_into_the_value_struct_without_copying():
+    sensor = pa.array(["a", "b"])
+    batch = pa.record_batch({"id": ["r1", "r2"], "sensorId": sensor, "reading": [1.5, None]})
+    (table,) = _chunks([batch], ("id", "sensorId", "reading"), 1 << 20, ("sensorId", "reading"))
+    assert table.column_names == ["id", "value"]
+    assert table.column("value").to_pylist() == [{"sensorId": "a", "reading": 1.5},
+                                                 {"sensorId": "b", "reading": None}]
+    packed = table.column("value").chunk(0).field("sensorId")
+    assert packed.buffers()[2].address == sensor.buffers()[2].address
