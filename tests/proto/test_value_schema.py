@@ -940,3 +940,37 @@ def test_value_struct_json_reads_a_message_larger_than_the_json_block():
     result = value_struct(values, parse_schema("blob STRING"))
 
     assert result.field("blob").to_pylist() == [big, "small"]
+
+
+# ---------------------------------------------------------------- writable_problems
+
+
+def test_writable_problems_empty_for_convertible_columns():
+    from npstream.proto.value_schema import writable_problems
+
+    target = parse_schema("sensorId STRING NOT NULL, reading DOUBLE, ts TIMESTAMP, "
+                          "tags ARRAY<INT>, attrs MAP<STRING, BIGINT>")
+    source = pa.schema([("sensorId", pa.string()), ("reading", pa.float32()),
+                        ("ts", pa.timestamp("us", tz="Europe/Paris")),
+                        ("tags", pa.list_(pa.int64())),
+                        ("attrs", pa.map_(pa.string(), pa.int32()))])
+    assert writable_problems(source, target) == []
+    assert writable_problems(pa.schema([("sensorId", pa.string())]), target) == []
+
+
+def test_writable_problems_names_every_field_and_rule():
+    from npstream.proto.value_schema import writable_problems
+
+    target = parse_schema("sensorId STRING NOT NULL, reading DOUBLE, "
+                          "pos STRUCT<x: DOUBLE NOT NULL>, tags ARRAY<INT>")
+    source = pa.schema([("reading", pa.string()), ("color", pa.string()),
+                        ("pos", pa.struct([("y", pa.float64())])),
+                        ("tags", pa.list_(pa.string()))])
+    assert writable_problems(source, target) == [
+        ("reading", "is STRING, expected DOUBLE"),
+        ("color", "is not in the stream's value schema"),
+        ("pos.y", "is not in the stream's value schema"),
+        ("pos.x", "is missing (NOT NULL DOUBLE)"),
+        ("tags.element", "is STRING, expected INT"),
+        ("sensorId", "is missing (NOT NULL STRING)"),
+    ]
