@@ -27,6 +27,12 @@ def build_parser(prog: str = "python -m npstream.broker") -> argparse.ArgumentPa
     parser.add_argument("--ready-file", type=Path,
                         help="write host:port here once serving (removed at stop)")
     parser.add_argument("--log-level", help="DEBUG, INFO (default), WARNING or ERROR")
+    parser.add_argument("--tokens-file", type=Path,
+                        help="TOML file of tokens and their read/write/admin stream globs "
+                             "(reloaded on SIGHUP and when it changes; docs/broker.md)")
+    parser.add_argument("--allow-insecure", action="store_true", default=None,
+                        help="serve on a non-loopback address without auth or TLS "
+                             "(refused otherwise)")
     return parser
 
 
@@ -40,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config, os.environ, cli={
             "data_dir": args.data_dir, "host": args.host, "port": args.port,
             "log_level": args.log_level,
+            "tokens_file": str(args.tokens_file) if args.tokens_file else None,
+            "allow_insecure": args.allow_insecure,
         })
     except ConfigError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")

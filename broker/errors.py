@@ -25,11 +25,13 @@ __all__ = [
     "InvalidArgumentError",
     "MessageTooLargeError",
     "OffsetOutOfRangeError",
+    "PermissionDeniedError",
     "SchemaIncompatibleError",
     "SchemaInvalidError",
     "ShuttingDownError",
     "StreamNeedsRepairError",
     "StreamNotFoundError",
+    "UnauthenticatedError",
     "ValueMismatchError",
 ]
 
@@ -157,6 +159,35 @@ class StreamNeedsRepairError(BrokerError):
         )
         self.stream = stream
         self.cause = cause
+
+
+class UnauthenticatedError(BrokerError):
+    """No token, or one the broker does not know (the auth interceptor, or a reload since)."""
+
+    grpc_code = grpc.StatusCode.UNAUTHENTICATED
+    reason = pb.ERROR_REASON_UNAUTHENTICATED
+
+
+class PermissionDeniedError(BrokerError):
+    """A known token without the right a call needs on a stream.
+
+    The message names the stream and the right, and the token only by the
+    name its tokens-file entry gives it: never the token itself.
+    """
+
+    grpc_code = grpc.StatusCode.PERMISSION_DENIED
+    reason = pb.ERROR_REASON_PERMISSION_DENIED
+
+    def __init__(self, stream: str, right: str, holder: str, action: str = "") -> None:
+        """``stream`` "" for a call that names no stream (it needs the right on some stream)."""
+        doing = f" to {action}" if action else ""
+        where = f"on stream '{stream}'" if stream else "on any stream"
+        super().__init__(
+            f"permission denied: token '{holder}' lacks the '{right}' right {where}{doing} "
+            "(grant it in the broker's tokens file)")
+        self.stream = stream
+        self.right = right
+        self.holder = holder
 
 
 class ShuttingDownError(BrokerError):

@@ -44,6 +44,7 @@ __all__ = [
     "MessageTooLarge",
     "NpstreamError",
     "OffsetOutOfRange",
+    "PermissionDenied",
     "SinkConflict",
     "StagingNotFound",
     "StreamNeedsRepair",
@@ -179,6 +180,17 @@ class Unauthenticated(NpstreamError):
     code = grpc.StatusCode.UNAUTHENTICATED
 
 
+class PermissionDenied(NpstreamError, PermissionError):
+    """The token is valid but lacks the right (read, write, admin) a call needs on a stream.
+
+    The message names the stream and the missing right; retrying does not
+    help until the broker's tokens file grants it (the broker reloads it
+    without a restart, and this client's next call uses the new rights).
+    """
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class BrokerUnavailable(NpstreamError, ConnectionError):
     """The broker could not be reached within the deadline (after retries)."""
 
@@ -212,6 +224,7 @@ REASON_CLASSES: Mapping[pb.ErrorReason, type[NpstreamError]] = {
     pb.ERROR_REASON_SCHEMA_INVALID: InvalidSchema,
     pb.ERROR_REASON_SCHEMA_INCOMPATIBLE: IncompatibleSchema,
     pb.ERROR_REASON_VALUE_MISMATCH: ValueMismatch,
+    pb.ERROR_REASON_PERMISSION_DENIED: PermissionDenied,
 }
 
 # The class when no reason came with the error: gRPC's own failures
@@ -227,6 +240,7 @@ CODE_CLASSES: Mapping[grpc.StatusCode, type[NpstreamError]] = {
     grpc.StatusCode.FAILED_PRECONDITION: StreamNeedsRepair,
     grpc.StatusCode.DATA_LOSS: CorruptRecord,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.UNAVAILABLE: BrokerUnavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: BrokerUnavailable,
 }

@@ -6,6 +6,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,47 @@ def spark() -> Iterator[object]:
     )
     yield session
     session.stop()
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files made at test time: a CA, the broker's certificate, clients' certificates."""
+
+    ca: Path            # the CA that signed server and client certificates
+    server_cert: Path   # for localhost and 127.0.0.1
+    server_key: Path
+    client_cert: Path   # signed by ``ca``
+    client_key: Path
+    stranger_cert: Path  # a client certificate of another CA
+    stranger_key: Path
+
+    @property
+    def broker_env(self) -> dict[str, str]:
+        """TLS with client certificates required (mutual TLS)."""
+        return {"NPSTREAM_TLS_CERT_FILE": str(self.server_cert),
+                "NPSTREAM_TLS_KEY_FILE": str(self.server_key),
+                "NPSTREAM_TLS_CLIENT_CA_FILE": str(self.ca)}
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> TlsFiles:
+    """Certificates from trustme (a Python library: no `openssl` CLI needed)."""
+    import trustme
+
+    ca, other_ca = trustme.CA(), trustme.CA()
+    server = ca.issue_cert("localhost", "127.0.0.1")
+    client = ca.issue_cert("client.npstream.test")
+    stranger = other_ca.issue_cert("stranger.npstream.test")
+    folder = tmp_path / "tls"
+    folder.mkdir()
+    files = TlsFiles(*(folder / name for name in (
+        "ca.pem", "server.pem", "server-key.pem", "client.pem", "client-key.pem",
+        "stranger.pem", "stranger-key.pem")))
+    ca.cert_pem.write_to_path(str(files.ca))
+    for issued, cert, key in ((server, files.server_cert, files.server_key),
+                              (client, files.client_cert, files.client_key),
+                              (stranger, files.stranger_cert, files.stranger_key)):
+        issued.private_key_pem.write_to_path(str(key))
+        for pem in issued.cert_chain_pems:
+            pem.write_to_path(str(cert), append=True)
+    return files

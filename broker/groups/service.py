@@ -14,6 +14,13 @@ slows itself down. Each time it wakes it takes everything that is ready and
 fits the remaining credits; SubscribeBatches sends that as one DeliveryBatch
 (one gRPC message instead of one per delivery, which is what made push
 delivery CPU-bound), Subscribe as one message per delivery for old clients.
+
+Access control (docs/broker.md "Security"): consuming through a group
+(open, pull, commit, receive, ack, nack, subscribe, describe, list) needs
+``read`` on the stream; Seek and DeleteGroup need ``admin``. A shared group
+that dead-letters (max_deliver > 0) writes to its dead-letter stream, so the
+caller that sets it needs ``write`` there too: a reader must not be able to
+copy a stream into another one it could not publish to.
 """
 
 from __future__ import annotations
@@ -27,9 +34,11 @@ from typing import Any
 import grpc
 from prometheus_client import Counter
 
+from npstream.broker.auth.access import AccessControl, Right
 from npstream.broker.errors import BrokerError, InvalidArgumentError, ShuttingDownError
 from npstream.broker.groups.manager import GroupManager, GroupStatus
 from npstream.broker.groups.shared import Grant, SharedGroup
+from npstream.broker.groups.shared_config import DEAD_LETTER_SUFFIX
 from npstream.broker.groups.tuning import (
     DEFAULT_PULL_LIMIT,
     DEFAULT_RECEIVE_MAX,
@@ -99,6 +108,19 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
         self._manager = manager
         self._max_wait_ms = ctx.config.server.max_fetch_wait_ms
         self._stopping = ctx.stopping
+        self._access: AccessControl = ctx.access
+
+    def _read(self, context: grpc.ServicerContext, stream: str) -> None:
+        self._access.require(context, stream, Right.READ)
+
+    def _shared_access(self, context: grpc.ServicerContext, stream: str,
+                       config: pb.SharedGroupConfig) -> None:
+        """Read on the stream; write on the dead-letter stream when the group dead-letters."""
+        self._read(context, stream)
+        if config.max_deliver > 0:
+            target = config.dead_letter_stream or stream + DEAD_LETTER_SUFFIX
+            self._access.require(context, target, Right.WRITE,
+                                 f"dead-letter messages of '{stream}' into it (max_deliver > 0)")
 
     def _gone(self, context: grpc.ServicerContext) -> Callable[[], bool]:
         """should_stop for long polls: the client left or the broker is stopping."""
@@ -120,6 +142,7 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
     @rpc_method
     def OpenConsumer(self, request: pb.OpenConsumerRequest,
                      context: grpc.ServicerContext) -> pb.OpenConsumerResponse:
+        self._read(context, request.stream)
         start = request.start_from if request.HasField("start_from") else None
         cursor, position, created, ignored = self._manager.open_cursor(
             request.stream, request.group, start)
@@ -131,6 +154,7 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
 
     @rpc_method
     def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> pb.PullResponse:
+        self._read(context, request.stream)
         limit = _bounded("pull", request.stream, "limit", request.limit, DEFAULT_PULL_LIMIT,
                          MAX_PULL_LIMIT)
         _check_non_negative("pull", request.stream, wait_ms=request.wait_ms)
@@ -149,6 +173,7 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
     @rpc_method
     def Commit(self, request: pb.CommitRequest,
                context: grpc.ServicerContext) -> pb.CommitResponse:
+        self._read(context, request.stream)
         which = request.WhichOneof("position")
         if which is None:
             raise InvalidArgumentError(
@@ -165,6 +190,7 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
 
     @rpc_method
     def Seek(self, request: pb.SeekRequest, context: grpc.ServicerContext) -> pb.SeekResponse:
+        self._access.require(context, request.stream, Right.ADMIN)
         target, ticket = self._manager.seek(request.stream, request.group,
                                             request.to if request.HasField("to") else None)
         self._manager.wait_durable(ticket)
@@ -179,6 +205,7 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
     @rpc_method
     def ListGroups(self, request: pb.ListGroupsRequest,
                    context: grpc.ServicerContext) -> pb.ListGroupsResponse:
+        self._read(context, request.stream)
         return pb.ListGroupsResponse(
             groups=[_status_pb(s) for s in self._manager.list(request.stream)]
         )
@@ -186,11 +213,13 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
     @rpc_method
     def DescribeGroup(self, request: pb.DescribeGroupRequest,
                       context: grpc.ServicerContext) -> pb.GroupInfo:
+        self._read(context, request.stream)
         return _status_pb(self._manager.describe(request.stream, request.group))
 
     @rpc_method
     def DeleteGroup(self, request: pb.DeleteGroupRequest,
                     context: grpc.ServicerContext) -> pb.DeleteGroupResponse:
+        self._access.require(context, request.stream, Right.ADMIN)
         return pb.DeleteGroupResponse(deleted=self._manager.delete(request.stream,
                                                                    request.group))
 
@@ -199,6 +228,7 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
     @rpc_method
     def Receive(self, request: pb.ReceiveRequest,
                 context: grpc.ServicerContext) -> pb.ReceiveResponse:
+        self._shared_access(context, request.stream, request.config)
         limit = _bounded("receive", request.stream, "max_messages", request.max_messages,
                          DEFAULT_RECEIVE_MAX, MAX_RECEIVE_MAX)
         _check_non_negative("receive", request.stream, wait_ms=request.wait_ms)
@@ -212,6 +242,7 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
 
     @rpc_method
     def Ack(self, request: pb.AckRequest, context: grpc.ServicerContext) -> pb.AckResponse:
+        self._read(context, request.stream)
         group = self._manager.existing_shared(request.stream, request.group)
         count, committed, ticket = group.ack(list(request.offsets), request.member_id or None)
         self._manager.wait_durable(ticket)
@@ -220,6 +251,7 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
 
     @rpc_method
     def Nack(self, request: pb.NackRequest, context: grpc.ServicerContext) -> pb.NackResponse:
+        self._read(context, request.stream)
         _check_non_negative("nack", request.stream, delay_ms=request.delay_ms)
         group = self._manager.existing_shared(request.stream, request.group)
         return pb.NackResponse(nacked=group.nack(list(request.offsets),
@@ -260,6 +292,7 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
             raise InvalidArgumentError(
                 "the first SubscribeRequest must carry `open` (stream, group, member_id, config)"
             )
+        self._shared_access(context, first.open.stream, first.open.config)
         group, config = self._manager.shared(first.open.stream, first.open.group,
                                              first.open.config)
         member = first.open.member_id or context.peer()
@@ -280,6 +313,9 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
                 if self._stopping.is_set():
                     raise ShuttingDownError(
                         "the broker is shutting down; subscriptions reconnect when it is back")
+                # Rights are those in force now: a tokens reload that takes the
+                # right away ends the subscription within one poll.
+                self._shared_access(context, first.open.stream, first.open.config)
                 credits = session.wait_for_credits(SUBSCRIBE_POLL_S)
                 if credits is None:
                     break

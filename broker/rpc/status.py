@@ -1,4 +1,4 @@
-"""Broker errors to gRPC statuses, in one place, and the auth-token check.
+"""Broker errors to gRPC statuses, in one place, and the auth interceptor.
 
 Servicers raise typed ``BrokerError``s; ``rpc_method`` turns each into its
 ``grpc_code`` with the error's message as details, and its ``reason`` (an
@@ -8,13 +8,14 @@ carries the stream's offsets as trailing metadata (keys in
 npstream.proto.metadata_keys). Anything else is a bug: it is logged once at
 ERROR with its traceback and reported as INTERNAL (reason INTERNAL), never
 swallowed. The auth interceptor's UNAUTHENTICATED carries its reason too:
-every error the broker itself reports has one.
+every error the broker itself reports has one. Which tokens are known, and
+what each may do, is npstream.broker.auth's business: the interceptor only
+asks it whether a call's ``authorization`` value is a known token.
 """
 
 from __future__ import annotations
 
 import functools
-import hmac
 import inspect
 import logging
 from collections.abc import Callable, Iterator
@@ -120,17 +121,22 @@ def rpc_method(func: F) -> F:
 
 
 class AuthInterceptor(grpc.ServerInterceptor):
-    """Reject calls without ``authorization: Bearer <token>`` with UNAUTHENTICATED."""
+    """Reject calls without ``authorization: Bearer <known token>`` with UNAUTHENTICATED.
 
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+    ``authenticated(value)`` gets the call's ``authorization`` metadata value
+    (None when absent): npstream.broker.auth.access.AccessControl.authenticated.
+    What a known token may do is decided later, by the servicer that knows
+    the stream.
+    """
+
+    def __init__(self, authenticated: Callable[[str | bytes | None], bool]) -> None:
+        self._authenticated = authenticated
 
     def _authorized(self, details: grpc.HandlerCallDetails) -> bool:
         for key, value in details.invocation_metadata or ():
             if key == metadata_keys.AUTHORIZATION:
-                given = value.encode() if isinstance(value, str) else value
-                return hmac.compare_digest(given, self._expected)
-        return False
+                return self._authenticated(value)
+        return self._authenticated(None)
 
     def intercept_service(
         self,

@@ -24,6 +24,7 @@ made; ``load_config`` reports every problem at once as a ``ConfigError``.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -39,6 +40,7 @@ from npstream.proto.units import parse_duration_ms, parse_size
 __all__ = [
     "KEYS",
     "SECTIONS",
+    "AuthSettings",
     "BrokerConfig",
     "ConfigError",
     "ConfigKey",
@@ -47,6 +49,7 @@ __all__ = [
     "SinkSettings",
     "StreamsSettings",
     "default_config",
+    "is_loopback_host",
     "load_config",
 ]
 
@@ -133,7 +136,7 @@ def _storage(name: str, parse: Callable[[object], object], field: str | None = N
     return ConfigKey(name, "storage", parse, _STORAGE_DEFAULTS[field or name], field or name)
 
 
-SECTIONS = ("server", "metrics", "streams", "storage", "sink")
+SECTIONS = ("server", "auth", "metrics", "streams", "storage", "sink")
 
 # Every key and its default (conf/broker.toml and docs/broker.md document each one).
 KEYS: tuple[ConfigKey, ...] = (
@@ -151,9 +154,13 @@ KEYS: tuple[ConfigKey, ...] = (
     _key("auth_token", "server", _parse_str, ""),
     _key("tls_cert_file", "server", _parse_str, ""),
     _key("tls_key_file", "server", _parse_str, ""),
+    _key("tls_client_ca_file", "server", _parse_str, ""),
+    _key("allow_insecure", "server", _parse_bool, False),
     _key("local_reads", "server", _parse_bool, True),
     _key("retain_freed_memory", "server", parse_size, "256MiB"),
     _key("cpu_affinity", "server", parse_cpu_affinity, "auto"),
+    # [auth]
+    _key("tokens_file", "auth", _parse_str, ""),
     # [metrics]
     _key("metrics_host", "metrics", _parse_str, "127.0.0.1"),
     _key("metrics_port", "metrics", _parse_optional_port, 7071),
@@ -204,6 +211,8 @@ class ServerSettings:
     auth_token: str = field(repr=False)  # never logged
     tls_cert_file: str
     tls_key_file: str
+    tls_client_ca_file: str
+    allow_insecure: bool
     local_reads: bool
     retain_freed_memory: int
     cpu_affinity: str
@@ -222,7 +231,10 @@ class ServerSettings:
             )
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             problems.append("tls_cert_file and tls_key_file must be set together")
-        for name in ("tls_cert_file", "tls_key_file"):
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            problems.append("tls_client_ca_file (client certificates) needs TLS: set "
+                            "tls_cert_file and tls_key_file too")
+        for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file"):
             value = getattr(self, name)
             if value and not Path(value).is_file():
                 problems.append(f"{name}={value} is not a readable file")
@@ -245,6 +257,26 @@ class ServerSettings:
     @property
     def tls_enabled(self) -> bool:
         return bool(self.tls_cert_file)
+
+
+@dataclass(frozen=True)
+class AuthSettings:
+    """``[auth]``: per-stream rights of bearer tokens (npstream.broker.auth).
+
+    The file itself is read when the broker starts (a bad one refuses the
+    start) and again on SIGHUP or when it changes; here only its path is
+    checked.
+    """
+
+    tokens_file: str
+
+    def __post_init__(self) -> None:
+        if self.tokens_file and not Path(self.tokens_file).is_file():
+            _refuse([f"tokens_file={self.tokens_file} is not a readable file"])
+
+    @property
+    def tokens_path(self) -> Path | None:
+        return Path(self.tokens_file) if self.tokens_file else None
 
 
 @dataclass(frozen=True)
@@ -286,8 +318,20 @@ class SinkSettings:
     sink_stage_inbox: bool
 
 
+def is_loopback_host(host: str) -> bool:
+    """Whether a listen address only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:  # a host name, or "" (every interface): reachable from elsewhere
+        return False
+
+
 _SECTION_TYPES: dict[str, type] = {
     "server": ServerSettings,
+    "auth": AuthSettings,
     "metrics": MetricsSettings,
     "streams": StreamsSettings,
     "storage": StorageSettings,
@@ -305,6 +349,7 @@ class BrokerConfig:
     """
 
     server: ServerSettings
+    auth: AuthSettings
     metrics: MetricsSettings
     streams: StreamsSettings
     storage: StorageSettings
@@ -325,10 +370,24 @@ class BrokerConfig:
                 f"max_batch_bytes={self.storage.max_batch_bytes} must be at most {limit} "
                 f"(half of grpc_max_message_bytes) so a stored batch fits in a Fetch reply"
             )
+        if not (self.auth_enabled or self.server.tls_enabled or self.server.allow_insecure
+                or is_loopback_host(self.server.host)):
+            problems.append(
+                f"refusing to listen on {self.server.host!r}, which is not a loopback address, "
+                "with neither authentication nor TLS: anyone who can reach the port could "
+                "read, write and delete every stream. Set auth_token or [auth] tokens_file "
+                "(and tls_cert_file/tls_key_file), or set allow_insecure = true "
+                "(--allow-insecure, NPSTREAM_ALLOW_INSECURE=true) to serve openly on a "
+                "trusted network")
         if self.storage.data_dir != self.server.data_dir:
             problems.append(f"storage.data_dir={self.storage.data_dir} must be "
                             f"server.data_dir={self.server.data_dir}")
         _refuse(problems)
+
+    @property
+    def auth_enabled(self) -> bool:
+        """Whether calls need a token (``auth_token``, or a tokens file)."""
+        return bool(self.server.auth_token or self.auth.tokens_file)
 
     def values(self) -> dict[str, object]:
         """Every key's value by field name (``port``, ``segment_age_ms``), across sections."""

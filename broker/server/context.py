@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from npstream.broker.auth.access import AccessControl
 from npstream.broker.metadata import Metadata
 from npstream.broker.server.config import BrokerConfig
 from npstream.broker.server.metrics import BrokerMetrics
@@ -32,3 +33,6 @@ class BrokerContext:
     # Set when a graceful stop begins, so long-lived calls (Subscribe, long polls)
     # end at once instead of holding the drain for the whole shutdown grace.
     stopping: threading.Event = field(default_factory=threading.Event)
+    # Who may do what: each servicer asks ``access.require(context, stream, right)``
+    # where it knows the stream (off, allowing everything, without auth configured).
+    access: AccessControl = field(default_factory=AccessControl)

@@ -1,13 +1,15 @@
 """The broker process: build the shared context, wire the services, serve, stop cleanly.
 
 Start order: lock the data dir (two brokers on one data dir would corrupt
-it), open metadata and storage, build the registry and context, register
-StreamService, GroupService, SinkService (sink recovery runs inside its
+it), load the tokens (a bad tokens file refuses the start), open metadata
+and storage, build the registry and context, register StreamService,
+GroupService, SinkService (sink recovery runs inside its
 ``add_to_server``, before any client can call), health and reflection, bind,
 start, then the metrics endpoint and the retention thread, and only then the
 ready file. Stop order on SIGTERM/SIGINT: refuse new calls and wake long
 polls, let in-flight calls finish (``shutdown_grace``), close groups and sink,
-flush and fsync storage, checkpoint SQLite, exit 0.
+flush and fsync storage, checkpoint SQLite, exit 0. SIGHUP reloads the tokens
+file (npstream.broker.auth.access) without dropping a connection.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from npstream.broker.auth.access import AccessControl
+from npstream.broker.auth.tokens import TokensFileError
 from npstream.broker.groups import service as group_service
 from npstream.broker.metadata import Metadata
 from npstream.broker.rpc import status as rpc_status
-from npstream.broker.server.config import BrokerConfig
+from npstream.broker.server.config import BrokerConfig, is_loopback_host
 from npstream.broker.server.context import BrokerContext
 from npstream.broker.server.metrics import BrokerMetrics
 from npstream.broker.sink import service as sink_service
@@ -108,6 +112,10 @@ class BrokerServer:
         data_dir = config.server.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         self._lock_handle = _lock_data_dir(data_dir)
+        try:
+            access = AccessControl(config.server.auth_token, config.auth.tokens_path)
+        except TokensFileError as exc:
+            raise StartupError(str(exc)) from None
         metadata = Metadata(data_dir, synchronous=config.storage.metadata_sync)
         storage = Storage(config.storage)
         listeners: list[Callable[[str], None]] = []
@@ -117,12 +125,13 @@ class BrokerServer:
         rpc_status.observe_errors(metrics.error_counter())
         return BrokerContext(config=config, metadata=metadata, storage=storage,
                              registry=registry, metrics=metrics, on_stream_deleted=listeners,
-                             stopping=self.stopping)
+                             stopping=self.stopping, access=access)
 
     def _build_server(self, ctx: BrokerContext) -> grpc.Server:
         config = self.config.server
         interceptors: list[grpc.ServerInterceptor] = (
-            [rpc_status.AuthInterceptor(config.auth_token)] if config.auth_token else [])
+            [rpc_status.AuthInterceptor(ctx.access.authenticated)] if ctx.access.enabled
+            else [])
         server = grpc.server(
             ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="rpc"),
             interceptors=interceptors,
@@ -155,10 +164,16 @@ class BrokerServer:
         target = f"{config.host}:{config.port}"
         try:
             if config.tls_enabled:
-                credentials = grpc.ssl_server_credentials([(
-                    Path(config.tls_key_file).read_bytes(),
-                    Path(config.tls_cert_file).read_bytes(),
-                )])
+                # With tls_client_ca_file, the TLS handshake itself refuses a client
+                # without a certificate signed by that CA (mutual TLS).
+                client_ca = (Path(config.tls_client_ca_file).read_bytes()
+                             if config.tls_client_ca_file else None)
+                credentials = grpc.ssl_server_credentials(
+                    [(Path(config.tls_key_file).read_bytes(),
+                      Path(config.tls_cert_file).read_bytes())],
+                    root_certificates=client_ca,
+                    require_client_auth=client_ca is not None,
+                )
                 port = server.add_secure_port(target, credentials)
             else:
                 port = server.add_insecure_port(target)
@@ -192,12 +207,25 @@ class BrokerServer:
         self._retention = threading.Thread(target=self._retention_loop, name="retention",
                                            daemon=True)
         self._retention.start()
+        self.ctx.access.start()
+        tls = "off"
+        if server_config.tls_enabled:
+            tls = "on, client certificates required" if server_config.tls_client_ca_file else "on"
         log.info(
             "npstream broker serving on %s (tls=%s, auth=%s) data_dir=%s metrics=%s streams=%d",
-            self.address, "on" if server_config.tls_enabled else "off",
-            "on" if server_config.auth_token else "off", server_config.data_dir.resolve(),
+            self.address, tls, self.ctx.access.describe(), server_config.data_dir.resolve(),
             self.metrics_address or "off", len(self.ctx.registry),
         )
+        if not (self.config.auth_enabled or server_config.tls_enabled
+                or is_loopback_host(server_config.host)):  # allowed by allow_insecure
+            log.warning("serving without authentication or TLS on %s (allow_insecure = true): "
+                        "anyone who can reach it may read, write and delete every stream",
+                        self.address)
+
+    def reload_tokens(self) -> None:
+        """SIGHUP: reload the tokens file on the watcher thread (signal-safe)."""
+        if self.ctx is not None:
+            self.ctx.access.request_reload()
 
     # ------------------------------------------------------------ stop
 
@@ -212,6 +240,8 @@ class BrokerServer:
         drained = time.monotonic()
         if self._retention is not None:
             self._retention.join(timeout=30)
+        if self.ctx is not None:
+            self.ctx.access.close()
         for closeable in reversed(self._closeables):
             try:
                 closeable.close()
@@ -253,6 +283,8 @@ def run(config: BrokerConfig, ready_file: Path | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     broker = BrokerServer(config)
+    # SIGHUP's default would end the process; here it reloads the tokens file.
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: broker.reload_tokens())
     try:
         broker.start()
     except StartupError as exc:

@@ -27,6 +27,7 @@ from npstream.broker import faults
 from npstream.broker.errors import InvalidArgumentError, StreamNotFoundError
 from npstream.broker.rpc.registration import add_service
 from npstream.broker.rpc.status import rpc_method
+from npstream.broker.sink.access import require_sink_write, staged_targets, writable_targets
 from npstream.broker.sink.committer import SinkCommitter
 from npstream.broker.sink.gc import StagingGC, StagingSweeper
 from npstream.broker.sink.inbox import INBOX_DIR_NAME, InboxRefused, StageInbox
@@ -115,6 +116,7 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
         self._staging = committer.staging
         self._metrics = metrics
         self._inbox = inbox
+        self._access = ctx.access
 
     def _target(self, stream: str) -> StageTarget:
         """A Stage target: its limit and value schemas; for a stream Commit will
@@ -152,7 +154,8 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
             log.info("sink '%s' batch %d is already committed: staging '%s' (%d rows) "
                      "discarded", sink_id, batch_id, staging_id, data.num_rows)
             return pb.StageResponse(staged_rows=data.num_rows, staged_bytes=0)
-        table = prepare_stage(data, request.stream, self._target)
+        table = prepare_stage(data, request.stream,
+                              writable_targets(self._access, context, self._target))
         size = self._staging.write(sink_id, batch_id, staging_id, table)
         self._metrics.staged_rows.inc(table.num_rows)
         self._metrics.staged_bytes.inc(size)
@@ -168,6 +171,10 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
     @rpc_method
     def CommitBatch(self, request: pb.CommitBatchRequest,
                     context: grpc.ServicerContext) -> pb.CommitBatchResponse:
+        if self._access.enabled:
+            require_sink_write(self._access, context, staged_targets(
+                self._staging, request.sink_id, request.batch_id, request.staging_ids),
+                "commit sink batches")
         outcome = self._committer.commit(request.sink_id, request.batch_id,
                                          list(request.staging_ids))
         if outcome.already_committed:
@@ -185,6 +192,10 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
     @rpc_method
     def AbortBatch(self, request: pb.AbortBatchRequest,
                    context: grpc.ServicerContext) -> pb.AbortBatchResponse:
+        if self._access.enabled:
+            require_sink_write(self._access, context, staged_targets(
+                self._staging, request.sink_id, request.batch_id,
+                list(request.staging_ids) or None), "abort sink batches")
         dropped = self._committer.abort(request.sink_id, request.batch_id,
                                         list(request.staging_ids) or None)
         self._metrics.dropped_staging.inc(dropped)

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 
 import grpc
 
+from npstream.broker.auth.access import Right
 from npstream.broker.errors import OffsetOutOfRangeError
 from npstream.broker.rpc.registration import add_service
 from npstream.broker.rpc.status import rpc_method
@@ -57,11 +58,13 @@ class StreamReadServicer:
         self._metrics = ctx.metrics
         self._stopping = ctx.stopping
         self._host_id = boot_id() if ctx.config.server.local_reads else ""
+        self._access = ctx.access
 
     @rpc_method
     def Locate(self, request: pb.FetchRequest,
                context: grpc.ServicerContext) -> pb.LocateResponse:
         stream, end = check_fetch_request(request)
+        self._access.require(context, stream, Right.READ)
         stream_log = self._registry.get(stream)
         spans, stop = stream_log.locate(  # also the range checks Fetch makes
             request.offset, max_messages=request.max_messages or DEFAULT_FETCH_MESSAGES,
@@ -91,6 +94,7 @@ class StreamReadServicer:
     def ReadRange(self, request: pb.FetchRequest,
                   context: grpc.ServicerContext) -> Iterator[bytes]:
         stream, end = check_fetch_request(request)
+        self._access.require(context, stream, Right.READ)
         stream_log = self._registry.get(stream)
         stop = stream_log.end_offset if end is None else end
         max_bytes = min(request.max_bytes or DEFAULT_FETCH_BYTES,

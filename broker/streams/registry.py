@@ -362,9 +362,14 @@ class StreamRegistry:
         )
 
     def list(
-        self, prefix: str = "", pattern: str = "", page_size: int = 0, page_token: str = ""
+        self, prefix: str = "", pattern: str = "", page_size: int = 0, page_token: str = "",
+        visible: Callable[[str], bool] | None = None,
     ) -> tuple[list[StreamStatus], str]:
-        """One page of streams in name order and the token of the next page ("" at the end)."""
+        """One page of streams in name order and the token of the next page ("" at the end).
+
+        ``visible(name)`` (the caller's read right) drops names before the page
+        is cut, so a page is never short because of streams the caller may not see.
+        """
         if page_size < 0:
             raise InvalidArgumentError(f"page_size={page_size} must be >= 0")
         size = min(page_size or DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE)
@@ -376,6 +381,8 @@ class StreamRegistry:
             except (binascii.Error, UnicodeDecodeError, ValueError):
                 raise InvalidArgumentError(f"invalid page_token {page_token!r}") from None
         names = self.matching(prefix, pattern, after)
+        if visible is not None:
+            names = [name for name in names if visible(name)]
         page = names[:size]
         statuses: list[StreamStatus] = []
         for name in page:
@@ -526,15 +533,21 @@ class StreamRegistry:
         return self.describe(record.name), truncated, detail
 
     # builtins.list: in the class body `list` is the method above.
-    def end_offsets(self, names: Iterable[str],
-                    pattern: str = "") -> builtins.list[tuple[str, int, int]]:
-        """(name, start_offset, end_offset) for the named streams plus those matching pattern."""
+    def end_offsets(self, names: Iterable[str], pattern: str = "",
+                    visible: Callable[[str], bool] | None = None,
+                    ) -> builtins.list[tuple[str, int, int]]:
+        """(name, start_offset, end_offset) for the named streams plus those matching pattern.
+
+        ``visible(name)`` filters the pattern's matches (the caller's read
+        right; named streams are the caller's to check).
+        """
         wanted: dict[str, None] = {}
         for name in names:
             self._record(name)
             wanted[name] = None
         if pattern:
-            wanted.update(dict.fromkeys(self.matching(pattern=pattern)))
+            wanted.update(dict.fromkeys(name for name in self.matching(pattern=pattern)
+                                        if visible is None or visible(name)))
         result: list[tuple[str, int, int]] = []
         for name in wanted:
             try:

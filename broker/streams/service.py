@@ -11,6 +11,11 @@ which converts the values (a struct column, or JSON objects in bytes) to the
 stream's schema; Fetch returns every batch in the current schema version
 (older versions' batches converted by the log) with that version's stored
 schema in ``stored_schema``.
+
+Access control: each method asks ``ctx.access.require`` for the right it
+needs on its stream (docs/broker.md "Security" has the table) before doing
+anything else; ListStreams and EndOffsets' pattern return only the streams
+the caller may read.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from google.protobuf.message import DecodeError
 
+from npstream.broker.auth.access import Right
 from npstream.broker.errors import (
     CorruptRecordError,
     InvalidArgumentError,
@@ -179,6 +185,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         self._metrics = ctx.metrics
         self._stopping = ctx.stopping
         self._publish_fault = PublishFault.from_env()
+        self._access = ctx.access
 
     def _on_log(self, stream: str, action: Callable[[], T]) -> T:
         return on_log(self._registry, stream, action)
@@ -188,6 +195,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
     @rpc_method
     def CreateStream(self, request: pb.CreateStreamRequest,
                      context: grpc.ServicerContext) -> pb.StreamInfo:
+        self._access.require(context, request.name, Right.ADMIN)
         status, _created = self._registry.create(
             request.name, _overrides(request.config), exist_ok=request.exist_ok,
             value_schema=request.value_schema,
@@ -197,13 +205,15 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
     @rpc_method
     def DescribeStream(self, request: pb.DescribeStreamRequest,
                        context: grpc.ServicerContext) -> pb.StreamInfo:
+        self._access.require(context, request.name, Right.READ)
         return stream_info(self._registry.describe(request.name))
 
     @rpc_method
     def ListStreams(self, request: pb.ListStreamsRequest,
                     context: grpc.ServicerContext) -> pb.ListStreamsResponse:
         statuses, token = self._registry.list(
-            request.prefix, request.pattern, request.page_size, request.page_token
+            request.prefix, request.pattern, request.page_size, request.page_token,
+            visible=self._access.readable(context) if self._access.enabled else None,
         )
         return pb.ListStreamsResponse(streams=[stream_info(s) for s in statuses],
                                       next_page_token=token)
@@ -211,17 +221,20 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
     @rpc_method
     def UpdateStream(self, request: pb.UpdateStreamRequest,
                      context: grpc.ServicerContext) -> pb.StreamInfo:
+        self._access.require(context, request.name, Right.ADMIN)
         return stream_info(self._registry.update(request.name, _overrides(request.config),
                                                  request.value_schema))
 
     @rpc_method
     def DeleteStream(self, request: pb.DeleteStreamRequest,
                      context: grpc.ServicerContext) -> pb.DeleteStreamResponse:
+        self._access.require(context, request.name, Right.ADMIN)
         return pb.DeleteStreamResponse(deleted=self._registry.delete(request.name))
 
     @rpc_method
     def DeleteMessages(self, request: pb.DeleteMessagesRequest,
                        context: grpc.ServicerContext) -> pb.StreamInfo:
+        self._access.require(context, request.name, Right.ADMIN)
         before = request.before_offset if request.HasField("before_offset") else None
         status = self._on_log(request.name,
                               lambda: self._registry.delete_messages(request.name, before))
@@ -230,6 +243,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
     @rpc_method
     def RepairStream(self, request: pb.RepairStreamRequest,
                      context: grpc.ServicerContext) -> pb.RepairStreamResponse:
+        self._access.require(context, request.name, Right.ADMIN)
         status, truncated, detail = self._registry.repair(request.name)
         return pb.RepairStreamResponse(stream=stream_info(status), truncated_bytes=truncated,
                                        detail=detail)
@@ -237,15 +251,19 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
     # ------------------------------------------------------------ data
 
     def _prepare_publish(
-        self, request: pb.PublishRequest, arrow_stream: memoryview | None = None
+        self, request: pb.PublishRequest, context: grpc.ServicerContext,
+        arrow_stream: memoryview | None = None,
     ) -> tuple[str, pa.Table | MessageRows | None, AckMode]:
         """The request's stream, its rows (None when empty) and its ack.
+
+        The caller's write right is checked before any data is decoded.
 
         Rows sent as ``messages`` (simple clients, one-message publishes) stay
         Python values for the storage's lean path (small_append.py); an
         ``arrow_stream`` becomes a normalized table.
         """
         stream = check_stream_name(request.stream)
+        self._access.require(context, stream, Right.WRITE)
         if arrow_stream is None:  # given: split off the wire bytes, not in ``request``
             arrow_stream = memoryview(request.arrow_stream)  # each access copies (upb): once
         if request.messages and arrow_stream:
@@ -286,7 +304,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
     @rpc_method
     def Publish(self, request: pb.PublishRequest,
                 context: grpc.ServicerContext) -> pb.PublishResponse:
-        stream, rows, ack = self._prepare_publish(request)
+        stream, rows, ack = self._prepare_publish(request, context)
         stream_log = self._registry.get(stream, create_if_missing=True)
         if rows is None:
             return pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
@@ -297,10 +315,12 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
     @rpc_method
     def PublishStream(self, request_iterator: Iterator[bytes],
                       context: grpc.ServicerContext) -> Iterator[pb.PublishResponse]:
-        yield from serve_publish_stream(request_iterator, context, self._write_publish,
+        yield from serve_publish_stream(request_iterator, context,
+                                        lambda raw: self._write_publish(raw, context),
                                         self._stopping)
 
-    def _write_publish(self, raw: bytes) -> Callable[[], pb.PublishResponse]:
+    def _write_publish(self, raw: bytes,
+                       context: grpc.ServicerContext) -> Callable[[], pb.PublishResponse]:
         """Write one PublishStream request now; the returned reply waits for its fsync.
 
         The request arrives as wire bytes: its Arrow data is used in place
@@ -313,7 +333,8 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         except DecodeError as exc:
             raise InvalidArgumentError(
                 f"malformed PublishRequest on PublishStream: {exc}") from None
-        stream, rows, ack = self._prepare_publish(request, arrow[-1] if arrow else None)
+        stream, rows, ack = self._prepare_publish(request, context,
+                                                  arrow[-1] if arrow else None)
         stream_log = self._registry.get(stream, create_if_missing=True)
         if rows is None:
             empty = pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
@@ -345,6 +366,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
     @rpc_method
     def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> pb.FetchResponse:
         stream, end = check_fetch_request(request)
+        self._access.require(context, stream, Right.READ)
         stream_log = self._registry.get(stream)
         if (request.wait_ms > 0 and request.offset == stream_log.end_offset
                 and (end is None or end > request.offset)):
@@ -367,7 +389,8 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
     @rpc_method
     def OffsetForTimestamp(self, request: pb.OffsetForTimestampRequest,
                            context: grpc.ServicerContext) -> pb.OffsetForTimestampResponse:
-        stream_log = self._registry.get(check_stream_name(request.stream))
+        self._access.require(context, check_stream_name(request.stream), Right.READ)
+        stream_log = self._registry.get(request.stream)
         offset = self._on_log(request.stream,
                               lambda: stream_log.offset_for_timestamp(request.timestamp_ms))
         return pb.OffsetForTimestampResponse(offset=offset)
@@ -375,7 +398,10 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
     @rpc_method
     def EndOffsets(self, request: pb.EndOffsetsRequest,
                    context: grpc.ServicerContext) -> pb.EndOffsetsResponse:
-        rows = self._registry.end_offsets(list(request.streams), request.pattern)
+        self._access.require_all(context, request.streams, Right.READ)
+        rows = self._registry.end_offsets(
+            list(request.streams), request.pattern,
+            visible=self._access.readable(context) if self._access.enabled else None)
         return pb.EndOffsetsResponse(streams=[
             pb.StreamOffsets(stream=name, start_offset=start, end_offset=end)
             for name, start, end in rows

@@ -26,6 +26,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_SCHEMA_INVALID: _ClassVar[ErrorReason]
     ERROR_REASON_SCHEMA_INCOMPATIBLE: _ClassVar[ErrorReason]
     ERROR_REASON_VALUE_MISMATCH: _ClassVar[ErrorReason]
+    ERROR_REASON_PERMISSION_DENIED: _ClassVar[ErrorReason]
 
 class Ack(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -49,6 +50,7 @@ ERROR_REASON_INTERNAL: ErrorReason
 ERROR_REASON_SCHEMA_INVALID: ErrorReason
 ERROR_REASON_SCHEMA_INCOMPATIBLE: ErrorReason
 ERROR_REASON_VALUE_MISMATCH: ErrorReason
+ERROR_REASON_PERMISSION_DENIED: ErrorReason
 ACK_UNSPECIFIED: Ack
 ACK_FSYNC: Ack
 ACK_WRITE: Ack

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
+from npstream.broker.auth.access import AccessControl
 from npstream.broker.errors import GroupNotFoundError, OffsetOutOfRangeError
 from npstream.broker.rpc.status import AuthInterceptor, observe_errors, rpc_method
 from npstream.proto import pb, pb_grpc
@@ -35,7 +36,8 @@ class Groups(pb_grpc.GroupServiceServicer):
 
 @pytest.fixture
 def server_address() -> Iterator[str]:
-    server = grpc.server(ThreadPoolExecutor(4), interceptors=[AuthInterceptor("t0ken")])
+    interceptor = AuthInterceptor(AccessControl("t0ken").authenticated)
+    server = grpc.server(ThreadPoolExecutor(4), interceptors=[interceptor])
     pb_grpc.add_StreamServiceServicer_to_server(Streams(), server)
     pb_grpc.add_GroupServiceServicer_to_server(Groups(), server)
     port = server.add_insecure_port("127.0.0.1:0")

@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 import npstream.broker.errors as broker_errors
+from npstream.broker.auth.access import AccessControl
 from npstream.broker.errors import (
     BrokerError,
     GroupNotFoundError,
@@ -95,7 +96,8 @@ class Groups(pb_grpc.GroupServiceServicer):
 
 @pytest.fixture
 def server_address() -> Iterator[str]:
-    server = grpc.server(ThreadPoolExecutor(4), interceptors=[AuthInterceptor("t0ken")])
+    interceptor = AuthInterceptor(AccessControl("t0ken").authenticated)
+    server = grpc.server(ThreadPoolExecutor(4), interceptors=[interceptor])
     pb_grpc.add_StreamServiceServicer_to_server(Streams(), server)
     pb_grpc.add_GroupServiceServicer_to_server(Groups(), server)
     port = server.add_insecure_port("127.0.0.1:0")

@@ -74,6 +74,7 @@ def test_load_config_precedence_cli_over_env_over_file(tmp_path):
 [server]
 port = 7001
 host = "0.0.0.0"
+allow_insecure = true
 log_level = "ERROR"
 [storage]
 max_open_files = 100
@@ -238,3 +239,49 @@ def test_flag_help_states_the_builtin_defaults():
     assert f"default {defaults['port']};" in text
     assert f"default ./{defaults['data_dir']}" in text
     assert f"{defaults['log_level']} (default)" in text
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "broker.internal", "10.1.2.3"])
+def test_non_loopback_host_without_auth_or_tls_is_refused_naming_allow_insecure(host):
+    with pytest.raises(ConfigError) as error:
+        load_config(None, env={}, cli={"host": host})
+    message = str(error.value)
+    assert "not a loopback address" in message and "neither authentication nor TLS" in message
+    assert "allow_insecure = true" in message and "--allow-insecure" in message
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]"])
+def test_loopback_hosts_need_nothing(host):
+    assert load_config(None, env={}, cli={"host": host}).server.host == host
+
+
+def test_non_loopback_host_starts_with_auth_tls_or_allow_insecure(tmp_path):
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text("")
+    (tmp_path / "c.pem").write_text("x")
+    for env in ({"NPSTREAM_AUTH_TOKEN": "t"}, {"NPSTREAM_TOKENS_FILE": str(tokens)},
+                {"NPSTREAM_ALLOW_INSECURE": "true"},
+                {"NPSTREAM_TLS_CERT_FILE": str(tmp_path / "c.pem"),
+                 "NPSTREAM_TLS_KEY_FILE": str(tmp_path / "c.pem")}):
+        assert load_config(None, env=env, cli={"host": "0.0.0.0"}).server.host == "0.0.0.0"
+    config = load_config(None, env={}, cli={"host": "0.0.0.0", "allow_insecure": True})
+    assert config.server.allow_insecure
+
+
+def test_main_refuses_an_insecure_bind_with_exit_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--data-dir", str(tmp_path / "d"), "--host", "0.0.0.0"])
+    assert exit_info.value.code == 2
+    assert "--allow-insecure" in capsys.readouterr().err
+
+
+def test_auth_section_tokens_file_must_exist_and_client_ca_needs_tls(tmp_path):
+    with pytest.raises(ConfigError, match=r"tokens_file=\S+missing.toml is not a readable file"):
+        load_config(None, env={"NPSTREAM_TOKENS_FILE": str(tmp_path / "missing.toml")})
+    path = write(tmp_path, f'[auth]\ntokens_file = "{tmp_path / "t.toml"}"\n')
+    (tmp_path / "t.toml").write_text("")
+    config = load_config(path, env={})
+    assert config.auth.tokens_path == tmp_path / "t.toml" and config.auth_enabled
+    (tmp_path / "ca.pem").write_text("x")
+    with pytest.raises(ConfigError, match=r"tls_client_ca_file .* needs TLS"):
+        load_config(None, env={"NPSTREAM_TLS_CLIENT_CA_FILE": str(tmp_path / "ca.pem")})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -60,18 +59,11 @@ def test_auth_token_required_except_for_health(broker_factory):
     assert "s3cret" not in broker.log_text()
 
 
-def test_tls_broker_serves_tls_clients_and_rejects_plaintext(broker_factory, tmp_path):
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-         "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-        check=True, capture_output=True,
-    )
-    broker = broker_factory(env={"NPSTREAM_TLS_CERT_FILE": str(cert),
-                                 "NPSTREAM_TLS_KEY_FILE": str(key)})
+def test_tls_broker_serves_tls_clients_and_rejects_plaintext(broker_factory, tls_files):
+    broker = broker_factory(env={"NPSTREAM_TLS_CERT_FILE": str(tls_files.server_cert),
+                                 "NPSTREAM_TLS_KEY_FILE": str(tls_files.server_key)})
     assert "tls=on" in broker.log_text()
-    credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+    credentials = grpc.ssl_channel_credentials(root_certificates=tls_files.ca.read_bytes())
     with grpc.secure_channel(broker.address, credentials) as channel:
         stub = pb_grpc.StreamServiceStub(channel)
         reply = stub.Publish(pb.PublishRequest(stream="tls", messages=[pb.Message(value=b"x")]),
@@ -82,6 +74,56 @@ def test_tls_broker_serves_tls_clients_and_rejects_plaintext(broker_factory, tmp
         with pytest.raises(grpc.RpcError) as info:
             stub.DescribeStream(pb.DescribeStreamRequest(name="tls"), timeout=3)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_mutual_tls_broker_accepts_only_clients_with_a_certificate_of_its_ca(broker_factory,
+                                                                            tls_files):
+    broker = broker_factory(env=tls_files.broker_env)
+    assert "tls=on, client certificates required" in broker.log_text()
+    root = tls_files.ca.read_bytes()
+    request = pb.PublishRequest(stream="mtls", messages=[pb.Message(value=b"x")])
+    good = grpc.ssl_channel_credentials(root, tls_files.client_key.read_bytes(),
+                                        tls_files.client_cert.read_bytes())
+    with grpc.secure_channel(broker.address, good) as channel:
+        assert pb_grpc.StreamServiceStub(channel).Publish(request, timeout=10).stored_count == 1
+    refused = (grpc.ssl_channel_credentials(root),  # no client certificate
+               grpc.ssl_channel_credentials(root, tls_files.stranger_key.read_bytes(),
+                                            tls_files.stranger_cert.read_bytes()))
+    for credentials in refused:
+        with grpc.secure_channel(broker.address, credentials) as channel:
+            with pytest.raises(grpc.RpcError) as info:
+                pb_grpc.StreamServiceStub(channel).Publish(request, timeout=5)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert broker.proc is not None and broker.proc.poll() is None
+
+
+def test_non_loopback_bind_without_auth_or_tls_refuses_to_start(broker_factory):
+    with pytest.raises(RuntimeError) as info:
+        broker_factory("open", args=["--host", "0.0.0.0"])
+    assert "broker exited with 2" in str(info.value)
+    assert "refusing to listen on '0.0.0.0'" in str(info.value)
+    assert "allow_insecure = true" in str(info.value)
+
+
+def test_allow_insecure_starts_on_every_interface_and_warns(broker_factory):
+    broker = broker_factory("open", args=["--host", "0.0.0.0", "--allow-insecure"])
+    assert "serving without authentication or TLS" in broker.log_text()
+    with grpc.insecure_channel(broker.address) as channel:  # 127.0.0.1 is among them
+        stub = pb_grpc.StreamServiceStub(channel)
+        assert stub.CreateStream(pb.CreateStreamRequest(name="open"), timeout=10).name == "open"
+    token_broker = broker_factory("guarded", args=["--host", "0.0.0.0"],
+                                  env={"NPSTREAM_AUTH_TOKEN": "s3cret"})
+    assert "serving without authentication" not in token_broker.log_text()
+
+
+def test_a_tokens_file_that_does_not_parse_refuses_the_start(broker_factory, tmp_path):
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text('[[tokens]]\ntoken = "secret-never-shown"\nreed = ["*"]\n')
+    with pytest.raises(RuntimeError) as info:
+        broker_factory("bad-tokens", args=["--tokens-file", str(tokens)])
+    assert "broker exited with 1" in str(info.value)
+    assert "unknown key(s) ['reed']" in str(info.value)
+    assert "secret-never-shown" not in str(info.value)
 
 
 def test_metrics_count_publishes_and_fetches_and_sigterm_exits_zero(broker_factory):

@@ -31,6 +31,7 @@ from npstream.errors import (
     MessageTooLarge,
     NpstreamError,
     OffsetOutOfRange,
+    PermissionDenied,
     SinkConflict,
     StagingNotFound,
     StreamNeedsRepair,
@@ -62,6 +63,7 @@ EXPECTED = {
     "ERROR_REASON_SCHEMA_INVALID": InvalidSchema,
     "ERROR_REASON_SCHEMA_INCOMPATIBLE": IncompatibleSchema,
     "ERROR_REASON_VALUE_MISMATCH": ValueMismatch,
+    "ERROR_REASON_PERMISSION_DENIED": PermissionDenied,
 }
 
 # Text that would fool a text-reading classifier: it reads like another error.
