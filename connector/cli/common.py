@@ -2,7 +2,9 @@
 
 Subcommand modules (cli/streams.py, produce.py, consume.py, groups.py) add
 ``add_client_options`` to their parsers and build clients with
-``client_from_args`` so that ``--broker``/``--token`` behave the same everywhere.
+``client_from_args`` so that ``--broker``/``--token`` and the TLS flags
+(``--tls``, ``--ca-file``, ``--client-cert``/``--client-key`` for brokers
+that require client certificates) behave the same everywhere.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 from npstream.client.client import Client
@@ -54,7 +57,7 @@ class CliParser(argparse.ArgumentParser):
 
 
 def add_client_options(parser: argparse.ArgumentParser) -> None:
-    """--broker and --token, with the environment defaults the docs promise."""
+    """--broker, --token and the TLS flags, with the environment defaults the docs promise."""
     parser.add_argument(
         "--broker",
         default=os.environ.get(BROKER_ADDRESS_ENV) or DEFAULT_BROKER_ADDRESS,
@@ -65,6 +68,30 @@ def add_client_options(parser: argparse.ArgumentParser) -> None:
         "--token",
         default=os.environ.get("NPSTREAM_TOKEN") or None,
         help="auth token sent as 'authorization: Bearer TOKEN' (default: $NPSTREAM_TOKEN)",
+    )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="connect with TLS (the system's CA certificates verify the broker unless --ca-file)",
+    )
+    parser.add_argument(
+        "--ca-file",
+        default=os.environ.get("NPSTREAM_CA_FILE") or None,
+        metavar="PEM",
+        help="CA certificate(s) that verify the broker; implies --tls (default: $NPSTREAM_CA_FILE)",
+    )
+    parser.add_argument(
+        "--client-cert",
+        default=os.environ.get("NPSTREAM_CLIENT_CERT") or None,
+        metavar="PEM",
+        help="client certificate for brokers that require one (mutual TLS); needs "
+             "--client-key, implies --tls (default: $NPSTREAM_CLIENT_CERT)",
+    )
+    parser.add_argument(
+        "--client-key",
+        default=os.environ.get("NPSTREAM_CLIENT_KEY") or None,
+        metavar="PEM",
+        help="private key of --client-cert (default: $NPSTREAM_CLIENT_KEY)",
     )
     parser.add_argument(
         "--timeout",
@@ -82,10 +109,31 @@ def add_client_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _pem(flag: str, path: str | None) -> bytes | None:
+    """The bytes of a PEM file named by a flag; a usage error naming the flag otherwise."""
+    if path is None:
+        return None
+    try:
+        data = Path(path).expanduser().read_bytes()
+    except OSError as exc:
+        raise CliError(f"{flag} {path}: cannot read the file: {exc.strerror or exc}",
+                       EXIT_USAGE) from None
+    if b"-----BEGIN " not in data:
+        raise CliError(f"{flag} {path}: the file holds no PEM data", EXIT_USAGE)
+    return data
+
+
 def client_from_args(args: argparse.Namespace) -> Client:
+    if (args.client_cert is None) != (args.client_key is None):
+        raise CliError("--client-cert and --client-key go together: give both or neither",
+                       EXIT_USAGE)
     try:
         return Client(
-            args.broker, args.token, timeout=args.timeout, retry_deadline=args.retry_deadline
+            args.broker, args.token, tls=args.tls,
+            root_certificates=_pem("--ca-file", args.ca_file),
+            client_cert=_pem("--client-cert", args.client_cert),
+            client_key=_pem("--client-key", args.client_key),
+            timeout=args.timeout, retry_deadline=args.retry_deadline,
         )
     except ValueError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None

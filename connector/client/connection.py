@@ -1,5 +1,10 @@
 """The gRPC channel to one broker: address, TLS, auth metadata, and retry with backoff.
 
+TLS: ``tls=True`` verifies the broker with the system's roots, or with
+``root_certificates``; ``client_cert`` and ``client_key`` (PEM bytes, both
+or neither) present a client certificate, for a broker that requires one
+(``tls_client_ca_file``, mutual TLS). Either implies TLS.
+
 Everything that crosses the wire goes through ``Connection.call`` (unary; also
 ``call_serialized`` for requests already in wire bytes) or ``Connection.stream``
 (bidirectional), so the retry rules live in one place:
@@ -120,9 +125,15 @@ class Connection:
         *,
         tls: bool = False,
         root_certificates: bytes | None = None,
+        client_cert: bytes | None = None,
+        client_key: bytes | None = None,
         timeout: float = 30.0,
         retry_deadline: float = 15.0,
     ) -> None:
+        if (client_cert is None) != (client_key is None):
+            raise InvalidArgument(
+                "client_cert and client_key go together: pass both (PEM bytes of the client "
+                "certificate and of its private key) or neither")
         if timeout <= 0:
             raise InvalidArgument(f"timeout must be > 0 seconds, got {timeout!r}")
         if retry_deadline < 0:
@@ -143,8 +154,10 @@ class Connection:
             ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
             ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
         ]
-        if tls or root_certificates is not None:
-            credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+        if tls or root_certificates is not None or client_cert is not None:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=root_certificates, private_key=client_key,
+                certificate_chain=client_cert)
             self._channel = grpc.secure_channel(self.address, credentials, options=options)
         else:
             self._channel = grpc.insecure_channel(self.address, options=options)

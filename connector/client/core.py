@@ -29,6 +29,8 @@ class ClientCore:
         *,
         tls: bool = False,
         root_certificates: bytes | None = None,
+        client_cert: bytes | None = None,
+        client_key: bytes | None = None,
         timeout: float = 30.0,
         retry_deadline: float = 15.0,
         local_reads: bool = True,
@@ -38,6 +40,8 @@ class ClientCore:
             token,
             tls=tls,
             root_certificates=root_certificates,
+            client_cert=client_cert,
+            client_key=client_key,
             timeout=timeout,
             retry_deadline=retry_deadline,
         )

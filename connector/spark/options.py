@@ -193,14 +193,25 @@ def _parse_fetch_bytes(text: str) -> int:
     return size
 
 
-def _parse_certificates(text: str) -> bytes:
+def _read_pem(text: str) -> bytes:
     path = Path(text.strip()).expanduser()
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except OSError as exc:
         raise ValueError(f"cannot read the file: {exc.strerror or exc}") from None
+
+
+def _parse_certificates(text: str) -> bytes:
+    data = _read_pem(text)
     if b"-----BEGIN CERTIFICATE-----" not in data:
         raise ValueError("the file holds no PEM certificate")
+    return data
+
+
+def _parse_private_key(text: str) -> bytes:
+    data = _read_pem(text)
+    if b"-----BEGIN" not in data or b"PRIVATE KEY-----" not in data:
+        raise ValueError("the file holds no PEM private key")
     return data
 
 
@@ -288,6 +299,13 @@ CONNECTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("tlsRootCertificates", None, _parse_certificates,
                "a readable PEM file path", BOTH,
                "PEM file with the CA certificates to trust; implies tls=true."),
+    OptionSpec("tlsClientCertificate", None, _parse_certificates,
+               "a readable PEM file path", BOTH,
+               "PEM client certificate for brokers that require one (mutual TLS); needs "
+               "tlsClientKey, implies tls=true."),
+    OptionSpec("tlsClientKey", None, _parse_private_key,
+               "a readable PEM file path", BOTH,
+               "PEM private key of tlsClientCertificate."),
 )
 
 READ_SPECS: tuple[OptionSpec, ...] = (
@@ -359,6 +377,12 @@ class ConnectionOptions:
     token: str | None = table_default(CONNECTION_OPTIONS, "token")
     tls: bool = table_default(CONNECTION_OPTIONS, "tls")
     root_certificates: bytes | None = table_default(CONNECTION_OPTIONS, "tlsRootCertificates")
+    # Read on the driver and pickled into every task like the token, so executors
+    # need no copy of the files (the key is as secret as the token).
+    client_cert: bytes | None = field(
+        default=table_default(CONNECTION_OPTIONS, "tlsClientCertificate"), repr=False)
+    client_key: bytes | None = field(
+        default=table_default(CONNECTION_OPTIONS, "tlsClientKey"), repr=False)
     local_reads: bool = table_default(READ_OPTIONS, "localReads")
 
     def connect(self) -> Client:
@@ -366,7 +390,8 @@ class ConnectionOptions:
         from npstream.client.client import Client
 
         return Client(self.broker, self.token, tls=self.tls,
-                      root_certificates=self.root_certificates, local_reads=self.local_reads)
+                      root_certificates=self.root_certificates, client_cert=self.client_cert,
+                      client_key=self.client_key, local_reads=self.local_reads)
 
 
 @dataclass(frozen=True)
@@ -540,7 +565,7 @@ def _parse(options: Mapping[str, str], mode: ReadMode | None,
 
 def parse_connection_options(options: Mapping[str, str],
                              env: Mapping[str, str] | None = None) -> ConnectionOptions:
-    """Only the connection options (broker, token, tls, tlsRootCertificates)."""
+    """Only the connection options (broker, token and the tls* options: CONNECTION_SPECS)."""
     environ = os.environ if env is None else env
     raw = {key.lower(): str(value) for key, value in options.items()}
     values = {spec.name: parse_option_value(spec, raw[key]) if key in raw
@@ -565,16 +590,28 @@ def _connection(values: dict[str, Any], raw: dict[str, str],
         else:
             broker = DEFAULT_BROKER
     certificates = values.get("tlsRootCertificates")
+    client_cert, client_key = values.get("tlsClientCertificate"), values.get("tlsClientKey")
+    if (client_cert is None) != (client_key is None):
+        given, missing = (("tlsClientCertificate", "tlsClientKey") if client_cert is not None
+                          else ("tlsClientKey", "tlsClientCertificate"))
+        raise InvalidOptionError(
+            f"Option '{given}' ({raw[given.lower()]!r}) needs option '{missing}' too: a client "
+            "certificate and its private key go together."
+        )
     tls = values["tls"]
-    if certificates is not None:
+    for option, value in (("tlsRootCertificates", certificates),
+                          ("tlsClientCertificate", client_cert)):
+        if value is None:
+            continue
         if "tls" in raw and not tls:
             raise InvalidOptionError(
-                f"Option 'tlsRootCertificates' ({raw['tlsrootcertificates']!r}) needs TLS, "
+                f"Option '{option}' ({raw[option.lower()]!r}) needs TLS, "
                 f"but option 'tls' is {raw['tls']!r}; set tls=true or drop the certificates."
             )
         tls = True
     return ConnectionOptions(broker=broker, token=values.get("token"), tls=tls,
-                             root_certificates=certificates)
+                             root_certificates=certificates, client_cert=client_cert,
+                             client_key=client_key)
 
 
 def _starting(values: dict[str, Any], raw: dict[str, str], mode: ReadMode | None) -> Position:

@@ -61,6 +61,11 @@ class NpstreamDataSource(DataSource):
         Use TLS.
     tlsRootCertificates : str, optional
         Path of a PEM file with the CA certificates to trust (implies tls).
+    tlsClientCertificate : str, optional
+        Path of a PEM client certificate, for brokers that require one (mutual
+        TLS); needs tlsClientKey, implies tls.
+    tlsClientKey : str, optional
+        Path of the PEM private key of tlsClientCertificate.
     stream : str
         One stream or a comma-separated list. Exactly one of stream/streamPattern.
     streamPattern : str
@@ -101,8 +106,9 @@ class NpstreamDataSource(DataSource):
 
     Write options (see docs/spark.md, section "Writer")
     ---------------------------------------------------
-    The connection options broker, token, tls and tlsRootCertificates as for
-    reads, and (option table: npstream.spark.writer_options, WRITE_SPECS):
+    The connection options broker, token, tls, tlsRootCertificates,
+    tlsClientCertificate and tlsClientKey as for reads, and (option table:
+    npstream.spark.writer_options, WRITE_SPECS):
 
     stream : str, optional
         Target stream; overrides a 'stream' column, without it every row

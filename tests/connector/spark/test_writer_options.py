@@ -44,7 +44,8 @@ READER_SCHEMA = StructType([
 
 
 def test_writer_options_lists_every_documented_name():
-    expected = {"broker", "token", "tls", "tlsRootCertificates", "stream", "sinkId",
+    expected = {"broker", "token", "tls", "tlsRootCertificates", "tlsClientCertificate",
+                "tlsClientKey", "stream", "sinkId",
                 "stageBytes", "createStream", "localStaging", "checkpointLocation", "queryName"}
     assert set(WRITER_OPTIONS) == expected
 
