@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                  .config("spark.sql.shuffle.partitions", "2").getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
         with Client(args.broker) as client:
-            client.create_stream(source, exist_ok=True)
+            client.create_stream(source, schema=producer.READING_SCHEMA, exist_ok=True)
         producing.start()
         spark_args = pipeline.parse_args([
             "--broker", args.broker, "--source-stream", source, "--results-stream", results,
@@ -107,13 +107,15 @@ def main(argv: list[str] | None = None) -> int:
             spark.stop()
         producing.join()
         with Client(args.broker) as client:
-            windows = client.stream_info(results).message_count
+            info = client.stream_info(results)
+            windows = info.message_count
         json_lines = sum(
             len(f.read_text().splitlines()) for f in out_dir.glob("tumbling/*.json")
         )
         print("\n=== npstream demo summary ===")
         print(f"readings published to '{source}':     {published[0] if published else 0}")
         print(f"tumbling windows in stream '{results}': {windows}")
+        print(f"  typed, schema: {info.value_schema_ddl}")
         print(f"tumbling windows in JSON lines:        {json_lines} ({out_dir / 'tumbling'})")
         print(f"webhook POSTs received:                {len(receiver.received)}")
         print(f"broker: {args.broker}, data dir: {args.data_dir.resolve()}")

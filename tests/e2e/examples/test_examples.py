@@ -66,5 +66,13 @@ def test_notebook_runs_headless(broker: BrokerProcess, monkeypatch: pytest.Monke
     assert not [o for o in outputs if o.get("output_type") == "error"]
     published = nb.cells[3].outputs[0]["data"]["text/plain"]
     assert published == "(0, 12)"
-    table = nb.cells[9].outputs[0]["data"]["text/plain"]
-    assert "sensor-1" in table and "sensor-2" in table
+    schema = nb.cells[5].outputs[-1]["text"]  # typed columns, no from_json
+    assert " |-- sensorId: string" in schema and " |-- ts: timestamp" in schema
+    created = [o for o in nb.cells[7].outputs if o.get("output_type") == "execute_result"]
+    assert created[0]["data"]["text/plain"] == (
+        "'start TIMESTAMP, sensorId STRING, count BIGINT, avg DOUBLE, max DOUBLE'")
+    table = nb.cells[9].outputs[-1]["data"]["text/plain"].splitlines()
+    assert [line.split()[3:] for line in table[1:]] == [
+        ["sensor-1", "3", "20.0", "40.0"], ["sensor-2", "2", "20.0", "30.0"],
+        ["sensor-1", "2", "70.0", "80.0"], ["sensor-2", "3", "70.0", "90.0"],
+        ["sensor-1", "1", "100.0", "100.0"], ["sensor-2", "1", "110.0", "110.0"]]

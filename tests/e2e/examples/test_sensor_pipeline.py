@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,10 @@ ROOT = REPO_ROOT
 sys.path.insert(0, str(ROOT / "examples" / "sensor_pipeline"))
 
 import pipeline  # noqa: E402
+import producer  # noqa: E402
 from webhook import WebhookReceiver  # noqa: E402
+
+from npstream.errors import ValueMismatch  # noqa: E402
 
 pytestmark = [pytest.mark.spark]
 
@@ -30,7 +34,7 @@ T0 = 1_700_000_000_000  # a multiple of 5 s
 
 
 def reading(sensor: str, at_s: float, value: object, unit: str = "celsius") -> dict:
-    r = {"sensorId": sensor, "timestamp": T0 + int(at_s * 1000), "unit": unit}
+    r = {"sensorId": sensor, "ts": datetime.fromtimestamp(T0 / 1000 + at_s, UTC), "unit": unit}
     if value is not None:
         r["value"] = value
     return r
@@ -38,7 +42,7 @@ def reading(sensor: str, at_s: float, value: object, unit: str = "celsius") -> d
 
 BATCH_1 = [  # offsets 0-5: max event time 21 s, so the watermark becomes 11 s
     reading("s1", 1, 10.0), reading("s1", 2, 90.0), reading("s2", 3, 50.0),
-    reading("s1", 6, 20.0), reading("s2", 4, "n/a"), reading("s2", 21, 85.0),
+    reading("s1", 6, 20.0), reading("s2", 4, None, unit=""), reading("s2", 21, 85.0),
 ]
 BATCH_2 = [  # offsets 6-11: 14 s is late but inside the watermark; max 23 s -> watermark 13 s
     reading("s1", 12, 30.0), reading("s2", 14, 40.0), reading("s1", 13, 70.0, "fahrenheit?"),
@@ -79,7 +83,9 @@ def _as_ms(value: str) -> int:
 def test_tumbling_windows_exact_with_invalid_and_late_events(
     spark, client, broker: BrokerProcess, stream_name: str, tmp_path: Path
 ) -> None:
-    client.create_stream(stream_name)
+    client.create_stream(stream_name, schema=producer.READING_SCHEMA)
+    with pytest.raises(ValueMismatch, match=r"message 0: field 'value' .*expected DOUBLE"):
+        client.publish(stream_name, reading("s2", 4, "n/a"))  # refused by the schema
     client.publish_batch(stream_name, [{"value": r} for r in BATCH_1 + BATCH_2 + BATCH_3])
     receiver = WebhookReceiver().start()
     results_stream = f"{stream_name}-results"
@@ -112,5 +118,14 @@ def test_tumbling_windows_exact_with_invalid_and_late_events(
     assert sorted(r["id"] for r in results) == sorted(
         f"{w['sensorId']}@{w['windowStart']}" for w in EXPECTED
     )
+    assert client.stream_info(results_stream).value_schema_ddl == (
+        "windowStart TIMESTAMP, windowEnd TIMESTAMP, sensorId STRING, count BIGINT, "
+        "sum DOUBLE, avg DOUBLE, min DOUBLE, max DOUBLE, alertCount BIGINT")
+    by_id = {r["id"]: r["value"] for r in results}
+    first = by_id[f"s1@{T0}"]
+    assert first == {"windowStart": datetime.fromtimestamp(T0 / 1000, UTC),
+                     "windowEnd": datetime.fromtimestamp(T0 / 1000 + 5, UTC),
+                     "sensorId": "s1", "count": 2, "sum": 100.0, "avg": 50.0, "min": 10.0,
+                     "max": 90.0, "alertCount": 1}
     posted = [w for payload in receiver.received for w in payload["windows"]]
     assert len(posted) == len(EXPECTED)
