@@ -118,6 +118,10 @@ class NpstreamDataSource(DataSource):
         checkpointLocation (else queryName).
     stageBytes : str, default "8MiB"
         Arrow bytes per Stage request sent by a task (64KiB to 32MiB).
+    createStream : bool, default false
+        Create the target stream when it does not exist: typed with the
+        data's schema for a typed write (no 'value' column, or a struct one),
+        untyped otherwise.
     localStaging : bool, default true
         Tasks on the broker's machine hand their rows over in a file of the
         broker's stage inbox (checked, with gRPC as the fallback).
