@@ -161,7 +161,8 @@ class StageInboxWriter:
         return self._create()
 
     def _create(self) -> InboxFile:
-        name = f"{boot_id()[:8] or 'host'}-{os.getpid()}-{uuid.uuid4().hex[:12]}.arrow"
+        host = "".join(ch for ch in boot_id()[:8] if ch.isalnum()) or "host"  # $NPSTREAM_HOST_ID
+        name = f"{host}-{os.getpid()}-{uuid.uuid4().hex[:12]}.arrow"
         try:
             fd = os.open(self.directory / name,
                          os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, _FILE_MODE)
