@@ -11,6 +11,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 __all__ = [
+    "DELIVERY_SCHEMA",
     "HEADERS_TYPE",
     "MESSAGE_SCHEMA",
     "PUBLISH_COLUMNS",
@@ -29,6 +30,12 @@ MESSAGE_SCHEMA = pa.schema(
         pa.field("headers", HEADERS_TYPE),
     ]
 )
+
+# A shared group's deliveries as one Arrow batch (ReceiveBatch): the messages
+# (typed streams' values as JSON bytes, as every group delivery carries them)
+# plus each one's delivery attempt (1 on the first) and lease end.
+DELIVERY_SCHEMA = MESSAGE_SCHEMA.append(pa.field("attempt", pa.int32(), nullable=False)).append(
+    pa.field("lease_expires", pa.timestamp("ms", tz="UTC"), nullable=False))
 
 # Columns a publisher may send, with the type each is converted to.
 PUBLISH_COLUMNS: dict[str, pa.DataType] = {

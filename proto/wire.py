@@ -15,16 +15,32 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, TypeVar
 
+import pyarrow as pa
 from google.protobuf.message import DecodeError, Message
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer  # bytes, memoryview, mmap, pyarrow.Buffer...
 
-__all__ = ["encode_with_bytes", "split_bytes_field", "varint"]
+__all__ = ["arrow_stream_buffer", "encode_with_bytes", "split_bytes_field", "varint"]
 
 _VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
 
 M = TypeVar("M", bound=Message)
+
+
+def arrow_stream_buffer(table: pa.Table | pa.RecordBatch) -> pa.Buffer:
+    """An Arrow IPC stream (schema + batches), the format of every ``arrow_stream`` field.
+
+    The table's buffers are copied once, into the returned Arrow buffer;
+    nothing copies it into a ``bytes`` object (``encode_with_bytes`` appends it).
+    """
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        if isinstance(table, pa.RecordBatch):
+            writer.write_batch(table)
+        else:
+            writer.write_table(table)
+    return sink.getvalue()
 
 
 def varint(value: int) -> bytes:

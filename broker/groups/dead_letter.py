@@ -11,17 +11,17 @@ appearing twice.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
 
-from npstream.broker.groups.leases import Pending
+from npstream.broker.groups.leases import DeliveryRow
 from npstream.proto.schema import HEADERS_TYPE, normalize_publish_table
 
 if TYPE_CHECKING:
     from npstream.broker.streams.registry import StreamRegistry
 
-__all__ = ["DLQ_HEADERS", "DeadLetterWriter", "dead_letter_id"]
+__all__ = ["DLQ_HEADERS", "DeadLetter", "DeadLetterWriter", "dead_letter_id"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,18 @@ DLQ_HEADERS = {
 }
 
 
+class DeadLetter(NamedTuple):
+    """A message out of attempts: its row, the deliveries made, how the last one ended."""
+
+    row: DeliveryRow
+    attempt: int
+    failure: str
+
+    @property
+    def offset(self) -> int:
+        return self.row.offset
+
+
 def dead_letter_id(stream: str, group: str, offset: int) -> str:
     return f"dlq:{stream}:{group}:{offset}"
 
@@ -47,7 +59,7 @@ class DeadLetterWriter:
     def __init__(self, registry: StreamRegistry) -> None:
         self._registry = registry
 
-    def write(self, stream: str, group: str, target: str, entries: list[Pending]) -> None:
+    def write(self, stream: str, group: str, target: str, entries: list[DeadLetter]) -> None:
         """Store copies of entries in target (fsynced); raises BrokerError on failure."""
         if not entries:
             return

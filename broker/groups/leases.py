@@ -1,57 +1,75 @@
-"""In-flight bookkeeping of one shared group: leases, redelivery times, acks, the committed offset.
+"""In-flight bookkeeping of one shared group, as offset ranges: leases, redeliveries, acks.
 
 Pure data structure, no I/O and no clock of its own (every method takes
 ``now_ms``), so expiry, backoff and dead-letter decisions are tested exactly.
 The caller (SharedGroup) holds its lock around every call.
 
-Every offset in ``[committed, next_fresh)`` is in exactly one of:
+State is kept per *span*, a run of consecutive offsets in one state with one
+attempt count, holder and deadline, as Kafka's share groups keep it per
+acquired batch: a batch of 1,000 deliveries is one span, leased with one heap
+entry and finished by one ack of its range, where a record per message cost
+the broker a Python object, a heap entry and a dict slot each (the shared
+group's per-message cost, issue 16). A span is split only where a partial
+ack, nack or expiry makes its parts differ. The rows themselves are not kept:
+a redelivery reads them from the log again.
 
-* ``pending``: delivered and not finished, either *leased* (held by a member
-  until ``expires_ms``) or *waiting* for a redelivery at ``ready_ms``;
-* ``done``: acked (or dead-lettered) above the committed offset;
-* ``dead_lettering``: out of attempts, being copied to the dead-letter stream.
+Every offset in ``[committed, next_fresh)`` is either in exactly one span or
+finished (acked or dead-lettered). A span is
 
-``committed`` is the lowest offset not finished; it moves up as soon as the
-offsets right above it are done, which is what makes the pending count reach
-zero and the group's lag honest. Offsets below the stream's start (retention,
-delete_before) are dropped with ``drop_below`` and never block it.
+* ``LEASED``: delivered to ``member`` until ``expires_ms``;
+* ``WAITING``: to be delivered again from ``ready_ms`` on;
+* ``DEAD_LETTERING``: out of attempts, being copied to the dead-letter stream.
 
-Two heaps order the work: lease expiries and redelivery times. Entries are
-never removed from a heap in place: each pending entry carries a version
-bumped on every change, and stale heap items are skipped when popped.
+So ``committed``, the lowest offset not finished, is the first span's start
+(or ``next_fresh`` when nothing is unfinished), and finished offsets above it
+cost nothing. Offsets below the stream's start (retention, delete_before) are
+dropped with ``drop_below`` and never block it.
+
+Two heaps order the work: lease expiries and redelivery times, one entry per
+span. Entries are never removed in place: each span carries a version,
+renewed on every change, and stale entries are skipped when popped.
 """
 
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Iterable, Iterator
+from copy import copy
 from dataclasses import dataclass, field
 
 from npstream.broker.groups.shared_config import SharedConfig
 from npstream.broker.storage.results import StoredRow
 
-__all__ = ["DeliveryRow", "LeaseTable", "MemberState", "Pending"]
-
+__all__ = ["DEAD_LETTERING", "LEASED", "WAITING", "DeliveryRow", "LeaseTable", "MemberState",
+           "Span", "offset_runs"]
 
 # One message as handed to a member: the storage's row type, so rows the log hands
 # over as Python values (StreamLog.recent_rows) need no conversion.
 DeliveryRow = StoredRow
 
+LEASED = "leased"
+WAITING = "waiting"
+DEAD_LETTERING = "dead_lettering"
+
 
 @dataclass(slots=True)
-class Pending:
-    """A delivered, unfinished message."""
+class Span:
+    """Delivered, unfinished offsets ``[start, end)`` sharing one state (module doc)."""
 
-    row: DeliveryRow
-    attempt: int = 0  # deliveries so far (1 after the first)
-    member: str | None = None  # holder while leased, None while waiting
-    expires_ms: int = 0  # lease end, when leased
-    ready_ms: int = 0  # earliest redelivery, when waiting
+    start: int
+    end: int
+    state: str
+    attempt: int  # deliveries so far (1 after the first)
+    member: str | None = None  # holder while leased
+    expires_ms: int = 0  # lease end, while leased
+    ready_ms: int = 0  # earliest redelivery, while waiting
     version: int = 0
     failure: str = ""  # how the last attempt ended: "nack" or "expired"
 
     @property
-    def offset(self) -> int:
-        return self.row.offset
+    def count(self) -> int:
+        return self.end - self.start
 
 
 @dataclass(slots=True)
@@ -63,25 +81,53 @@ class MemberState:
     connections: int = 0  # open Subscribe calls
 
 
+def offset_runs(offsets: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted, merged ``[start, end)`` runs of the given offsets (duplicates ignored)."""
+    runs: list[tuple[int, int]] = []
+    for offset in sorted(set(offsets)):
+        if runs and runs[-1][1] == offset:
+            runs[-1] = (runs[-1][0], offset + 1)
+        else:
+            runs.append((offset, offset + 1))
+    return runs
+
+
+def merged_runs(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, merged runs of ``[start, end)`` ranges (empty ones dropped)."""
+    runs: list[tuple[int, int]] = []
+    for start, end in sorted(r for r in ranges if r[1] > r[0]):
+        if runs and start <= runs[-1][1]:
+            runs[-1] = (runs[-1][0], max(runs[-1][1], end))
+        else:
+            runs.append((start, end))
+    return runs
+
+
 @dataclass
 class LeaseTable:
     """See the module docstring; ``config`` may be replaced between calls."""
 
-    committed: int
+    initial_committed: int
     config: SharedConfig
-    next_fresh: int = -1  # next offset never delivered; starts at committed
-    pending: dict[int, Pending] = field(default_factory=dict)
-    done: set[int] = field(default_factory=set)
-    dead_lettering: dict[int, Pending] = field(default_factory=dict)
+    next_fresh: int = -1  # next offset never delivered; starts at the committed offset
     members: dict[str, MemberState] = field(default_factory=dict)
-    _expiry: list[tuple[int, int, int]] = field(default_factory=list)  # (expires, offset, ver)
-    _ready: list[tuple[int, int, int]] = field(default_factory=list)  # (ready, offset, ver)
+    _spans: dict[int, Span] = field(default_factory=dict)  # by start
+    _starts: list[int] = field(default_factory=list)  # sorted starts of _spans
+    _unfinished: int = 0  # offsets in spans
+    _version: int = 0
+    _expiry: list[tuple[int, int, int]] = field(default_factory=list)  # (expires, start, ver)
+    _ready: list[tuple[int, int, int]] = field(default_factory=list)  # (ready, start, ver)
 
     def __post_init__(self) -> None:
-        if self.next_fresh < self.committed:
-            self.next_fresh = self.committed
+        if self.next_fresh < self.initial_committed:
+            self.next_fresh = self.initial_committed
 
     # ------------------------------------------------------------ counts
+
+    @property
+    def committed(self) -> int:
+        """The lowest offset not finished."""
+        return self._starts[0] if self._starts else self.next_fresh
 
     @property
     def in_flight(self) -> int:
@@ -91,12 +137,25 @@ class LeaseTable:
     @property
     def unfinished(self) -> int:
         """Delivered messages not yet acked or dead-lettered."""
-        return len(self.pending) + len(self.dead_lettering)
+        return self._unfinished
 
     def fresh_budget(self, max_pending: int, max_window: int) -> int:
         """How many never-delivered messages may be handed out now."""
-        return max(0, min(max_pending - self.unfinished,
+        return max(0, min(max_pending - self._unfinished,
                           max_window - (self.next_fresh - self.committed)))
+
+    def spans(self) -> Iterator[Span]:
+        """Every span, in offset order (for inspection and tests)."""
+        return (self._spans[start] for start in list(self._starts))
+
+    def span_at(self, offset: int) -> Span | None:
+        """The span holding ``offset``, None when it is finished or never delivered."""
+        i = bisect_right(self._starts, offset) - 1
+        if i >= 0:
+            span = self._spans[self._starts[i]]
+            if span.end > offset:
+                return span
+        return None
 
     # ------------------------------------------------------------ members
 
@@ -115,177 +174,244 @@ class LeaseTable:
             del self.members[member]
         return gone
 
+    # ------------------------------------------------------------ span plumbing
+
+    def _new_version(self) -> int:
+        self._version += 1
+        return self._version
+
+    def _insert(self, span: Span) -> None:
+        self._spans[span.start] = span
+        insort(self._starts, span.start)
+
+    def _remove(self, span: Span) -> None:
+        del self._spans[span.start]
+        del self._starts[bisect_left(self._starts, span.start)]
+        self._unfinished -= span.count
+        if span.state == LEASED:
+            self._release_member(span)
+
+    def _release_member(self, span: Span) -> None:
+        if span.member is not None:
+            state = self.members.get(span.member)
+            if state is not None:
+                state.in_flight = max(0, state.in_flight - span.count)
+            span.member = None
+
+    def _schedule(self, span: Span) -> None:
+        if span.state == LEASED:
+            heapq.heappush(self._expiry, (span.expires_ms, span.start, span.version))
+        elif span.state == WAITING:
+            heapq.heappush(self._ready, (span.ready_ms, span.start, span.version))
+
+    def _live(self, start: int, version: int, state: str) -> Span | None:
+        span = self._spans.get(start)
+        if span is None or span.version != version or span.state != state:
+            return None
+        return span
+
+    def _carve(self, span: Span, lo: int, hi: int) -> Span:
+        """``span``'s offsets ``[lo, hi)`` as a span of their own; the rest keeps its state.
+
+        The part left of ``lo`` keeps the span (and its heap entry); the part
+        right of ``hi`` is a new span with the same state and deadline, and
+        the returned middle part is new unless it starts the span. The
+        caller changes the returned span's state (or removes it).
+        """
+        if hi < span.end:
+            right = Span(hi, span.end, span.state, span.attempt, span.member, span.expires_ms,
+                         span.ready_ms, self._new_version(), span.failure)
+            span.end = hi
+            self._insert(right)
+            self._schedule(right)
+        if lo > span.start:
+            middle = Span(lo, span.end, span.state, span.attempt, span.member,
+                          span.expires_ms, span.ready_ms, self._new_version(), span.failure)
+            span.end = lo
+            self._insert(middle)
+            return middle
+        return span
+
+    def _overlapping(self, lo: int, hi: int, states: tuple[str, ...]) -> list[Span]:
+        """Spans in ``states`` that hold any offset of ``[lo, hi)``, in offset order."""
+        out: list[Span] = []
+        i = max(0, bisect_right(self._starts, lo) - 1)
+        starts = self._starts
+        while i < len(starts) and starts[i] < hi:
+            span = self._spans[starts[i]]
+            if span.end > lo and span.state in states:
+                out.append(span)
+            i += 1
+        return out
+
     # ------------------------------------------------------------ delivering
 
-    def _lease(self, entry: Pending, member: str, now_ms: int, ack_wait_ms: int) -> None:
-        entry.attempt += 1
-        entry.member = member
-        entry.expires_ms = now_ms + ack_wait_ms
-        entry.version += 1
-        self.touch(member, now_ms).in_flight += 1
-        heapq.heappush(self._expiry, (entry.expires_ms, entry.offset, entry.version))
-
-    def _unlease(self, entry: Pending) -> None:
-        if entry.member is not None:
-            state = self.members.get(entry.member)
-            if state is not None and state.in_flight > 0:
-                state.in_flight -= 1
-            entry.member = None
-        entry.version += 1
+    def _lease(self, span: Span, member: str, now_ms: int, ack_wait_ms: int) -> None:
+        span.state = LEASED
+        span.attempt += 1
+        span.member = member
+        span.expires_ms = now_ms + ack_wait_ms
+        span.version = self._new_version()
+        self.touch(member, now_ms).in_flight += span.count
+        self._schedule(span)
 
     def lease_ready(self, member: str, now_ms: int, ack_wait_ms: int,
-                    limit: int) -> list[Pending]:
-        """Lease up to ``limit`` messages whose redelivery time has come, oldest first."""
-        out: list[Pending] = []
-        while self._ready and len(out) < limit and self._ready[0][0] <= now_ms:
-            _ready, offset, version = heapq.heappop(self._ready)
-            entry = self.pending.get(offset)
-            if entry is None or entry.version != version or entry.member is not None:
+                    limit: int) -> list[Span]:
+        """Lease up to ``limit`` messages whose redelivery time has come, oldest first.
+
+        A waiting span larger than what is left of ``limit`` is split: its
+        first part is leased, the rest keeps waiting.
+        """
+        out: list[Span] = []
+        taken = 0
+        while self._ready and taken < limit and self._ready[0][0] <= now_ms:
+            _ready, start, version = heapq.heappop(self._ready)
+            span = self._live(start, version, WAITING)
+            if span is None:
                 continue
-            self._lease(entry, member, now_ms, ack_wait_ms)
-            out.append(entry)
+            if span.count > limit - taken:
+                span = self._carve(span, span.start, span.start + limit - taken)
+            self._lease(span, member, now_ms, ack_wait_ms)
+            out.append(span)
+            taken += span.count
         return out
 
-    def lease_fresh(self, member: str, rows: list[DeliveryRow], now_ms: int,
-                    ack_wait_ms: int) -> list[Pending]:
-        """Lease never-delivered rows; they must start at ``next_fresh`` in offset order."""
-        if rows and rows[0].offset < self.next_fresh:
-            raise ValueError(
-                f"fresh row offset {rows[0].offset} is below next_fresh {self.next_fresh}"
-            )
-        # _lease() for a batch of first attempts: one member update, no call per row.
-        expires = now_ms + ack_wait_ms
-        out = [Pending(row, 1, member, expires, 0, 1) for row in rows]
-        pending, expiry, push = self.pending, self._expiry, heapq.heappush
-        for entry in out:
-            offset = entry.row.offset
-            pending[offset] = entry
-            push(expiry, (expires, offset, 1))
-        if out:
-            self.touch(member, now_ms).in_flight += len(out)
-            self.next_fresh = out[-1].row.offset + 1
-        return out
+    def lease_fresh(self, member: str, start: int, count: int, now_ms: int,
+                    ack_wait_ms: int) -> Span | None:
+        """Lease ``count`` never-delivered offsets from ``start`` (= ``next_fresh``) as one span."""
+        if start != self.next_fresh:
+            raise ValueError(f"fresh offset {start} is not next_fresh {self.next_fresh}")
+        if count <= 0:
+            return None
+        span = Span(start, start + count, LEASED, 1, member, now_ms + ack_wait_ms, 0,
+                    self._new_version())
+        self._insert(span)
+        self._unfinished += count
+        self.touch(member, now_ms).in_flight += count
+        self._schedule(span)
+        self.next_fresh = start + count
+        return span
+
+    def skip_fresh(self, start: int, count: int) -> None:
+        """Offsets ``[start, start + count)`` need no delivery (the log holds none there)."""
+        if start != self.next_fresh:
+            raise ValueError(f"fresh offset {start} is not next_fresh {self.next_fresh}")
+        self.next_fresh = start + max(0, count)
 
     # ------------------------------------------------------------ finishing
 
-    def _advance(self) -> None:
-        while self.committed in self.done:
-            self.done.remove(self.committed)
-            self.committed += 1
-        if self.committed > self.next_fresh:  # only after drop_below/seek
-            self.next_fresh = self.committed
-
-    def _finish(self, offset: int) -> None:
-        if offset > self.committed:
-            self.done.add(offset)
-        elif offset == self.committed:
-            self.committed += 1
-            self._advance()
-
-    def ack(self, offsets: list[int], member: str | None, now_ms: int) -> int:
+    def ack(self, offsets: Iterable[int], member: str | None, now_ms: int) -> int:
         """Finish the given offsets; returns how many were delivered and unfinished.
 
         An ack is accepted from any member, even after the lease expired: the
         work was done, so redelivering it again would only repeat it.
         """
+        return self.ack_ranges(offset_runs(offsets), member, now_ms)
+
+    def ack_ranges(self, ranges: Iterable[tuple[int, int]], member: str | None,
+                   now_ms: int) -> int:
+        """``ack`` of every offset in the ``[start, end)`` ranges."""
         if member is not None:
             self.touch(member, now_ms)
         count = 0
-        for offset in offsets:
-            entry = self.pending.pop(offset, None)
-            if entry is None:
-                continue
-            self._unlease(entry)
-            self._finish(offset)
-            count += 1
+        for lo, hi in merged_runs(ranges):
+            for span in self._overlapping(lo, hi, (LEASED, WAITING)):
+                piece = self._carve(span, max(lo, span.start), min(hi, span.end))
+                self._remove(piece)
+                count += piece.count
         return count
 
-    def _fail(self, entry: Pending, now_ms: int, delay_ms: int, how: str) -> Pending | None:
-        """After a failed attempt: schedule a redelivery, or return entry for dead-lettering."""
-        entry.failure = how
-        if self.config.exhausted(entry.attempt):
-            del self.pending[entry.offset]
-            self.dead_lettering[entry.offset] = entry
-            return entry
-        entry.ready_ms = now_ms + max(delay_ms, self.config.backoff_after(entry.attempt))
-        heapq.heappush(self._ready, (entry.ready_ms, entry.offset, entry.version))
+    def _fail(self, span: Span, now_ms: int, delay_ms: int, how: str) -> Span | None:
+        """After a failed attempt: schedule a redelivery, or return the span for dead-lettering."""
+        span.failure = how
+        span.version = self._new_version()
+        if self.config.exhausted(span.attempt):
+            span.state = DEAD_LETTERING
+            return span
+        span.state = WAITING
+        span.ready_ms = now_ms + max(delay_ms, self.config.backoff_after(span.attempt))
+        self._schedule(span)
         return None
 
-    def nack(self, offsets: list[int], member: str | None, delay_ms: int,
-             now_ms: int) -> tuple[int, list[Pending]]:
-        """Release leases for redelivery after max(delay, backoff).
+    def nack(self, offsets: Iterable[int], member: str | None, delay_ms: int,
+             now_ms: int) -> tuple[int, list[Span]]:
+        """Release leases for redelivery after max(delay, backoff); see ``nack_ranges``."""
+        return self.nack_ranges(offset_runs(offsets), member, delay_ms, now_ms)
+
+    def nack_ranges(self, ranges: Iterable[tuple[int, int]], member: str | None,
+                    delay_ms: int, now_ms: int) -> tuple[int, list[Span]]:
+        """Release the leases in ``ranges`` for redelivery after max(delay, backoff).
 
         Only leases held by ``member`` (any holder when None) are released, so
         a member whose lease expired cannot disturb the next holder. Returns
-        (released count, entries out of attempts that must be dead-lettered).
+        (released count, spans out of attempts that must be dead-lettered: copies,
+        so their ranges stay what they were when retention cuts the table's).
         """
         if member is not None:
             self.touch(member, now_ms)
         count = 0
-        dead: list[Pending] = []
-        for offset in offsets:
-            entry = self.pending.get(offset)
-            if entry is None or entry.member is None:
-                continue
-            if member is not None and entry.member != member:
-                continue
-            self._unlease(entry)
-            count += 1
-            out = self._fail(entry, now_ms, delay_ms, "nack")
-            if out is not None:
-                dead.append(out)
+        dead: list[Span] = []
+        for lo, hi in merged_runs(ranges):
+            for span in self._overlapping(lo, hi, (LEASED,)):
+                if member is not None and span.member != member:
+                    continue
+                piece = self._carve(span, max(lo, span.start), min(hi, span.end))
+                self._release_member(piece)
+                count += piece.count
+                out = self._fail(piece, now_ms, delay_ms, "nack")
+                if out is not None:
+                    dead.append(copy(out))
         return count, dead
 
-    def expire(self, now_ms: int) -> list[Pending]:
-        """Release every lease that ended by now_ms; returns those out of attempts."""
-        dead: list[Pending] = []
+    def expire(self, now_ms: int) -> list[Span]:
+        """Release every lease that ended by now_ms; returns the spans out of attempts."""
+        dead: list[Span] = []
         while self._expiry and self._expiry[0][0] <= now_ms:
-            expires, offset, version = heapq.heappop(self._expiry)
-            entry = self.pending.get(offset)
-            if entry is None or entry.version != version or entry.member is None:
+            expires, start, version = heapq.heappop(self._expiry)
+            span = self._live(start, version, LEASED)
+            if span is None:
                 continue
-            self._unlease(entry)
-            out = self._fail(entry, expires, 0, "expired")
+            self._release_member(span)
+            out = self._fail(span, expires, 0, "expired")
             if out is not None:
-                dead.append(out)
+                dead.append(copy(out))
         return dead
 
-    def dead_lettered(self, offset: int) -> bool:
-        """The dead-letter copy of offset is stored: it counts as done."""
-        if self.dead_lettering.pop(offset, None) is None:
-            return False
-        self._finish(offset)
-        return True
+    def dead_lettered(self, start: int, end: int) -> int:
+        """The dead-letter copies of ``[start, end)`` are stored: those offsets are done.
 
-    def dead_letter_failed(self, offset: int, retry_at_ms: int) -> None:
-        """The copy could not be stored: deliver it again at retry_at_ms.
-
-        Its attempt count stays at the limit, so if that delivery fails too the
-        copy is tried again; the message is never lost or silently dropped.
+        Ranges, not span objects: retention may have cut a span meanwhile.
+        Returns how many offsets were still being dead-lettered.
         """
-        entry = self.dead_lettering.pop(offset, None)
-        if entry is None:
-            return
-        self.pending[offset] = entry
-        entry.version += 1
-        entry.ready_ms = retry_at_ms
-        heapq.heappush(self._ready, (retry_at_ms, offset, entry.version))
+        count = 0
+        for span in self._overlapping(start, end, (DEAD_LETTERING,)):
+            piece = self._carve(span, max(start, span.start), min(end, span.end))
+            self._remove(piece)
+            count += piece.count
+        return count
+
+    def dead_letter_failed(self, start: int, end: int, retry_at_ms: int) -> None:
+        """The copy could not be stored: deliver ``[start, end)`` again at retry_at_ms.
+
+        The attempt count stays at the limit, so if that delivery fails too
+        the copy is tried again; the message is never lost or silently dropped.
+        """
+        for span in self._overlapping(start, end, (DEAD_LETTERING,)):
+            piece = self._carve(span, max(start, span.start), min(end, span.end))
+            piece.state = WAITING
+            piece.ready_ms = retry_at_ms
+            piece.version = self._new_version()
+            self._schedule(piece)
 
     # ------------------------------------------------------------ schedule
 
     def next_due_ms(self) -> int | None:
         """Earliest time a lease expires or a redelivery becomes ready, None if never."""
-        while self._expiry:
-            _t, offset, version = self._expiry[0]
-            entry = self.pending.get(offset)
-            if entry is not None and entry.version == version and entry.member is not None:
-                break
+        while self._expiry and self._live(self._expiry[0][1], self._expiry[0][2],
+                                          LEASED) is None:
             heapq.heappop(self._expiry)
-        while self._ready:
-            _t, offset, version = self._ready[0]
-            entry = self.pending.get(offset)
-            if entry is not None and entry.version == version and entry.member is None:
-                break
+        while self._ready and self._live(self._ready[0][1], self._ready[0][2],
+                                         WAITING) is None:
             heapq.heappop(self._ready)
         times = [h[0][0] for h in (self._expiry, self._ready) if h]
         return min(times) if times else None
@@ -294,29 +420,26 @@ class LeaseTable:
 
     def drop_below(self, start: int) -> int:
         """Forget offsets below ``start`` (removed from the log); returns how many were pending."""
-        if start <= self.committed:
-            return 0
         dropped = 0
-        for offset in [o for o in self.pending if o < start]:
-            self._unlease(self.pending.pop(offset))
-            dropped += 1
-        for offset in [o for o in self.dead_lettering if o < start]:
-            del self.dead_lettering[offset]
-            dropped += 1
-        self.done = {o for o in self.done if o >= start}
-        self.committed = start
-        self._advance()
+        while self._starts and self._starts[0] < start:
+            span = self._spans[self._starts[0]]
+            piece = self._carve(span, span.start, min(start, span.end))
+            self._remove(piece)
+            dropped += piece.count
+        if self.next_fresh < start:
+            self.next_fresh = start
         return dropped
 
     def reset(self, offset: int) -> int:
         """Seek: forget every delivery and start again at offset; returns leases dropped."""
-        dropped = self.unfinished
-        for entry in self.pending.values():
-            self._unlease(entry)
-        self.pending.clear()
-        self.dead_lettering.clear()
-        self.done.clear()
+        dropped = self._unfinished
+        for span in list(self._spans.values()):
+            if span.state == LEASED:
+                self._release_member(span)
+        self._spans.clear()
+        self._starts.clear()
+        self._unfinished = 0
         self._expiry.clear()
         self._ready.clear()
-        self.committed = self.next_fresh = offset
+        self.next_fresh = offset
         return dropped

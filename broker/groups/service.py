@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -46,9 +46,11 @@ from npstream.broker.groups.tuning import (
     MAX_RECEIVE_MAX,
     SUBSCRIBE_POLL_S,
 )
+from npstream.broker.rpc.registration import add_service
 from npstream.broker.rpc.status import rpc_method
 from npstream.broker.server.context import BrokerContext
 from npstream.proto import metadata_keys, pb, pb_grpc
+from npstream.proto.wire import arrow_stream_buffer, encode_with_bytes
 
 __all__ = ["GroupServicer", "add_to_server"]
 
@@ -86,6 +88,19 @@ def _add_deliveries(target: Any, grants: list[Grant]) -> None:
             delivery.headers.update(row.headers)
         if row.key is not None:
             delivery.key = row.key
+
+
+def _ranges(what: str, stream: str,
+            ranges: Iterable[pb.OffsetRange]) -> list[tuple[int, int]]:
+    """``[start, end)`` pairs of a request; InvalidArgumentError for a reversed or negative one."""
+    out = []
+    for r in ranges:
+        if r.start < 0 or r.end < r.start:
+            raise InvalidArgumentError(
+                f"{what} on stream '{stream}': range [{r.start}, {r.end}) is not a range of "
+                "offsets (0 <= start <= end)")
+        out.append((r.start, r.end))
+    return out
 
 
 def _check_non_negative(what: str, stream: str, **values: int) -> None:
@@ -233,18 +248,51 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
                          DEFAULT_RECEIVE_MAX, MAX_RECEIVE_MAX)
         _check_non_negative("receive", request.stream, wait_ms=request.wait_ms)
         group, config = self._manager.shared(request.stream, request.group, request.config)
-        grants = group.receive(request.member_id or context.peer(), limit,
-                               self._wait_s(request.wait_ms, context), config.ack_wait_ms,
-                               should_stop=self._gone(context))
+        member = request.member_id or context.peer()
+        ticket = self._ack_first(group, member, request)
+        grants = group.receive(member, limit, self._wait_s(request.wait_ms, context),
+                               config.ack_wait_ms, should_stop=self._gone(context))
         response = pb.ReceiveResponse()
         _add_deliveries(response.deliveries, grants)
+        self._manager.wait_durable(ticket)
         return response
+
+    def _ack_first(self, group: SharedGroup, member: str, request: pb.ReceiveRequest) -> int:
+        """Apply a receive's piggybacked acks; returns the position writer's ticket (0: none)."""
+        if not request.ack_ranges:
+            return 0
+        _count, _committed, ticket = group.ack(
+            [], member, _ranges("ack", request.stream, request.ack_ranges))
+        return ticket
+
+    @rpc_method
+    def ReceiveBatch(self, request: pb.ReceiveRequest, context: grpc.ServicerContext) -> bytes:
+        """Receive, with the deliveries as one Arrow IPC stream (DELIVERY_SCHEMA).
+
+        Returns the reply's wire bytes (registered with a raw response): the
+        Arrow buffer is appended to the small fields, not copied into a message.
+        """
+        self._shared_access(context, request.stream, request.config)
+        limit = _bounded("receive", request.stream, "max_messages", request.max_messages,
+                         DEFAULT_RECEIVE_MAX, MAX_RECEIVE_MAX)
+        _check_non_negative("receive", request.stream, wait_ms=request.wait_ms)
+        group, config = self._manager.shared(request.stream, request.group, request.config)
+        member = request.member_id or context.peer()
+        ticket = self._ack_first(group, member, request)
+        table = group.receive_batch(member, limit, self._wait_s(request.wait_ms, context),
+                                    config.ack_wait_ms, should_stop=self._gone(context))
+        head = pb.ReceiveBatchResponse(count=table.num_rows)
+        self._manager.wait_durable(ticket)
+        if not table.num_rows:
+            return head.SerializeToString()
+        return encode_with_bytes(head, "arrow_stream", [arrow_stream_buffer(table)])
 
     @rpc_method
     def Ack(self, request: pb.AckRequest, context: grpc.ServicerContext) -> pb.AckResponse:
         self._read(context, request.stream)
         group = self._manager.existing_shared(request.stream, request.group)
-        count, committed, ticket = group.ack(list(request.offsets), request.member_id or None)
+        count, committed, ticket = group.ack(list(request.offsets), request.member_id or None,
+                                             _ranges("ack", request.stream, request.ranges))
         self._manager.wait_durable(ticket)
         return pb.AckResponse(acked=count,
                               position=self._position(group.stream, group.group, committed))
@@ -254,8 +302,9 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
         self._read(context, request.stream)
         _check_non_negative("nack", request.stream, delay_ms=request.delay_ms)
         group = self._manager.existing_shared(request.stream, request.group)
-        return pb.NackResponse(nacked=group.nack(list(request.offsets),
-                                                 request.member_id or None, request.delay_ms))
+        return pb.NackResponse(nacked=group.nack(
+            list(request.offsets), request.member_id or None, request.delay_ms,
+            _ranges("nack", request.stream, request.ranges)))
 
     @rpc_method
     def Subscribe(self, request_iterator: Iterator[pb.SubscribeRequest],
@@ -355,10 +404,13 @@ class _SubscribeSession:
             raise InvalidArgumentError(f"credits={request.credits} must be >= 0")
         if request.nack_delay_ms < 0:
             raise InvalidArgumentError(f"nack_delay_ms={request.nack_delay_ms} must be >= 0")
-        if request.ack_offsets:
-            self._group.ack(list(request.ack_offsets), self._member)
-        if request.nack_offsets:
-            self._group.nack(list(request.nack_offsets), self._member, request.nack_delay_ms)
+        stream = self._group.stream
+        if request.ack_offsets or request.ack_ranges:
+            self._group.ack(list(request.ack_offsets), self._member,
+                            _ranges("ack", stream, request.ack_ranges))
+        if request.nack_offsets or request.nack_ranges:
+            self._group.nack(list(request.nack_offsets), self._member, request.nack_delay_ms,
+                             _ranges("nack", stream, request.nack_ranges))
         if request.credits:
             # Only the sender waits for credits (and only outside group.receive, which
             # it enters with credits in hand), so the group's waiters need no wake-up.
@@ -405,5 +457,6 @@ class _SubscribeSession:
 def add_to_server(server: grpc.Server, ctx: BrokerContext) -> GroupManager:
     """Register GroupService on ``server``; the returned manager is closed at shutdown."""
     manager = GroupManager(ctx)
-    pb_grpc.add_GroupServiceServicer_to_server(GroupServicer(manager, ctx), server)
+    add_service(server, "GroupService", GroupServicer(manager, ctx),
+                raw_responses={"ReceiveBatch"})
     return manager

@@ -4,16 +4,19 @@
 stream's log, waiting, persistence and dead letters:
 
 * Fresh messages are read from the log in Arrow batches (up to
-  FRESH_READ_CHUNK messages or FRESH_READ_BYTES per read), kept as Arrow
-  record batches, and turned into Python rows only as they are handed out, in
-  offset order: a stored batch of 10,000 rows is read once, not once per
-  Receive. Redeliveries that are due go first, so no member idles while work
-  waits. Rows the log's last write stored come from memory instead
-  (StreamLog.recent_rows): a member following the tail gets a new message
-  without it being read back from the file or decoded.
-* Everything in flight lives in memory. Only the committed offset (lowest not
-  acked) and the dead-lettered count are persisted, through the batching
-  PositionWriter. After a restart, unacked messages are delivered again.
+  FRESH_READ_CHUNK messages or FRESH_READ_BYTES per read) and kept as Arrow
+  record batches until they are handed out, in offset order: a stored batch
+  of 10,000 rows is read once, not once per Receive. Rows the log's last
+  write stored come from memory instead (StreamLog.recent_rows): a member
+  following the tail gets a new message without it being read back from the
+  file or decoded. Redeliveries that are due go first, so no member idles
+  while work waits; their rows are read from the log again.
+* What is in flight lives in memory as offset ranges (leases.py), not rows.
+  Only the committed offset (lowest not acked) and the dead-lettered count
+  are persisted, through the batching PositionWriter. After a restart,
+  unacked messages are delivered again.
+* One Receive hands out spans with their rows (deliveries.py): as Python
+  rows for Receive and Subscribe, as one Arrow batch for ReceiveBatch.
 * Expired leases and nacks schedule redeliveries (with backoff). A message
   out of attempts is copied to the dead-letter stream and counts as done.
 * Before every operation the group follows the log's start offset, so
@@ -35,15 +38,22 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from itertools import repeat
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
 
 from npstream.broker.errors import BrokerError, OffsetOutOfRangeError
-from npstream.broker.groups.dead_letter import DeadLetterWriter
-from npstream.broker.groups.leases import DeliveryRow, LeaseTable, Pending
+from npstream.broker.groups.dead_letter import DeadLetter, DeadLetterWriter
+from npstream.broker.groups.deliveries import (
+    Delivered,
+    Grant,
+    Rows,
+    delivery_table,
+    grants,
+    rows_from_batch,
+)
+from npstream.broker.groups.leases import LeaseTable, Span
 from npstream.broker.groups.metrics import GroupMetrics
 from npstream.broker.groups.shared_config import SharedConfig
 from npstream.broker.groups.store import PositionWriter
@@ -56,7 +66,6 @@ from npstream.broker.groups.tuning import (
     MAX_PENDING_PER_GROUP,
     MEMBER_IDLE_MS,
 )
-from npstream.broker.groups.typed_values import json_values
 from npstream.proto.frames.payload import decode_payload
 
 if TYPE_CHECKING:
@@ -64,19 +73,14 @@ if TYPE_CHECKING:
 
 __all__ = ["Grant", "MemberInfo", "SharedGroup", "SharedSnapshot", "rows_from_batch"]
 
+# Read from the log per redelivered span read (bytes); a span is read in pieces.
+SPAN_READ_BYTES = FRESH_READ_BYTES
+
 log = logging.getLogger(__name__)
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-class Grant(NamedTuple):
-    """One delivery made by ``receive``: the message, its attempt number, its lease end."""
-
-    row: DeliveryRow
-    attempt: int
-    expires_ms: int
 
 
 class MemberInfo(NamedTuple):
@@ -94,25 +98,6 @@ class SharedSnapshot(NamedTuple):
     dead_lettered: int
     members: list[MemberInfo]
     config: SharedConfig
-
-
-def rows_from_batch(batch: pa.RecordBatch) -> list[DeliveryRow]:
-    """The rows of a stored record batch, converted one column at a time.
-
-    A typed stream's value (a struct) becomes each record's JSON bytes
-    (typed_values.py).
-    """
-    headers = [dict(h) if h else {} for h in batch.column("headers").to_pylist()]
-    value = batch.column("value")
-    return list(map(tuple.__new__, repeat(DeliveryRow), zip(  # no Python call per row
-        batch.column("offset").to_pylist(),
-        batch.column("id").to_pylist(),
-        batch.column("key").to_pylist(),
-        json_values(value) if pa.types.is_struct(value.type) else value.to_pylist(),
-        headers,
-        batch.column("timestamp").view(pa.int64()).to_pylist(),  # same buffer, no cast
-        strict=True,
-    )))
 
 
 class SharedGroup:
@@ -151,7 +136,7 @@ class SharedGroup:
         self._table = LeaseTable(committed, config)
         # Read from the log, not handed out yet: offsets [next_fresh, _buffer_next), as
         # stored batches, or rows the log already had as Python values (a lone message).
-        self._buffer: deque[pa.RecordBatch | list[DeliveryRow]] = deque()
+        self._buffer: deque[Rows] = deque()
         self._buffered = 0  # rows in _buffer
         self._buffer_next = committed
         self._dead_lettered = dead_lettered
@@ -223,7 +208,8 @@ class SharedGroup:
         self._buffered = 0
         self._buffer_next = next_offset
 
-    def _take_fresh_locked(self, stream_log: StreamLog, limit: int) -> list[DeliveryRow]:
+    def _take_fresh_locked(self, stream_log: StreamLog, limit: int) -> list[Rows]:
+        """Up to ``limit`` never-delivered rows from ``next_fresh`` on, as buffered parts."""
         limit = min(limit, self._fresh_budget_locked())
         if limit <= 0:
             return []
@@ -250,16 +236,63 @@ class SharedGroup:
                 self._buffer.append(batch)
                 self._buffered += batch.num_rows
             self._buffer_next = result.next_offset
-        taken: list[DeliveryRow] = []
-        while len(taken) < limit and self._buffer:
+        taken: list[Rows] = []
+        count = 0
+        while count < limit and self._buffer:
             part = self._buffer.popleft()
-            wanted = limit - len(taken)
+            wanted = limit - count
             if len(part) > wanted:
                 self._buffer.appendleft(part[wanted:])
                 part = part[:wanted]
-            taken += part if isinstance(part, list) else rows_from_batch(part)
+            taken.append(part)
+            count += len(part)
             self._buffered -= len(part)
         return taken
+
+    def _read_span_locked(self, stream_log: StreamLog, start: int, end: int) -> list[Rows]:
+        """The rows of ``[start, end)`` read from the log again (a redelivery).
+
+        Rows the log no longer holds (retention moved its start) are not
+        returned; the caller's next look drops them from the table.
+        """
+        parts: list[Rows] = []
+        offset = start
+        while offset < end:
+            result = stream_log.read(offset, max_messages=end - offset,
+                                     max_bytes=SPAN_READ_BYTES, end_offset=end, latest=True)
+            if result.next_offset <= offset:
+                break
+            schema = stream_log.value_schemas.stored_schema(result.schema_version)
+            for payload in result.batches:
+                batch = decode_payload(payload, schema)
+                first = batch.column(0)[0].as_py() if batch.num_rows else offset
+                lo, hi = max(0, offset - first), min(batch.num_rows, end - first)
+                if hi > lo:
+                    parts.append(batch.slice(lo, hi - lo))
+            offset = result.next_offset
+        return parts
+
+    def _lease_locked(self, stream_log: StreamLog, member: str, limit: int, now: int,
+                      ack_wait_ms: int) -> list[Delivered]:
+        """Lease up to ``limit`` messages, due redeliveries first; each span with its rows."""
+        out: list[Delivered] = []
+        taken = 0
+        for span in self._table.lease_ready(member, now, ack_wait_ms, limit):
+            try:
+                parts = self._read_span_locked(stream_log, span.start, span.end)
+            except OffsetOutOfRangeError:  # retention removed them: forget them
+                self._follow_log_locked(stream_log)
+                continue
+            out.append(Delivered(span.start, span.end, span.attempt, span.expires_ms, parts))
+            taken += span.count
+        if taken < limit:
+            start = self._table.next_fresh
+            parts = self._take_fresh_locked(stream_log, limit - taken)
+            count = sum(len(part) for part in parts)
+            fresh = self._table.lease_fresh(member, start, count, now, ack_wait_ms)
+            if fresh is not None:
+                out.append(Delivered(fresh.start, fresh.end, 1, fresh.expires_ms, parts))
+        return out
 
     # ------------------------------------------------------------ delivering
 
@@ -272,6 +305,22 @@ class SharedGroup:
         should_stop: Callable[[], bool] | None = None,
     ) -> list[Grant]:
         """Lease up to max_messages (redeliveries first), waiting up to wait_s for any."""
+        return grants(self._receive(member, max_messages, wait_s, ack_wait_ms, should_stop))
+
+    def receive_batch(
+        self,
+        member: str,
+        max_messages: int,
+        wait_s: float,
+        ack_wait_ms: int,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> pa.Table:
+        """``receive`` as one DELIVERY_SCHEMA table (ReceiveBatch): no Python object per row."""
+        return delivery_table(self._receive(member, max_messages, wait_s, ack_wait_ms,
+                                            should_stop))
+
+    def _receive(self, member: str, max_messages: int, wait_s: float, ack_wait_ms: int,
+                 should_stop: Callable[[], bool] | None) -> list[Delivered]:
         deadline = time.monotonic() + wait_s
         while True:
             with self._cond:
@@ -285,17 +334,14 @@ class SharedGroup:
                     dead = self._table.expire(now)
                     if dead:
                         break  # dead-letter outside the lock, then look again
-                    out = self._table.lease_ready(member, now, ack_wait_ms, max_messages)
-                    if len(out) < max_messages:
-                        rows = self._take_fresh_locked(stream_log, max_messages - len(out))
-                        out += self._table.lease_fresh(member, rows, now, ack_wait_ms)
+                    out = self._lease_locked(stream_log, member, max_messages, now,
+                                             ack_wait_ms)
                     if out:
-                        self._metrics.deliveries.inc(len(out))
-                        again = sum(1 for e in out if e.attempt > 1)
+                        self._metrics.deliveries.inc(sum(d.end - d.start for d in out))
+                        again = sum(d.end - d.start for d in out if d.attempt > 1)
                         if again:
                             self._metrics.redeliveries.inc(again)
-                        return [tuple.__new__(Grant, (e.row, e.attempt, e.expires_ms))
-                                for e in out]  # no Python-level __new__ per grant
+                        return out
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or (should_stop is not None and should_stop()):
                         return []
@@ -334,12 +380,19 @@ class SharedGroup:
 
     # ------------------------------------------------------------ finishing
 
-    def ack(self, offsets: list[int], member: str | None) -> tuple[int, int, int]:
-        """(acked count, committed offset, writer ticket for durability)."""
+    def ack(self, offsets: list[int], member: str | None,
+            ranges: Sequence[tuple[int, int]] = ()) -> tuple[int, int, int]:
+        """(acked count, committed offset, writer ticket for durability).
+
+        ``ranges``: ``[start, end)`` runs acked as well (a batch acked whole).
+        """
         with self._cond:
             self._check_open_locked()
             blocked = self._fresh_budget_locked() <= 0
-            count = self._table.ack(offsets, member, self._clock())
+            now = self._clock()
+            count = self._table.ack(offsets, member, now) if offsets else 0
+            if ranges:
+                count += self._table.ack_ranges(ranges, member, now)
             if count:
                 # Pop the acked leases' expiry entries now, while the heap is small,
                 # instead of a second's worth in one upkeep pass (a stall under the lock).
@@ -353,41 +406,60 @@ class SharedGroup:
                     self._changed_locked()
             return count, self._table.committed, self._persist_locked()
 
-    def nack(self, offsets: list[int], member: str | None, delay_ms: int) -> int:
+    def nack(self, offsets: list[int], member: str | None, delay_ms: int,
+             ranges: Sequence[tuple[int, int]] = ()) -> int:
         """Release leases for redelivery; dead-letters those out of attempts."""
         with self._cond:
             self._check_open_locked()
-            count, dead = self._table.nack(offsets, member, delay_ms, self._clock())
+            runs = [(o, o + 1) for o in offsets] + list(ranges)
+            count, dead = self._table.nack_ranges(runs, member, delay_ms, self._clock())
             if count:
                 self._metrics.nacks.inc(count)
                 self._changed_locked()
         self._dead_letter(dead)
         return count
 
-    def _dead_letter(self, entries: list[Pending]) -> None:
-        if not entries:
+    def _dead_letter(self, spans: list[Span]) -> None:
+        """Copy the messages of ``spans`` (out of attempts) to the dead-letter stream."""
+        if not spans:
             return
         target = self.config.dead_letter_stream
         try:
-            self._dead_letters.write(self.stream, self.group, target, entries)
+            letters = self._letters(spans)
+            self._dead_letters.write(self.stream, self.group, target, letters)
         except Exception as exc:
             log.error("dead-letter write of %d message(s) from stream '%s' (group '%s') to "
-                      "'%s' failed, redelivering them in %d ms: %s", len(entries), self.stream,
-                      self.group, target, DEAD_LETTER_RETRY_MS, exc)
+                      "'%s' failed, redelivering them in %d ms: %s",
+                      sum(s.count for s in spans), self.stream, self.group, target,
+                      DEAD_LETTER_RETRY_MS, exc)
             with self._cond:
                 retry_at = self._clock() + DEAD_LETTER_RETRY_MS
-                for entry in entries:
-                    self._table.dead_letter_failed(entry.offset, retry_at)
+                for span in spans:
+                    self._table.dead_letter_failed(span.start, span.end, retry_at)
                 self._changed_locked()
             return
-        self._metrics.dead_letters.inc(len(entries))
+        self._metrics.dead_letters.inc(len(letters))
         with self._cond:
-            for entry in entries:
-                self._table.dead_lettered(entry.offset)
-            self._dead_lettered += len(entries)
+            for span in spans:
+                self._dead_lettered += self._table.dead_lettered(span.start, span.end)
             ticket = self._persist_locked()
             self._changed_locked()
         self._writer.wait(ticket)
+
+    def _letters(self, spans: list[Span]) -> list[DeadLetter]:
+        """The messages of ``spans`` as read from the log (those it no longer has are skipped)."""
+        stream_log = self._log_source()
+        letters: list[DeadLetter] = []
+        for span in spans:
+            try:
+                with self._cond:
+                    parts = self._read_span_locked(stream_log, span.start, span.end)
+            except OffsetOutOfRangeError:
+                continue
+            for part in parts:
+                rows = part if isinstance(part, list) else rows_from_batch(part)
+                letters += [DeadLetter(row, span.attempt, span.failure) for row in rows]
+        return letters
 
     # ------------------------------------------------------------ upkeep and admin
 

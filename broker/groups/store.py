@@ -8,10 +8,13 @@ messages are delivered again: at-least-once).
 Positions change on every ack, so they are not written one by one:
 ``PositionWriter`` keeps the latest value per group and one background thread
 writes all changed rows in one transaction. Callers that must report a
-durable position wait for the write that covers their change (``wait``);
-then the write starts at once and whatever changed while the previous write
-ran joins it (group commit). Changes nobody waits for (acks sent on
-Subscribe streams) are coalesced for a few milliseconds first. Updates only
+durable position wait for the write that covers their change (``wait``):
+when no write is running the caller writes everything pending itself (the
+group-commit leader), else it waits for the running write and leads the
+next one, so a waited-for write costs no thread hand-off (the hand-off to the
+writer thread and back was most of a batch ack's time, issue 16). Changes
+nobody waits for (acks sent on Subscribe streams) are coalesced for a few
+milliseconds first. Updates only
 touch existing rows, and ``discard`` drops queued updates of a deleted group,
 so a late write never resurrects a group.
 """
@@ -184,18 +187,51 @@ class PositionWriter:
             return self._queued_seq
 
     def wait(self, ticket: int, timeout: float = POSITION_WAIT_TIMEOUT_S) -> bool:
-        """Block until the put with this ticket is written; False on timeout."""
+        """Block until the put with this ticket is written; False on timeout.
+
+        Writes the pending positions itself when no write is running (see
+        the module doc); a failed write is left to the writer thread's retry.
+        """
+        deadline = time.monotonic() + timeout
         with self._cond:
             self._waiting += 1
-            self._cond.notify_all()
             try:
-                return self._cond.wait_for(
-                    lambda: self._written_seq >= ticket or self._closed
-                    or not (self._pending or self._writing),
-                    timeout,
-                )
+                while True:
+                    if (self._written_seq >= ticket or self._closed
+                            or not (self._pending or self._writing)):
+                        return True
+                    if not self._writing and self._pending:
+                        self._write_locked()
+                        continue
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    self._cond.wait(remaining)
             finally:
                 self._waiting -= 1
+
+    def _write_locked(self) -> bool:
+        """Write everything pending (lock released meanwhile); False when the write failed."""
+        batch, self._pending = self._pending, {}
+        seq = self._queued_seq
+        self._writing = True
+        self._cond.release()
+        try:
+            self._store.write_positions(batch)
+            failed = False
+        except Exception:
+            log.exception("writing %d group position(s) failed; retrying", len(batch))
+            failed = True
+        finally:
+            self._cond.acquire()
+        self._writing = False
+        if failed:
+            for key, value in batch.items():
+                self._pending.setdefault(key, value)
+        else:
+            self._written_seq = max(self._written_seq, seq)
+        self._cond.notify_all()
+        return not failed
 
     def discard(self, stream: str, group: str | None = None) -> None:
         """Drop queued updates of a group (or of every group of the stream)."""
@@ -218,31 +254,22 @@ class PositionWriter:
         self._thread.join(timeout=POSITION_WAIT_TIMEOUT_S)
 
     def _run(self) -> None:
+        """Write what nobody waits for (acks on Subscribe streams), a few ms coalesced.
+
+        Waiting callers write for themselves (``wait``); this thread leaves
+        them the write while any waits.
+        """
+        def idle_work() -> bool:
+            return bool(self._pending) and not self._writing and not self._waiting
+
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._pending or self._closed)
+                self._cond.wait_for(lambda: idle_work() or self._closed)
                 if self._closed and not self._pending:
                     return
-                if not self._waiting:
-                    # Nobody waits for this write yet (acks on Subscribe streams): let
-                    # the changes of the next few ms join it. A waiter cuts this short.
-                    self._cond.wait_for(lambda: self._waiting or self._closed,
-                                        self._interval_s)
-            with self._cond:
-                batch, self._pending = self._pending, {}
-                seq = self._queued_seq
-                self._writing = True
-            try:
-                self._store.write_positions(batch)
-            except Exception:
-                log.exception("writing %d group position(s) failed; retrying", len(batch))
-                with self._cond:
-                    for key, value in batch.items():
-                        self._pending.setdefault(key, value)
-                    self._writing = False
-                time.sleep(max(self._interval_s, 0.1))
-                continue
-            with self._cond:
-                self._writing = False
-                self._written_seq = max(self._written_seq, seq)
-                self._cond.notify_all()
+                # Let the changes of the next few ms join this write; a waiter takes over.
+                self._cond.wait_for(lambda: self._waiting or self._closed, self._interval_s)
+                if not idle_work():
+                    continue
+                if not self._write_locked():
+                    self._cond.wait(max(self._interval_s, 0.1))

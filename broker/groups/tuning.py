@@ -27,19 +27,25 @@ MAX_RECEIVE_MAX = 10_000
 # Receives/Subscribe batches and a large stored batch is read a few times, not
 # once per Receive (reading 500 rows at a time re-read a 10,000-row stored batch
 # 20 times). It costs at most FRESH_READ_BYTES of memory per group with
-# undelivered messages read (dropped on seek and retention).
-FRESH_READ_CHUNK = 4_000
+# undelivered messages read (dropped on seek and retention). A read cut at a
+# row count re-encodes the stored batch it cuts, so the row limit is high and
+# the byte limit is what ends a read (at a batch boundary).
+FRESH_READ_CHUNK = 65_536  # rows: large enough that reads end at whole stored batches
 FRESH_READ_BYTES = 4 << 20
 # At most this many delivered-but-unfinished messages (leased, waiting for a
 # redelivery or for the dead-letter write) per group. Past it, only
-# redeliveries are handed out: a group whose consumers never ack cannot make
-# the broker hold an unbounded number of messages in memory (JetStream's
-# MaxAckPending, on by default here).
-MAX_PENDING_PER_GROUP = 10_000
+# redeliveries are handed out (JetStream's MaxAckPending, on by default here).
+# In-flight state is kept as offset spans, not rows (leases.py): a batch of
+# 1,000 leased together costs about one span (~300 bytes), so a million in
+# flight cost the broker a few tens of bytes each when consumed in batches; the
+# worst case, every message leased and settled alone, is one span per message
+# (~300 bytes each, ~300 MB at the cap).
+MAX_PENDING_PER_GROUP = 1_000_000
 # At most this many offsets between the committed offset (lowest not acked)
-# and the next fresh offset. Bounds the set of out-of-order acks kept in
-# memory when one old message stays unacked while later ones complete.
-MAX_ACK_WINDOW = 1_000_000
+# and the next fresh offset. Finished offsets above the committed one cost
+# nothing (they are simply outside every span), so this only bounds how far a
+# group runs ahead of one message that stays unacked.
+MAX_ACK_WINDOW = 10_000_000
 # Background pass over shared groups: expires leases (so expired messages
 # reach the dead-letter stream even when nobody receives), forgets idle
 # members, and follows retention. Receives do the same work on demand.

@@ -25,6 +25,7 @@ from npstream.client.stream_admin import StreamAdmin
 
 if TYPE_CHECKING:
     from npstream.groups.admin import GroupInfo
+    from npstream.groups.batch import LeaseBatch
     from npstream.groups.cursor import Consumer
     from npstream.groups.leases import Lease
     from npstream.groups.subscription import Subscription
@@ -86,6 +87,28 @@ class Client(StreamAdmin, Publisher, Reader):
         return receive(
             self, stream, group, max, wait=wait, ack_wait=ack_wait, max_deliver=max_deliver,
             backoff=backoff, dead_letter_stream=dead_letter_stream, member_id=member_id,
+        )
+
+    def receive_batch(
+        self,
+        stream: str,
+        group: str,
+        max: int = 1000,
+        *,
+        wait: float = 0.0,
+        ack_wait: float = 30.0,
+        max_deliver: int = 0,
+        backoff: Sequence[float] | None = None,
+        dead_letter_stream: str | None = None,
+        member_id: str | None = None,
+        ack: LeaseBatch | None = None,
+    ) -> LeaseBatch:
+        from npstream.groups.batch import receive_batch
+
+        return receive_batch(
+            self, stream, group, max, wait=wait, ack_wait=ack_wait, max_deliver=max_deliver,
+            backoff=backoff, dead_letter_stream=dead_letter_stream, member_id=member_id,
+            ack=ack,
         )
 
     def list_groups(self, stream: str) -> list[GroupInfo]:

@@ -122,19 +122,44 @@ def receive(client: ClientCore, stream: str, group: str, *, member_id: str, max_
     return response
 
 
+def receive_batch(client: ClientCore, stream: str, group: str, *, member_id: str,
+                  max_messages: int, wait: float, config: pb.SharedGroupConfig,
+                  ack_ranges: Sequence[tuple[int, int]] = ()) -> pb.ReceiveBatchResponse:
+    """``receive`` with the deliveries as one Arrow IPC stream (DELIVERY_SCHEMA).
+
+    ``ack_ranges`` are acked first, in the same round trip (and durable when
+    it replies; acks are idempotent, so a retried call acks nothing twice).
+    """
+    response: pb.ReceiveBatchResponse = client.call(
+        "GroupService.ReceiveBatch",
+        pb.ReceiveRequest(stream=stream, group=group, member_id=member_id,
+                          max_messages=max_messages, wait_ms=int(wait * 1000), config=config,
+                          ack_ranges=_ranges(ack_ranges)),
+        timeout=client.timeout + wait,
+    )
+    return response
+
+
+def _ranges(ranges: Sequence[tuple[int, int]]) -> list[pb.OffsetRange]:
+    return [pb.OffsetRange(start=start, end=end) for start, end in ranges]
+
+
 def ack(client: ClientCore, stream: str, group: str, offsets: Sequence[int],
-        member_id: str = "") -> pb.AckResponse:
-    """Settle leases as done."""
+        member_id: str = "", ranges: Sequence[tuple[int, int]] = ()) -> pb.AckResponse:
+    """Settle leases as done: ``offsets`` and every offset of the ``[start, end)`` ranges."""
     response: pb.AckResponse = client.call("GroupService.Ack", pb.AckRequest(
-        stream=stream, group=group, offsets=offsets, member_id=member_id))
+        stream=stream, group=group, offsets=offsets, member_id=member_id,
+        ranges=_ranges(ranges)))
     return response
 
 
 def nack(client: ClientCore, stream: str, group: str, offsets: Sequence[int], *,
-         delay_ms: int, member_id: str = "") -> pb.NackResponse:
+         delay_ms: int, member_id: str = "",
+         ranges: Sequence[tuple[int, int]] = ()) -> pb.NackResponse:
     """Settle leases as not done: redeliver after ``delay_ms``."""
     response: pb.NackResponse = client.call("GroupService.Nack", pb.NackRequest(
-        stream=stream, group=group, offsets=offsets, delay_ms=delay_ms, member_id=member_id))
+        stream=stream, group=group, offsets=offsets, delay_ms=delay_ms, member_id=member_id,
+        ranges=_ranges(ranges)))
     return response
 
 

@@ -5,6 +5,9 @@ Two ways to consume, mixable within one group:
 * ``client.receive(stream, group, max=10, wait=...)`` (pull) returns Lease
   objects; call ``lease.ack()`` when done or ``lease.nack(delay)`` to have it
   redelivered.
+* ``client.receive_batch(stream, group, max=1000, wait=...)`` (pull, batched)
+  returns a LeaseBatch: the messages as one Arrow table, settled together
+  (``batch.ack()``) or by offset, as offset ranges. The fast way to consume.
 * ``client.subscribe(stream, group, handler, max_in_flight=...)`` (push) opens
   a GroupService.SubscribeBatches stream and calls ``handler(lease)`` in
   worker threads. Credits are the flow control: the broker never has more
@@ -24,16 +27,19 @@ and the message goes to another member (at-least-once). After
 ``max_deliver`` attempts it is copied to the dead-letter stream.
 
 The parts live in one module each: ``leases`` (Lease, the group settings,
-ack_leases), ``pull`` (receive), ``subscription`` (subscribe, Subscription,
-reconnecting), ``outbox`` (what a subscription sends back, coalesced) and
-``dispatcher`` (the handler threads). This module is where users import the
+ack_leases), ``pull`` (receive), ``batch`` (receive_batch, LeaseBatch),
+``subscription`` (subscribe, Subscription, reconnecting), ``outbox`` (what a
+subscription sends back, coalesced) and ``dispatcher`` (the handler threads).
+This module is where users import the
 shared-group API from (docs/groups.md), so the names stay here.
 """
 
 from __future__ import annotations
 
+from npstream.groups.batch import LeaseBatch, receive_batch
 from npstream.groups.leases import Lease, ack_leases
 from npstream.groups.pull import receive
 from npstream.groups.subscription import Subscription, SubscriptionStats, subscribe
 
-__all__ = ["Lease", "Subscription", "SubscriptionStats", "ack_leases", "receive", "subscribe"]
+__all__ = ["Lease", "LeaseBatch", "Subscription", "SubscriptionStats", "ack_leases", "receive",
+           "receive_batch", "subscribe"]

@@ -32,7 +32,7 @@ import pyarrow as pa
 from npstream.client import sink_rpc
 from npstream.errors import NpstreamError, SinkConflict
 from npstream.proto import pb
-from npstream.proto.wire import encode_with_bytes
+from npstream.proto.wire import arrow_stream_buffer, encode_with_bytes
 from npstream.sink.inbox import InboxUnavailable, StageInboxWriter, turn_off, writer_for
 
 if TYPE_CHECKING:
@@ -62,21 +62,6 @@ class CommitResult:
     already_committed: bool
     # [start, end) offsets appended per stream; empty when already committed.
     written: dict[str, tuple[int, int]] = field(default_factory=dict)
-
-
-def arrow_stream_buffer(table: pa.Table | pa.RecordBatch) -> pa.Buffer:
-    """An Arrow IPC stream (schema + batches), the format of every ``arrow_stream`` field.
-
-    The table's buffers are copied once, into the returned Arrow buffer;
-    nothing copies it into a ``bytes`` object.
-    """
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        if isinstance(table, pa.RecordBatch):
-            writer.write_batch(table)
-        else:
-            writer.write_table(table)
-    return sink.getvalue()
 
 
 def encode_arrow_stream(table: pa.Table | pa.RecordBatch) -> bytes:

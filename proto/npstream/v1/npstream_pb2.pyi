@@ -529,20 +529,22 @@ class SharedGroupConfig(_message.Message):
     def __init__(self, ack_wait_ms: _Optional[int] = ..., max_deliver: _Optional[int] = ..., backoff_ms: _Optional[_Iterable[int]] = ..., dead_letter_stream: _Optional[str] = ..., start_from: _Optional[_Union[StartFrom, _Mapping]] = ...) -> None: ...
 
 class ReceiveRequest(_message.Message):
-    __slots__ = ("stream", "group", "member_id", "max_messages", "wait_ms", "config")
+    __slots__ = ("stream", "group", "member_id", "max_messages", "wait_ms", "config", "ack_ranges")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    ACK_RANGES_FIELD_NUMBER: _ClassVar[int]
     stream: str
     group: str
     member_id: str
     max_messages: int
     wait_ms: int
     config: SharedGroupConfig
-    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., member_id: _Optional[str] = ..., max_messages: _Optional[int] = ..., wait_ms: _Optional[int] = ..., config: _Optional[_Union[SharedGroupConfig, _Mapping]] = ...) -> None: ...
+    ack_ranges: _containers.RepeatedCompositeFieldContainer[OffsetRange]
+    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., member_id: _Optional[str] = ..., max_messages: _Optional[int] = ..., wait_ms: _Optional[int] = ..., config: _Optional[_Union[SharedGroupConfig, _Mapping]] = ..., ack_ranges: _Optional[_Iterable[_Union[OffsetRange, _Mapping]]] = ...) -> None: ...
 
 class Delivery(_message.Message):
     __slots__ = ("offset", "id", "key", "value", "headers", "timestamp_ms", "attempt", "lease_expires_ms")
@@ -577,17 +579,35 @@ class ReceiveResponse(_message.Message):
     deliveries: _containers.RepeatedCompositeFieldContainer[Delivery]
     def __init__(self, deliveries: _Optional[_Iterable[_Union[Delivery, _Mapping]]] = ...) -> None: ...
 
+class ReceiveBatchResponse(_message.Message):
+    __slots__ = ("arrow_stream", "count")
+    ARROW_STREAM_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    arrow_stream: bytes
+    count: int
+    def __init__(self, arrow_stream: _Optional[bytes] = ..., count: _Optional[int] = ...) -> None: ...
+
+class OffsetRange(_message.Message):
+    __slots__ = ("start", "end")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
 class AckRequest(_message.Message):
-    __slots__ = ("stream", "group", "offsets", "member_id")
+    __slots__ = ("stream", "group", "offsets", "member_id", "ranges")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
     stream: str
     group: str
     offsets: _containers.RepeatedScalarFieldContainer[int]
     member_id: str
-    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., offsets: _Optional[_Iterable[int]] = ..., member_id: _Optional[str] = ...) -> None: ...
+    ranges: _containers.RepeatedCompositeFieldContainer[OffsetRange]
+    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., offsets: _Optional[_Iterable[int]] = ..., member_id: _Optional[str] = ..., ranges: _Optional[_Iterable[_Union[OffsetRange, _Mapping]]] = ...) -> None: ...
 
 class AckResponse(_message.Message):
     __slots__ = ("acked", "position")
@@ -598,18 +618,20 @@ class AckResponse(_message.Message):
     def __init__(self, acked: _Optional[int] = ..., position: _Optional[_Union[GroupPosition, _Mapping]] = ...) -> None: ...
 
 class NackRequest(_message.Message):
-    __slots__ = ("stream", "group", "offsets", "delay_ms", "member_id")
+    __slots__ = ("stream", "group", "offsets", "delay_ms", "member_id", "ranges")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
     stream: str
     group: str
     offsets: _containers.RepeatedScalarFieldContainer[int]
     delay_ms: int
     member_id: str
-    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., offsets: _Optional[_Iterable[int]] = ..., delay_ms: _Optional[int] = ..., member_id: _Optional[str] = ...) -> None: ...
+    ranges: _containers.RepeatedCompositeFieldContainer[OffsetRange]
+    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., offsets: _Optional[_Iterable[int]] = ..., delay_ms: _Optional[int] = ..., member_id: _Optional[str] = ..., ranges: _Optional[_Iterable[_Union[OffsetRange, _Mapping]]] = ...) -> None: ...
 
 class NackResponse(_message.Message):
     __slots__ = ("nacked",)
@@ -618,7 +640,7 @@ class NackResponse(_message.Message):
     def __init__(self, nacked: _Optional[int] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("open", "credits", "ack_offsets", "nack_offsets", "nack_delay_ms")
+    __slots__ = ("open", "credits", "ack_offsets", "nack_offsets", "nack_delay_ms", "ack_ranges", "nack_ranges")
     class Open(_message.Message):
         __slots__ = ("stream", "group", "member_id", "config")
         STREAM_FIELD_NUMBER: _ClassVar[int]
@@ -635,12 +657,16 @@ class SubscribeRequest(_message.Message):
     ACK_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     NACK_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     NACK_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    ACK_RANGES_FIELD_NUMBER: _ClassVar[int]
+    NACK_RANGES_FIELD_NUMBER: _ClassVar[int]
     open: SubscribeRequest.Open
     credits: int
     ack_offsets: _containers.RepeatedScalarFieldContainer[int]
     nack_offsets: _containers.RepeatedScalarFieldContainer[int]
     nack_delay_ms: int
-    def __init__(self, open: _Optional[_Union[SubscribeRequest.Open, _Mapping]] = ..., credits: _Optional[int] = ..., ack_offsets: _Optional[_Iterable[int]] = ..., nack_offsets: _Optional[_Iterable[int]] = ..., nack_delay_ms: _Optional[int] = ...) -> None: ...
+    ack_ranges: _containers.RepeatedCompositeFieldContainer[OffsetRange]
+    nack_ranges: _containers.RepeatedCompositeFieldContainer[OffsetRange]
+    def __init__(self, open: _Optional[_Union[SubscribeRequest.Open, _Mapping]] = ..., credits: _Optional[int] = ..., ack_offsets: _Optional[_Iterable[int]] = ..., nack_offsets: _Optional[_Iterable[int]] = ..., nack_delay_ms: _Optional[int] = ..., ack_ranges: _Optional[_Iterable[_Union[OffsetRange, _Mapping]]] = ..., nack_ranges: _Optional[_Iterable[_Union[OffsetRange, _Mapping]]] = ...) -> None: ...
 
 class DeliveryBatch(_message.Message):
     __slots__ = ("deliveries",)

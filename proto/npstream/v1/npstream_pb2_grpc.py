@@ -751,6 +751,11 @@ class GroupServiceStub:
                 request_serializer=npstream_dot_v1_dot_npstream__pb2.ReceiveRequest.SerializeToString,
                 response_deserializer=npstream_dot_v1_dot_npstream__pb2.ReceiveResponse.FromString,
                 _registered_method=True)
+        self.ReceiveBatch = channel.unary_unary(
+                '/npstream.v1.GroupService/ReceiveBatch',
+                request_serializer=npstream_dot_v1_dot_npstream__pb2.ReceiveRequest.SerializeToString,
+                response_deserializer=npstream_dot_v1_dot_npstream__pb2.ReceiveBatchResponse.FromString,
+                _registered_method=True)
         self.Ack = channel.unary_unary(
                 '/npstream.v1.GroupService/Ack',
                 request_serializer=npstream_dot_v1_dot_npstream__pb2.AckRequest.SerializeToString,
@@ -824,6 +829,13 @@ class GroupServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReceiveBatch(self, request, context):
+        """Receive with the deliveries as one Arrow batch (no message per delivery).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Ack(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -892,6 +904,11 @@ def add_GroupServiceServicer_to_server(servicer, server):
                     servicer.Receive,
                     request_deserializer=npstream_dot_v1_dot_npstream__pb2.ReceiveRequest.FromString,
                     response_serializer=npstream_dot_v1_dot_npstream__pb2.ReceiveResponse.SerializeToString,
+            ),
+            'ReceiveBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReceiveBatch,
+                    request_deserializer=npstream_dot_v1_dot_npstream__pb2.ReceiveRequest.FromString,
+                    response_serializer=npstream_dot_v1_dot_npstream__pb2.ReceiveBatchResponse.SerializeToString,
             ),
             'Ack': grpc.unary_unary_rpc_method_handler(
                     servicer.Ack,
@@ -1130,6 +1147,33 @@ class GroupService:
             '/npstream.v1.GroupService/Receive',
             npstream_dot_v1_dot_npstream__pb2.ReceiveRequest.SerializeToString,
             npstream_dot_v1_dot_npstream__pb2.ReceiveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReceiveBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/npstream.v1.GroupService/ReceiveBatch',
+            npstream_dot_v1_dot_npstream__pb2.ReceiveRequest.SerializeToString,
+            npstream_dot_v1_dot_npstream__pb2.ReceiveBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,117 @@
+"""What a shared group hands out: leased spans with their rows, as Python rows or one Arrow batch.
+
+A delivery is a leased span (leases.py) and the rows of its offsets, which
+come as stored Arrow batches (read from the log, or the log's last write) or,
+for a lone message the log kept as Python values, as a list of rows. Two
+shapes leave the broker:
+
+* per message (Receive, Subscribe): ``Grant`` tuples, rows converted one
+  column at a time (``rows_from_batch``);
+* as one Arrow batch (ReceiveBatch): DELIVERY_SCHEMA, the message columns as
+  stored plus ``attempt`` and ``lease_expires`` filled per span, with no
+  Python object per row (``delivery_table``).
+
+Both carry a typed stream's values as JSON bytes (typed_values.py), as every
+group delivery does (docs/typed-streams.md, "Groups").
+"""
+
+from __future__ import annotations
+
+from itertools import repeat
+from typing import NamedTuple, TypeAlias
+
+import numpy as np
+import pyarrow as pa
+
+from npstream.broker.groups.leases import DeliveryRow
+from npstream.broker.groups.typed_values import json_values, untyped_batch
+from npstream.proto.schema import DELIVERY_SCHEMA, HEADERS_TYPE, MESSAGE_SCHEMA
+
+__all__ = ["Delivered", "Grant", "Rows", "batch_from_rows", "delivery_table", "grants",
+           "rows_from_batch"]
+
+# The rows of a run of offsets: a stored batch, or rows as Python values.
+Rows: TypeAlias = pa.RecordBatch | list[DeliveryRow]
+
+
+class Grant(NamedTuple):
+    """One delivery made by ``receive``: the message, its attempt number, its lease end."""
+
+    row: DeliveryRow
+    attempt: int
+    expires_ms: int
+
+
+class Delivered(NamedTuple):
+    """One leased span ``[start, end)`` and its rows, in offset order."""
+
+    start: int
+    end: int
+    attempt: int
+    expires_ms: int
+    parts: list[Rows]
+
+
+def rows_from_batch(batch: pa.RecordBatch) -> list[DeliveryRow]:
+    """The rows of a stored record batch, converted one column at a time.
+
+    A typed stream's value (a struct) becomes each record's JSON bytes
+    (typed_values.py).
+    """
+    headers = [dict(h) if h else {} for h in batch.column("headers").to_pylist()]
+    value = batch.column("value")
+    return list(map(tuple.__new__, repeat(DeliveryRow), zip(  # no Python call per row
+        batch.column("offset").to_pylist(),
+        batch.column("id").to_pylist(),
+        batch.column("key").to_pylist(),
+        json_values(value) if pa.types.is_struct(value.type) else value.to_pylist(),
+        headers,
+        batch.column("timestamp").view(pa.int64()).to_pylist(),  # same buffer, no cast
+        strict=True,
+    )))
+
+
+def batch_from_rows(rows: list[DeliveryRow]) -> pa.RecordBatch:
+    """Rows kept as Python values (a lone message) as a MESSAGE_SCHEMA batch."""
+    return pa.RecordBatch.from_arrays([
+        pa.array([r.offset for r in rows], pa.int64()),
+        pa.array([r.id for r in rows], pa.string()),
+        pa.array([r.key for r in rows], pa.binary()),
+        pa.array([r.value for r in rows], pa.binary()),
+        pa.array([r.timestamp_ms for r in rows], pa.int64()).cast(
+            MESSAGE_SCHEMA.field("timestamp").type),
+        pa.array([list(r.headers.items()) if r.headers else None for r in rows], HEADERS_TYPE),
+    ], schema=MESSAGE_SCHEMA)
+
+
+def grants(delivered: list[Delivered]) -> list[Grant]:
+    """Every delivery as a Grant, in the order the spans were leased."""
+    out: list[Grant] = []
+    for span in delivered:
+        for part in span.parts:
+            rows = part if isinstance(part, list) else rows_from_batch(part)
+            out += [tuple.__new__(Grant, (row, span.attempt, span.expires_ms)) for row in rows]
+    return out
+
+
+def _message_batch(part: Rows) -> pa.RecordBatch:
+    if isinstance(part, list):
+        return batch_from_rows(part)
+    if pa.types.is_struct(part.schema.field("value").type):
+        return untyped_batch(part)
+    return part
+
+
+def delivery_table(delivered: list[Delivered]) -> pa.Table:
+    """The deliveries as one DELIVERY_SCHEMA table (no Python object per row)."""
+    batches: list[pa.RecordBatch] = []
+    for span in delivered:
+        for part in span.parts:
+            batch = _message_batch(part)
+            n = batch.num_rows
+            attempt = pa.array(np.full(n, span.attempt, dtype=np.int32))
+            expires = pa.array(np.full(n, span.expires_ms, dtype=np.int64)).cast(
+                DELIVERY_SCHEMA.field("lease_expires").type)
+            batches.append(pa.RecordBatch.from_arrays([*batch.columns, attempt, expires],
+                                                      schema=DELIVERY_SCHEMA))
+    return pa.Table.from_batches(batches, schema=DELIVERY_SCHEMA)
