@@ -7,14 +7,11 @@ which overrides the built-in defaults (npstream.broker.server.config).
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
 
 __all__ = ["build_parser", "main"]
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def build_parser(prog: str = "python -m npstream.broker") -> argparse.ArgumentParser:
@@ -27,6 +24,14 @@ def build_parser(prog: str = "python -m npstream.broker") -> argparse.ArgumentPa
     parser.add_argument("--ready-file", type=Path,
                         help="write host:port here once serving (removed at stop)")
     parser.add_argument("--log-level", help="DEBUG, INFO (default), WARNING or ERROR")
+    parser.add_argument("--log-format", choices=("text", "json"),
+                        help="text (default) or json: one JSON object per line")
+    parser.add_argument("--metrics-host",
+                        help="address of the metrics and web console HTTP port "
+                             "(default 127.0.0.1)")
+    parser.add_argument("--metrics-port",
+                        help="HTTP port of /metrics and the web console (default 7071; "
+                             "0 picks a free one; off: none)")
     parser.add_argument("--tokens-file", type=Path,
                         help="TOML file of tokens and their read/write/admin stream globs "
                              "(reloaded on SIGHUP and when it changes; docs/broker.md)")
@@ -45,13 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, os.environ, cli={
             "data_dir": args.data_dir, "host": args.host, "port": args.port,
-            "log_level": args.log_level,
+            "log_level": args.log_level, "log_format": args.log_format,
+            "metrics_host": args.metrics_host, "metrics_port": args.metrics_port,
             "tokens_file": str(args.tokens_file) if args.tokens_file else None,
             "allow_insecure": args.allow_insecure,
         })
     except ConfigError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
-    logging.basicConfig(level=config.server.log_level, format=LOG_FORMAT, stream=sys.stderr)
+    from npstream.broker.server.logs import configure_logging
+
+    configure_logging(config.server.log_level, config.server.log_format)
     from npstream.broker.server.affinity import apply_cpu_affinity
     from npstream.broker.server.heap import retain_freed_memory
 

@@ -160,6 +160,19 @@ class AccessControl:
         if grant is not None and not grant.globs[right]:
             raise PermissionDeniedError("", right.value, grant.name, action)
 
+    def reader_of(self, token: bytes | None) -> Callable[[str], bool] | None:
+        """For the HTTP port (metrics, web console): which streams ``token`` may read.
+
+        None when access control is on and the token is missing or unknown
+        (the caller answers 401); everything when access control is off.
+        """
+        if not self.enabled:
+            return lambda _name: True
+        grant = self._table.lookup(token)
+        if grant is None:
+            return None
+        return lambda name: grant.allows(name, Right.READ)
+
     def readable(self, context: grpc.ServicerContext) -> Callable[[str], bool]:
         """A filter of stream names the caller may read (list and pattern replies)."""
         grant = self.grant_of(context)

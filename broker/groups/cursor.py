@@ -60,10 +60,12 @@ class CursorGroup:
     kind = "cursor"
 
     def __init__(self, stream: str, group: str, *, committed: int, dead_lettered: int = 0,
-                 writer: PositionWriter) -> None:
+                 writer: PositionWriter,
+                 on_pull: Callable[[int], None] | None = None) -> None:
         self.stream = stream
         self.group = group
         self._writer = writer
+        self._on_pull = on_pull  # told each non-empty pull's count (the group's metrics)
         self._lock = threading.Lock()
         self._committed = committed
         self._dead_lettered = dead_lettered  # only ever 0 for cursors; kept for the row
@@ -111,6 +113,8 @@ class CursorGroup:
                         continue  # retention moved the start between the two lines above
                     if result.count:
                         ticket = self._set_locked(result.next_offset) if auto_commit else 0
+                        if self._on_pull is not None:
+                            self._on_pull(result.count)
                         return PullResult(_delivered(stream_log, result), result.count,
                                           self._committed, ticket)
             remaining = deadline - time.monotonic()

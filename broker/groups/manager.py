@@ -15,6 +15,7 @@ that order, so nothing resurrects it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from npstream.broker.errors import (
+    BrokerError,
     GroupNotFoundError,
     InvalidArgumentError,
     OffsetOutOfRangeError,
@@ -31,6 +33,7 @@ from npstream.broker.errors import (
 )
 from npstream.broker.groups.cursor import CursorGroup
 from npstream.broker.groups.dead_letter import DeadLetterWriter
+from npstream.broker.groups.group_collector import GroupCollector
 from npstream.broker.groups.metrics import GroupMetrics
 from npstream.broker.groups.positions import Resolved, resolve_start
 from npstream.broker.groups.shared import MemberInfo, SharedGroup
@@ -38,6 +41,7 @@ from npstream.broker.groups.shared_config import SharedConfig
 from npstream.broker.groups.store import GroupRow, GroupStore, PositionWriter
 from npstream.broker.groups.tuning import TICK_INTERVAL_S
 from npstream.broker.server.context import BrokerContext
+from npstream.broker.server.logs import event_fields
 from npstream.broker.streams.registry import check_stream_name
 from npstream.proto import pb
 from npstream.proto.names import validate_group_name
@@ -99,7 +103,7 @@ class GroupManager:
         self._store = GroupStore(ctx.metadata, clock)
         self._writer = PositionWriter(self._store)
         self._dead_letters = DeadLetterWriter(ctx.registry)
-        self.metrics = GroupMetrics(ctx.metrics.registry)
+        self.metrics = GroupMetrics(ctx.metrics.registry, count_out=ctx.metrics.count_out)
         self._lock = threading.RLock()
         self._groups: dict[tuple[str, str], Group] = {}
         self._stop = threading.Event()
@@ -108,6 +112,8 @@ class GroupManager:
         self._ticker = threading.Thread(target=self._tick_loop, name="npstream-group-upkeep",
                                         daemon=True)
         self._ticker.start()
+        ctx.metrics.registry.register(
+            GroupCollector(self, ctx.config.metrics.metrics_group_gauges_max))
 
     # ------------------------------------------------------------ plumbing
 
@@ -134,10 +140,13 @@ class GroupManager:
                 row.stream, row.group, committed=row.committed_offset,
                 dead_lettered=row.dead_lettered, config=row.config,
                 log_source=lambda: self._log(row.stream), writer=self._writer,
-                dead_letters=self._dead_letters, metrics=self.metrics, clock=self._clock)
+                dead_letters=self._dead_letters,
+                metrics=self.metrics.for_group(row.stream, row.group), clock=self._clock)
         else:
             group = CursorGroup(row.stream, row.group, committed=row.committed_offset,
-                                dead_lettered=row.dead_lettered, writer=self._writer)
+                                dead_lettered=row.dead_lettered, writer=self._writer,
+                                on_pull=functools.partial(self.metrics.count_pulled,
+                                                          row.stream, row.group))
         self._groups[key] = group
         return group
 
@@ -278,6 +287,35 @@ class GroupManager:
         return GroupStatus(row.stream, row.group, row.kind, committed, end, 0,
                            row.dead_lettered, [], row.config)
 
+    def statuses(self, visible: Callable[[str], bool] | None = None) -> list[GroupStatus]:
+        """Every group of every stream (``visible``: only streams it accepts), by stream, group.
+
+        For the metrics and the web console; a stream deleted or broken
+        meanwhile is skipped.
+        """
+        out: list[GroupStatus] = []
+        for stream in sorted(self._store.streams()):
+            if visible is not None and not visible(stream):
+                continue
+            try:
+                out.extend(self.list(stream))
+            except BrokerError:
+                continue
+        return out
+
+    def oldest_unconsumed_ms(self, status: GroupStatus) -> int:
+        """Append time of the group's first unconsumed message (0: none, caught up).
+
+        What a group's lag in seconds is measured from: its committed offset
+        is the next message it has not finished.
+        """
+        if status.lag <= 0:
+            return 0
+        try:
+            return self._log(status.stream).timestamp_at(status.committed_offset)
+        except (BrokerError, OSError):  # deleted, broken, or retention raced the read
+            return 0
+
     def list(self, stream: str) -> list[GroupStatus]:
         stream = check_stream_name(stream)
         stream_log = self._log(stream)
@@ -299,8 +337,10 @@ class GroupManager:
             self._writer.discard(stream, group)
             self._writer.flush()
             deleted = self._store.delete(stream, group)
+            self.metrics.forget(stream, group)
         if deleted:
-            log.info("deleted group '%s' of stream '%s'", group, stream)
+            log.info("deleted group '%s' of stream '%s'", group, stream,
+                     extra=event_fields(stream=stream, group=group))
         return deleted
 
     def on_stream_deleted(self, stream: str) -> None:
@@ -311,6 +351,7 @@ class GroupManager:
             self._writer.discard(stream)
             self._writer.flush()
             count = self._store.delete_stream(stream)
+            self.metrics.forget(stream)
         if count:
             log.info("dropped %d group(s) of deleted stream '%s'", count, stream)
 

@@ -103,6 +103,13 @@ def _parse_level(value: object) -> str:
     return level
 
 
+def _parse_log_format(value: object) -> str:
+    text = _parse_str(value).strip().lower()
+    if text not in {"text", "json"}:
+        raise ValueError(f"invalid log format {value!r}: use text or json")
+    return text
+
+
 def _parse_sync(value: object) -> str:
     """The mode's spelling only; StorageSettings decides which modes exist."""
     return _parse_str(value).strip().lower()
@@ -146,6 +153,7 @@ KEYS: tuple[ConfigKey, ...] = (
     _key("data_dir", "server", lambda v: Path(_parse_str(v)) if not isinstance(v, Path) else v,
          "./data"),
     _key("log_level", "server", _parse_level, "INFO"),
+    _key("log_format", "server", _parse_log_format, "text"),
     _key("max_workers", "server", _parse_int, 64),
     _key("max_concurrent_rpcs", "server", _parse_int, 0),
     _key("grpc_max_message_bytes", "server", parse_size, GRPC_MAX_MESSAGE_BYTES),
@@ -165,6 +173,9 @@ KEYS: tuple[ConfigKey, ...] = (
     _key("metrics_host", "metrics", _parse_str, "127.0.0.1"),
     _key("metrics_port", "metrics", _parse_optional_port, 7071),
     _key("metrics_stream_gauges_max", "metrics", _parse_int, 1000),
+    _key("metrics_group_gauges_max", "metrics", _parse_int, 1000),
+    _key("console", "metrics", _parse_bool, True),
+    _duration("console_history", "metrics", "15m"),
     # [streams]
     _key("auto_create_streams", "streams", _parse_bool, True),
     _duration("default_max_age", "streams", "7d"),
@@ -203,6 +214,7 @@ class ServerSettings:
     port: int
     data_dir: Path
     log_level: str
+    log_format: str  # "text" (one line per record) or "json" (one object per line)
     max_workers: int
     max_concurrent_rpcs: int
     grpc_max_message_bytes: int
@@ -281,15 +293,31 @@ class AuthSettings:
 
 @dataclass(frozen=True)
 class MetricsSettings:
-    """``[metrics]``: the Prometheus endpoint."""
+    """``[metrics]``: the HTTP port of the Prometheus endpoint and the web console.
+
+    Per-stream and per-group series are capped (``*_gauges_max``) because a
+    scrape of ten thousand streams would carry ten thousand series of each
+    metric; above a cap only the broker-wide totals are exported.
+    """
 
     metrics_host: str
     metrics_port: int | None  # None: no endpoint
     metrics_stream_gauges_max: int
+    metrics_group_gauges_max: int
+    console: bool  # the read-only web console at / of the same port
+    console_history_ms: int  # how far back the console's charts reach
 
     def __post_init__(self) -> None:
+        problems: list[str] = []
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
-            _refuse([f"metrics_port={self.metrics_port} must be within 0..65535 or 'off'"])
+            problems.append(f"metrics_port={self.metrics_port} must be within 0..65535 or 'off'")
+        for name in ("metrics_stream_gauges_max", "metrics_group_gauges_max"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name}={getattr(self, name)} must be >= 0")
+        if not 10_000 <= self.console_history_ms <= 24 * 3_600_000:
+            problems.append(f"console_history={self.console_history_ms}ms must be within "
+                            "10s..24h")
+        _refuse(problems)
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
+from typing import Any, NamedTuple
 
-__all__ = ["retain_freed_memory"]
+__all__ = ["HeapUsage", "heap_usage", "retain_freed_memory"]
 
 log = logging.getLogger(__name__)
 
@@ -55,3 +57,43 @@ def retain_freed_memory(limit_bytes: int) -> bool:
         log.warning("retain_freed_memory: mallopt refused %d bytes; using glibc's defaults",
                     limit_bytes)
     return applied
+
+
+class HeapUsage(NamedTuple):
+    """glibc's heap as mallinfo2 sees it: bytes handed out, and freed bytes it keeps."""
+
+    used_bytes: int
+    free_bytes: int
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+@functools.cache
+def _mallinfo2() -> Any:
+    name = ctypes.util.find_library("c")
+    try:
+        function = ctypes.CDLL(name).mallinfo2 if name else None
+    except (OSError, AttributeError):  # no glibc, or one older than 2.33
+        return None
+    if function is not None:
+        function.restype = _MallInfo2
+        function.argtypes = ()
+    return function
+
+
+def heap_usage() -> HeapUsage | None:
+    """The heap now (None without glibc's mallinfo2): the metrics' memory budget gauges.
+
+    ``free_bytes`` is what ``retain_freed_memory`` lets the heap keep: freed
+    chunks not returned to the kernel. ``used_bytes`` counts allocated chunks
+    and mmap'ed blocks.
+    """
+    function = _mallinfo2()
+    if function is None:
+        return None
+    info = function()
+    return HeapUsage(int(info.uordblks) + int(info.hblkhd), int(info.fordblks))

@@ -32,11 +32,15 @@ from grpc_reflection.v1alpha import reflection
 
 from npstream.broker.auth.access import AccessControl
 from npstream.broker.auth.tokens import TokensFileError
+from npstream.broker.console import Console
 from npstream.broker.groups import service as group_service
+from npstream.broker.groups.manager import GroupManager
 from npstream.broker.metadata import Metadata
 from npstream.broker.rpc import status as rpc_status
 from npstream.broker.server.config import BrokerConfig, is_loopback_host
 from npstream.broker.server.context import BrokerContext
+from npstream.broker.server.http import HttpEndpoint
+from npstream.broker.server.metric_collectors import ResourceCollector, StreamCollector
 from npstream.broker.server.metrics import BrokerMetrics
 from npstream.broker.sink import service as sink_service
 from npstream.broker.storage import Storage
@@ -98,6 +102,10 @@ class BrokerServer:
         self.stopping = threading.Event()
         self.address = ""
         self.metrics_address = ""
+        self.console_address = ""
+        self.port = 0
+        self._http: HttpEndpoint | None = None
+        self._console: Console | None = None
         self._closeables: list[Closeable] = []
         self._lock_handle: IO[str] | None = None
         self._server: grpc.Server | None = None
@@ -118,10 +126,14 @@ class BrokerServer:
             raise StartupError(str(exc)) from None
         metadata = Metadata(data_dir, synchronous=config.storage.metadata_sync)
         storage = Storage(config.storage)
-        listeners: list[Callable[[str], None]] = []
-        registry = StreamRegistry(metadata, storage, config, on_stream_deleted=listeners)
         metrics = BrokerMetrics()
-        metrics.watch_streams(registry, config.metrics.metrics_stream_gauges_max)
+        listeners: list[Callable[[str], None]] = [metrics.forget_stream]
+        registry = StreamRegistry(metadata, storage, config, on_stream_deleted=listeners)
+        metrics.registry.register(StreamCollector(registry, metrics,
+                                                  config.metrics.metrics_stream_gauges_max))
+        metrics.registry.register(ResourceCollector(storage, lambda: self.port,
+                                                    config.server.retain_freed_memory))
+        storage.set_sync_observer(metrics.observe_fsync)
         rpc_status.observe_errors(metrics.error_counter())
         return BrokerContext(config=config, metadata=metadata, storage=storage,
                              registry=registry, metrics=metrics, on_stream_deleted=listeners,
@@ -200,10 +212,9 @@ class BrokerServer:
         server.start()
         server_config, metrics_config = self.config.server, self.config.metrics
         self.address = f"{server_config.host}:{port}"
+        self.port = port
         if metrics_config.metrics_port is not None:
-            metrics_port = self.ctx.metrics.serve(metrics_config.metrics_host,
-                                                  metrics_config.metrics_port)
-            self.metrics_address = f"http://{metrics_config.metrics_host}:{metrics_port}/metrics"
+            self._serve_http(self.ctx)
         self._retention = threading.Thread(target=self._retention_loop, name="retention",
                                            daemon=True)
         self._retention.start()
@@ -212,15 +223,41 @@ class BrokerServer:
         if server_config.tls_enabled:
             tls = "on, client certificates required" if server_config.tls_client_ca_file else "on"
         log.info(
-            "npstream broker serving on %s (tls=%s, auth=%s) data_dir=%s metrics=%s streams=%d",
+            "npstream broker serving on %s (tls=%s, auth=%s) data_dir=%s metrics=%s "
+            "console=%s streams=%d",
             self.address, tls, self.ctx.access.describe(), server_config.data_dir.resolve(),
-            self.metrics_address or "off", len(self.ctx.registry),
+            self.metrics_address or "off", self.console_address or "off",
+            len(self.ctx.registry),
         )
         if not (self.config.auth_enabled or server_config.tls_enabled
                 or is_loopback_host(server_config.host)):  # allowed by allow_insecure
             log.warning("serving without authentication or TLS on %s (allow_insecure = true): "
                         "anyone who can reach it may read, write and delete every stream",
                         self.address)
+
+    def _serve_http(self, ctx: BrokerContext) -> None:
+        """The metrics endpoint and, unless ``console = false``, the web console."""
+        config, server_config = self.config.metrics, self.config.server
+        assert config.metrics_port is not None
+        if config.console:
+            groups = next((c for c in self._closeables if isinstance(c, GroupManager)), None)
+            self._console = Console(
+                ctx.registry, groups, ctx.metrics, history_ms=config.console_history_ms,
+                series_max=max(config.metrics_stream_gauges_max,
+                               config.metrics_group_gauges_max),
+                auth=ctx.access.enabled).start()
+        tls = ((server_config.tls_cert_file, server_config.tls_key_file)
+               if server_config.tls_enabled else None)
+        self._http = HttpEndpoint(ctx.metrics, ctx.access, self._console, tls)
+        try:
+            port = self._http.serve(config.metrics_host, config.metrics_port)
+        except OSError as exc:
+            raise StartupError(f"cannot serve metrics on {config.metrics_host}:"
+                               f"{config.metrics_port}: {exc}") from None
+        host = f"[{config.metrics_host}]" if ":" in config.metrics_host else config.metrics_host
+        base = f"{self._http.scheme}://{host}:{port}"
+        self.metrics_address = f"{base}/metrics"
+        self.console_address = f"{base}/" if self._console is not None else ""
 
     def reload_tokens(self) -> None:
         """SIGHUP: reload the tokens file on the watcher thread (signal-safe)."""
@@ -240,6 +277,10 @@ class BrokerServer:
         drained = time.monotonic()
         if self._retention is not None:
             self._retention.join(timeout=30)
+        if self._http is not None:
+            self._http.stop()
+        if self._console is not None:
+            self._console.close()
         if self.ctx is not None:
             self.ctx.access.close()
         for closeable in reversed(self._closeables):
@@ -255,7 +296,6 @@ class BrokerServer:
         if ctx is not None:
             ctx.metadata.checkpoint()
             ctx.metadata.close()
-            ctx.metrics.stop()
             rpc_status.observe_errors(None)
         if self._lock_handle is not None:
             self._lock_handle.close()

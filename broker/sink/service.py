@@ -16,12 +16,13 @@ client ever sees a half-finished commit of a previous run.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import grpc
 import pyarrow as pa
 from google.protobuf.message import DecodeError
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 from npstream.broker import faults
 from npstream.broker.errors import InvalidArgumentError, StreamNotFoundError
@@ -51,6 +52,11 @@ __all__ = ["SinkMetrics", "SinkServicer", "add_to_server"]
 
 log = logging.getLogger(__name__)
 
+# A commit renames adopted stagings in (milliseconds) or copies small ones and
+# fsyncs them (tens of milliseconds for large batches on slow disks).
+COMMIT_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                          5.0, 10.0)
+
 
 class SinkMetrics:
     """Sink counters on the broker's registry (no labels: cost independent of sink count)."""
@@ -77,6 +83,10 @@ class SinkMetrics:
         self.inbox_refused = Counter("npstream_sink_inbox_refused",
                                      "Stage requests naming an inbox file that could not be "
                                      "used (the client resends the data)", registry=registry)
+        self.commit_latency = Histogram(
+            "npstream_sink_commit_latency_seconds",
+            "Duration of one CommitBatch that appended (stagings adopted or copied, fsynced, "
+            "marker written)", buckets=COMMIT_LATENCY_BUCKETS, registry=registry)
 
 
 def _split_stage_request(raw: bytes) -> tuple[pb.StageRequest, memoryview]:
@@ -117,6 +127,7 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
         self._metrics = metrics
         self._inbox = inbox
         self._access = ctx.access
+        self._count_in = ctx.metrics.count_in
 
     def _target(self, stream: str) -> StageTarget:
         """A Stage target: its limit and value schemas; for a stream Commit will
@@ -175,14 +186,18 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
             require_sink_write(self._access, context, staged_targets(
                 self._staging, request.sink_id, request.batch_id, request.staging_ids),
                 "commit sink batches")
+        started = time.perf_counter()
         outcome = self._committer.commit(request.sink_id, request.batch_id,
                                          list(request.staging_ids))
         if outcome.already_committed:
             self._metrics.replayed_commits.inc()
         else:
+            self._metrics.commit_latency.observe(time.perf_counter() - started)
             self._metrics.commits.inc()
             self._metrics.committed_rows.inc(
                 sum(end - start for start, end in outcome.written.values()))
+            for stream, (start, end) in outcome.written.items():
+                self._count_in(stream, end - start)
         return pb.CommitBatchResponse(
             already_committed=outcome.already_committed,
             written=[pb.StreamOffsets(stream=s, start_offset=a, end_offset=b)

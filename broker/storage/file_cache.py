@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +41,10 @@ class FileCache:
         self.max_open_files = max_open_files
         self._lock = threading.Lock()
         self._handles: OrderedDict[Path, _Handle] = OrderedDict()
+        # Told the duration (seconds) of every data fsync made through this
+        # cache's descriptors: the broker's fsync latency histogram. The cache
+        # is what every segment of a Storage shares, so one hook covers them.
+        self.on_sync: Callable[[float], None] | None = None
 
     @contextmanager
     def borrow(self, path: Path, *, create: bool = False) -> Iterator[int]:

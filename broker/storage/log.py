@@ -742,6 +742,18 @@ class StreamLog:
         self._check_readable()
         return offset_for_timestamp(self._view, self._cache, timestamp_ms)
 
+    def timestamp_at(self, offset: int) -> int:
+        """Append time (epoch ms) of the message at ``offset``; 0 when none is stored there.
+
+        A group's lag in seconds is the age of its oldest unconsumed message:
+        usually the frame header answers, a frame of mixed times is decoded.
+        """
+        self._check_readable()
+        view = self._view
+        if not view.start <= offset < view.end:
+            return 0
+        return timestamp_at(view, self._cache, offset)
+
     def stats(self) -> LogStats:
         view = self._view
         if not view.segments:

@@ -18,6 +18,7 @@ import contextlib
 import errno
 import logging
 import os
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -173,7 +174,10 @@ class Segment:
         try:
             with cache.borrow(self.path) as fd:
                 faults.hit("storage.fsync", self.path, self.size)
+                started = time.perf_counter()
                 os.fdatasync(fd)
+                if cache.on_sync is not None:
+                    cache.on_sync(time.perf_counter() - started)
         except FileNotFoundError:
             return
 

@@ -215,6 +215,14 @@ class Storage:
                 with self._lock:
                     self._idle_due[name] = now + self.settings.retention_check_interval_ms * 60
 
+    def set_sync_observer(self, observe: Callable[[float], None] | None) -> None:
+        """Call ``observe(seconds)`` after every fsync of message data (the metrics' hook)."""
+        self._cache.on_sync = observe
+
+    def open_files(self) -> int:
+        """Message-data file descriptors open now (at most ``max_open_files`` when idle)."""
+        return self._cache.open_count()
+
     def open_streams(self) -> list[str]:
         """Names of the logs open now."""
         with self._lock:

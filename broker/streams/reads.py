@@ -84,6 +84,8 @@ class StreamReadServicer:
                                 inode=stat.st_ino)
             reply.next_offset = stop
             self._metrics.located_messages.inc(stop - request.offset)
+            self._metrics.count_out(stream, stop - request.offset,
+                                    sum(span.end_position - span.position for span in spans))
         reply.start_offset = stream_log.start_offset
         reply.end_offset = stream_log.end_offset
         # After the spans: every version of their frames is among these.
@@ -105,8 +107,10 @@ class StreamReadServicer:
                 stream_log.read, offset, end_offset=stop, max_bytes=max_bytes,
                 max_messages=min(max(stop - offset, 0), READ_RANGE_MAX_MESSAGES), latest=True,
             ))
+            nbytes = sum(len(b) for b in result.batches)
             self._metrics.fetched_messages.inc(result.count)
-            self._metrics.fetched_bytes.inc(sum(len(b) for b in result.batches))
+            self._metrics.fetched_bytes.inc(nbytes)
+            self._metrics.count_out(stream, result.count, nbytes)
             # The stored batches go into the reply with one copy (npstream.proto.wire).
             yield encode_with_bytes(fetch_response(stream_log, result), "batches",
                                     result.batches)

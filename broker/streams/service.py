@@ -283,13 +283,15 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         return stream, table, ack
 
     def _published(self, stream: str, result: AppendResult, rows: pa.Table | MessageRows,
-                   started: float) -> pb.PublishResponse:
+                   ack: AckMode, started: float) -> pb.PublishResponse:
         """Count a stored publish in the metrics and build its reply."""
-        self._metrics.append_latency.observe(time.perf_counter() - started)
+        self._metrics.publish_latency.labels(ack=ack.value).observe(
+            time.perf_counter() - started)
+        nbytes = rows.nbytes if isinstance(rows, pa.Table) else sum(map(len, rows.values))
         self._metrics.publish_requests.inc()
         self._metrics.published_messages.inc(result.stored_count)
-        self._metrics.published_bytes.inc(
-            rows.nbytes if isinstance(rows, pa.Table) else sum(map(len, rows.values)))
+        self._metrics.published_bytes.inc(nbytes)
+        self._metrics.count_in(stream, result.stored_count, nbytes)
         if result.duplicates:
             self._metrics.duplicate_messages.inc(len(result.duplicates))
         log.debug("published %d message(s) to '%s' at offset %d (%d duplicate(s))",
@@ -310,7 +312,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
             return pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
         started = time.perf_counter()
         result = self._on_log(stream, lambda: stream_log.append(rows, ack))
-        return self._published(stream, result, rows, started)
+        return self._published(stream, result, rows, ack, started)
 
     @rpc_method
     def PublishStream(self, request_iterator: Iterator[bytes],
@@ -346,7 +348,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         def reply() -> pb.PublishResponse:
             if ack is AckMode.FSYNC:
                 self._on_log(stream, lambda: stream_log.sync_through(sequence))
-            return self._published(stream, result, rows, started)
+            return self._published(stream, result, rows, ack, started)
 
         return reply
 
@@ -371,6 +373,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         if (request.wait_ms > 0 and request.offset == stream_log.end_offset
                 and (end is None or end > request.offset)):
             self._long_poll(stream_log, request.offset, request.wait_ms, context)
+        started = time.perf_counter()
         max_bytes = min(request.max_bytes or DEFAULT_FETCH_BYTES,
                         self._ctx.config.server.max_message_bytes_limit)
         result = self._on_log(stream, lambda: stream_log.read(
@@ -381,10 +384,14 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
             latest=True,
         ))
         batches = [b if isinstance(b, bytes) else bytes(b) for b in result.batches]
+        reply = fetch_response(stream_log, result, batches)
+        nbytes = sum(len(b) for b in batches)
+        self._metrics.fetch_latency.observe(time.perf_counter() - started)
         self._metrics.fetch_requests.inc()
         self._metrics.fetched_messages.inc(result.count)
-        self._metrics.fetched_bytes.inc(sum(len(b) for b in batches))
-        return fetch_response(stream_log, result, batches)
+        self._metrics.fetched_bytes.inc(nbytes)
+        self._metrics.count_out(stream, result.count, nbytes)
+        return reply
 
     @rpc_method
     def OffsetForTimestamp(self, request: pb.OffsetForTimestampRequest,

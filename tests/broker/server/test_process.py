@@ -141,7 +141,7 @@ def test_metrics_count_publishes_and_fetches_and_sigterm_exits_zero(broker_facto
     assert samples["npstream_fetch_requests_total"] == 1
     assert samples["npstream_fetched_messages_total"] == 3
     assert samples["npstream_fetched_bytes_total"] > 0
-    assert samples["npstream_append_latency_seconds_count"] == 1
+    assert samples['npstream_publish_latency_seconds_count{ack="fsync"}'] == 1
     assert samples["npstream_streams"] == 1
     assert samples['npstream_stream_end_offset{stream="m"}'] == 3
     assert samples['npstream_rpc_errors_total{code="OUT_OF_RANGE"}'] == 1
