@@ -28,7 +28,9 @@ __all__ = [
     "REPO_ROOT",
     "BrokerUnderTest",
     "CpuMeter",
+    "cpu_between",
     "create_bench_stream",
+    "descendants_cpu",
     "latency_summary",
     "machine_info",
     "median_of",
@@ -53,9 +55,15 @@ BENCH_STREAM_MAX_BYTES = 0
 _STAMP = struct.Struct("<Q")
 
 
-def create_bench_stream(client: Any, name: str) -> None:
-    """Create ``name`` with broker defaults except no size limit (see BENCH_STREAM_MAX_BYTES)."""
-    client.create_stream(name, max_bytes=BENCH_STREAM_MAX_BYTES)
+def create_bench_stream(client: Any, name: str, schema: str | None = None) -> None:
+    """Create ``name`` with broker defaults except no size limit (see BENCH_STREAM_MAX_BYTES).
+
+    ``schema``: a value schema (DDL) for a typed stream; None: untyped.
+    """
+    if schema is None:
+        client.create_stream(name, max_bytes=BENCH_STREAM_MAX_BYTES)
+    else:
+        client.create_stream(name, max_bytes=BENCH_STREAM_MAX_BYTES, schema=schema)
 
 
 def stamped(size: int, filler: bytes) -> bytes:
@@ -67,7 +75,7 @@ def stamp_of(data: bytes) -> int:
     return _STAMP.unpack_from(data, 0)[0]
 
 
-def rate(n: int, size: int, seconds: float) -> dict[str, Any]:
+def rate(n: int, size: float, seconds: float) -> dict[str, Any]:
     return {
         "messages": n,
         "seconds": round(seconds, 3),
@@ -119,6 +127,43 @@ def proc_cpu_s(pid: int | None) -> float | None:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _proc_stat(pid: str) -> tuple[int, float] | None:
+    """(parent pid, utime+stime+cutime+cstime in s) of a process, from /proc; None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+        return int(fields[1]), ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def descendants_cpu(root: int, exclude: Iterable[int] = ()) -> dict[int, float]:
+    """CPU seconds so far of every descendant of ``root`` (pid -> s), minus ``exclude``'s trees.
+
+    Each process counts its own CPU and that of its children it has reaped. For the
+    difference between two calls use ``cpu_between``.
+    """
+    stats = {int(p): st for p in os.listdir("/proc") if p.isdigit()
+             for st in [_proc_stat(p)] if st is not None}
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _cpu) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    skip = set(exclude)
+    out: dict[int, float] = {}
+    todo = [c for c in children.get(root, []) if c not in skip]
+    while todo:
+        pid = todo.pop()
+        out[pid] = stats[pid][1]
+        todo.extend(c for c in children.get(pid, []) if c not in skip)
+    return out
+
+
+def cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds used between two ``descendants_cpu`` snapshots (new processes in full)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
 
 
 def _machine_busy_s() -> float:

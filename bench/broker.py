@@ -26,6 +26,17 @@ and a free port). Measured for each configuration:
   same grpcio, no storage, unary long-poll Fetch), after our broker has stopped: the
   floor any Python gRPC broker has on this machine (--skip-floor leaves it out).
 
+Then, once (not per configuration), typed streams (issue 17, --skip-typed leaves it out,
+--typed-only runs nothing else): --typed-rows rows (1,000,000) of 5 columns
+(bench/typed_rows.py: sensorId STRING, reading DOUBLE, ts TIMESTAMP, seq BIGINT,
+ok BOOLEAN) published with one ``publish_batch`` call of a ready-made table (built
+before the timing) to a fresh stream, four ways, round-robin, --typed-repeats times
+(median): the rows as a struct ``value`` into a typed stream; the same payload bytes,
+each row's fields packed into one 36-byte binary value, into an untyped stream (the
+baseline); and (informational) the rows as JSON bytes into a typed stream and into an
+untyped stream, after one untimed round of the four. Goal: typed publish time <= 1.2x
+the untyped one.
+
 Prints one table of throughput (with ratios vs Redis and vs JetStream measured in this
 run), one of latency, PASS/FAIL lines for the issue's goals and an INFO line with the gRPC
 floor under each latency goal. See docs/benchmarks.md.
@@ -35,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 import uuid
@@ -54,6 +66,8 @@ from latency_probe import measure_fetch_latency
 from peer_runner import peer_running, run_peer_script
 from report import Goal, Info, fmt, ratio, render_table, run_comparison
 from transport_floor import FloorServer, floor_info, measure_floor_latency
+from typed_rows import DDL as TYPED_DDL
+from typed_rows import ROW_BYTES, json_values, packed_values, typed_table
 
 # ---------------------------------------------------------------- tuning / run sizes
 # (messages, payload bytes, batch): the peers' anchor configurations (run_all.sh). The
@@ -73,6 +87,13 @@ GOAL_REPLAY_X = 10.0           # replay >= 10x Redis XRANGE
 CHUNK_PAYLOAD_BYTES = 10_000_000
 # JetStream's API-path phases are not in our table; keep them short.
 NATS_API_MESSAGES = 1000
+# Typed streams (issue 17): rows of 5 columns per publish (bench/typed_rows.py), timed
+# runs of each of the four publishes (round-robin, median; one untimed round first), and
+# the goal.
+TYPED_ROWS = 1_000_000
+QUICK_TYPED_ROWS = 20_000
+TYPED_REPEATS = 5
+GOAL_TYPED_PUBLISH_X = 1.2     # typed publish time <= 1.2x untyped, same payload bytes
 
 PEER_LABEL = {"redis": "redis-streams", "nats": "nats-jetstream"}
 
@@ -100,8 +121,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-floor", action="store_true",
                    help="leave out the trivial-gRPC-server latency rows")
     p.add_argument("--peers", default="redis,nats", help="comma list (default redis,nats)")
+    p.add_argument("--typed-rows", type=int, help=f"rows of the typed-stream publish "
+                   f"(default {TYPED_ROWS:,}; --quick {QUICK_TYPED_ROWS:,})")
+    p.add_argument("--typed-repeats", type=int, help=f"timed runs of each typed-stream "
+                   f"publish, round-robin, median reported (default {TYPED_REPEATS}; --quick 1)")
+    p.add_argument("--skip-typed", action="store_true",
+                   help="leave out the typed-stream publish section")
+    p.add_argument("--typed-only", action="store_true",
+                   help="run only the typed-stream publish section (no peers, no floor)")
     p.add_argument("--json", metavar="PATH", help="also write the raw results here")
     a = p.parse_args(argv)
+    if a.typed_only and a.skip_typed:
+        p.error("--typed-only and --skip-typed exclude each other")
+    a.typed_rows = a.typed_rows or (QUICK_TYPED_ROWS if a.quick else TYPED_ROWS)
+    a.typed_repeats = a.typed_repeats or (1 if a.quick else TYPED_REPEATS)
+    if a.typed_rows < 1 or a.typed_repeats < 1:
+        p.error("--typed-rows and --typed-repeats must be >= 1")
     if a.messages is not None or a.size is not None:
         size = a.size if a.size is not None else 100
         messages = a.messages if a.messages is not None else (20_000 if a.quick else 1_000_000)
@@ -116,6 +151,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.latency_messages = a.latency_messages or (
         QUICK_LATENCY_MESSAGES if a.quick else LATENCY_MESSAGES)
     a.latency_repeats = a.latency_repeats or (1 if a.quick else LATENCY_REPEATS)
+    if a.typed_only:
+        a.configs = []
+        a.skip_peers = a.skip_floor = True
     a.peers = [x for x in a.peers.split(",") if x]
     unknown = set(a.peers) - set(PEER_LABEL)
     if unknown:
@@ -241,6 +279,96 @@ def replay_phase(address: str, stream: str, expect: int, size: int,
     return res
 
 
+# ---------------------------------------------------------------- typed streams (issue 17)
+
+# (key, into a typed stream, the value sent: "struct" | "packed" | "json"), in the
+# round-robin order of every repeat. "packed" is the baseline of "struct", "untyped_json"
+# the (informational) one of "typed_json".
+TYPED_PUBLISHES = [
+    ("untyped_packed", False, "packed"),
+    ("typed_struct", True, "struct"),
+    ("untyped_json", False, "json"),
+    ("typed_json", True, "json"),
+]
+
+
+def _typed_publish_once(client: Any, typed: bool, table: pa.Table, payload_bytes: int,
+                        ack: str, broker_pid: int | None) -> tuple[str, dict[str, Any]]:
+    """One publish_batch of ``table`` into a fresh typed or untyped stream, timed."""
+    stream = f"bench-typed-{uuid.uuid4().hex[:8]}"
+    create_bench_stream(client, stream, schema=TYPED_DDL if typed else None)
+    n = table.num_rows
+    with CpuMeter(broker_pid) as cpu:
+        t0 = time.perf_counter()
+        result = client.publish_batch(stream, table, ack=ack)
+        seconds = time.perf_counter() - t0
+    res = rate(n, payload_bytes / n, seconds)
+    res["seconds"] = round(seconds, 5)  # the ratios use it; rate() keeps 3 decimals
+    res.update(cpu.as_dict())
+    res["stored"] = client.stream_info(stream).end_offset
+    res["acked_offsets_ok"] = result.offsets == list(range(n))
+    return stream, res
+
+
+def _read_back_ok(client: Any, stream: str, n: int, expected: pa.Array) -> bool:
+    """Untimed: offsets 0..n-1 and every value equal to ``expected`` (a struct when typed)."""
+    table = pa.Table.from_batches(list(client.read_range(stream, 0, n)))
+    offsets = table.column("offset").to_numpy()
+    return (table.num_rows == n and bool((offsets == np.arange(n)).all())
+            and table.column("value").combine_chunks().equals(expected))
+
+
+def typed_publish_phase(client: Any, a: argparse.Namespace,
+                        broker_pid: int | None) -> dict[str, Any]:
+    """The four publishes of TYPED_PUBLISHES, round-robin, ``--typed-repeats`` times.
+
+    The tables are built before any timing (the user's construction is not the
+    publish path being compared). One untimed round of all four comes first: the
+    first full-size publish after the broker starts (or after the configurations
+    above) is up to 2x slower, whichever kind it is (fresh memory and files). The
+    first timed run of each kind is read back and compared value by value.
+    """
+    n = a.typed_rows
+    print(f"# typed streams: building {n:,} rows x 5 columns as a struct, packed binary "
+          "and JSON", file=sys.stderr)
+    inputs = {"struct": typed_table(n), "packed": pa.table({"value": packed_values(n)}),
+              "json": pa.table({"value": json_values(n)})}
+    payload = {"struct": n * ROW_BYTES, "packed": n * ROW_BYTES,
+               "json": int(pc.sum(pc.binary_length(inputs["json"].column("value"))).as_py())}
+    # What each stream reads back: a typed stream stores the struct, whatever was sent.
+    expected = {"struct": inputs["struct"].column("value").combine_chunks(),
+                "packed": inputs["packed"].column("value").combine_chunks(),
+                "json": inputs["json"].column("value").combine_chunks()}
+    print("# typed streams: warm-up round (not timed)", file=sys.stderr)
+    for _key, typed, value in TYPED_PUBLISHES:
+        stream, _res = _typed_publish_once(client, typed, inputs[value], payload[value],
+                                           a.ack, broker_pid)
+        client.delete_stream(stream)
+    runs: dict[str, list[dict[str, Any]]] = {key: [] for key, _t, _v in TYPED_PUBLISHES}
+    for i in range(a.typed_repeats):
+        for key, typed, value in TYPED_PUBLISHES:
+            print(f"# typed streams: publish {n:,} rows, {key} (run {i + 1}/"
+                  f"{a.typed_repeats})", file=sys.stderr)
+            stream, res = _typed_publish_once(client, typed, inputs[value], payload[value],
+                                              a.ack, broker_pid)
+            if i == 0:
+                res["content_ok"] = _read_back_ok(
+                    client, stream, n, expected["struct" if typed else value])
+            client.delete_stream(stream)
+            runs[key].append(res)
+    phases: dict[str, Any] = {}
+    for key, typed, value in TYPED_PUBLISHES:
+        seconds = statistics.median(r["seconds"] for r in runs[key])
+        phases[key] = {
+            **rate(n, payload[value] / n, seconds), "seconds": seconds,
+            "typed": typed, "value": value, "payload_bytes": payload[value],
+            "stored_ok": all(r["stored"] == n and r["acked_offsets_ok"] for r in runs[key]),
+            "content_ok": runs[key][0]["content_ok"], "runs": runs[key],
+        }
+    return {"rows": n, "schema": TYPED_DDL, "row_bytes": ROW_BYTES,
+            "repeats": a.typed_repeats, "ack": a.ack, "phases": phases}
+
+
 def run_npstream(a: argparse.Namespace) -> dict[str, Any]:
     from npstream import Client
 
@@ -293,6 +421,8 @@ def run_npstream(a: argparse.Namespace) -> dict[str, Any]:
                 client.delete_stream(lat_stream)
             cfg["latency_runs"] = runs
             out["configs"].append(cfg)
+        if not a.skip_typed:
+            out["typed"] = typed_publish_phase(client, a, broker.pid)
     if not a.skip_floor:
         with FloorServer() as floor:
             for cfg in out["configs"]:
@@ -464,24 +594,91 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
             goals.append(floor_info(median_of(_runs(ours, i, "floor_latency_runs"), "p99_ms"),
                                     nats_p99))
 
-    text = [
-        render_table(["system", "config", "msg/s", "MB/s", "vs Redis", "vs JetStream"],
-                     tp_rows),
-        "",
-        f"publish-to-delivery latency at {a.latency_rate:g} msg/s, "
-        f"{a.latency_messages:,} messages per run, median of runs (ms)",
-        render_table(["system", "config", "runs", "received", "p50 ms", "p99 ms", "max ms"],
-                     lat_rows),
-        "",
-        "durability:",
-        f"  npstream        {ours.get('durability', '-')}",
-    ]
+    text: list[str] = []
+    if a.configs:
+        text += [
+            render_table(["system", "config", "msg/s", "MB/s", "vs Redis", "vs JetStream"],
+                         tp_rows),
+            "",
+            f"publish-to-delivery latency at {a.latency_rate:g} msg/s, "
+            f"{a.latency_messages:,} messages per run, median of runs (ms)",
+            render_table(["system", "config", "runs", "received", "p50 ms", "p99 ms",
+                          "max ms"], lat_rows),
+            "",
+        ]
+    if ours.get("typed"):
+        typed_text, typed_goals = typed_report(a, ours["typed"])
+        text += [typed_text, ""]
+        goals += typed_goals
+    text += ["durability:", f"  npstream        {ours.get('durability', '-')}"]
     for key, system in peers.items():
         text.append(f"  {PEER_LABEL[key]:<15} {system.get('durability', '-')}")
-    text.append("ratios: our msg/s over the peer's in this run; replay ratios use Redis "
-                "XRANGE and the faster JetStream consumer; publish goals use npstream's "
-                "generator-of-tables row (the other publish rows are informational)")
+    if a.configs:
+        text.append("ratios: our msg/s over the peer's in this run; replay ratios use Redis "
+                    "XRANGE and the faster JetStream consumer; publish goals use npstream's "
+                    "generator-of-tables row (the other publish rows are informational)")
     return "\n".join(text), goals
+
+
+def typed_report(a: argparse.Namespace,
+                 typed: dict[str, Any]) -> tuple[str, list[Goal | Info]]:
+    """The typed-stream publish table, its goal (time ratio vs untyped) and checks."""
+    n, ph = typed["rows"], typed["phases"]
+    json_row = ph["untyped_json"]["payload_bytes"] / n
+    rows_spec = [
+        ("untyped", f"binary value, the row's 5 fields packed, {ROW_BYTES} B (baseline)",
+         "untyped_packed", "untyped_packed"),
+        ("typed", f"struct value of the 5 columns, {ROW_BYTES} B by value_sizes (goal row)",
+         "typed_struct", "untyped_packed"),
+        ("untyped", f"JSON object bytes, {json_row:.1f} B avg (info baseline)",
+         "untyped_json", "untyped_json"),
+        ("typed", "the same JSON bytes, parsed by the broker (info)",
+         "typed_json", "untyped_json"),
+    ]
+    rows = []
+    for stream, sent, key, base in rows_spec:
+        r, b = ph[key], ph[base]
+        rows.append([stream, sent, fmt(r["msgs_per_s"]), fmt(r["mb_per_s"]),
+                     f"{r['seconds']:.3f}", f"{r['seconds'] / b['seconds']:.2f}x"])
+    header = (f"typed streams (issue 17): publish {n:,} rows x 5 columns ({typed['schema']}), "
+              f"one publish_batch of a ready-made table per run, ack={typed['ack']}, median "
+              f"of {typed['repeats']} run(s), round-robin")
+    text = "\n".join([
+        header,
+        render_table(["stream", "value sent", "msg/s", "MB/s", "seconds", "time vs untyped"],
+                     rows),
+        "MB/s: payload bytes (a typed row counts its value_sizes bytes, as max_message_bytes "
+        "does); time vs untyped: this row's median time over its baseline's",
+    ])
+
+    def paired(key: str, base: str) -> list[float]:
+        return [r["seconds"] / b["seconds"]
+                for r, b in zip(ph[key]["runs"], ph[base]["runs"], strict=True)]
+
+    goals: list[Goal | Info] = []
+    struct, packed = ph["typed_struct"], ph["untyped_packed"]
+    x = struct["seconds"] / packed["seconds"]
+    per_round = paired("typed_struct", "untyped_packed")
+    detail = (f"{x:.2f}x ({struct['seconds']:.3f} s vs {packed['seconds']:.3f} s, "
+              f"{fmt(struct['msgs_per_s'])} vs {fmt(packed['msgs_per_s'])} msg/s; per round "
+              f"{min(per_round):.2f}-{max(per_round):.2f}x)")
+    name = (f"typed publish {n:,} x 5 columns <= {GOAL_TYPED_PUBLISH_X:g}x the time of the "
+            f"untyped publish of the same payload bytes")
+    if a.quick:
+        goals.append(Goal(name, None, detail + "; not judged at --quick sizes"))
+    else:
+        goals.append(Goal(name, x <= GOAL_TYPED_PUBLISH_X, detail))
+    tj, uj = ph["typed_json"], ph["untyped_json"]
+    goals.append(Info("JSON bytes into a typed stream vs the same JSON into an untyped stream",
+                      f"{tj['seconds'] / uj['seconds']:.2f}x the time ({tj['seconds']:.3f} s vs "
+                      f"{uj['seconds']:.3f} s)"))
+    checks = {key: p["stored_ok"] and p["content_ok"] for key, p in ph.items()}
+    goals.append(Goal(
+        f"typed-stream publishes stored and read back all {n:,} rows intact",
+        all(checks.values()),
+        ", ".join(f"{key} {'ok' if ok else 'WRONG'}" for key, ok in checks.items())
+        + " (every run's stored count and acked offsets; the first run's values read back)"))
+    return text, goals
 
 
 def _runs(system: dict[str, Any] | None, i: int, key: str) -> list[dict[str, Any]]:

@@ -21,12 +21,25 @@ rows/s = rows / the summed ``triggerExecution`` time of the query's micro-batche
 own progress figures, so query start-up, equal for every source, is left out); wall-clock
 rows/s from start() to termination is printed beside it. A small warm-up query of every
 kind runs first (JIT, Python workers). Goals: read >= 70% of (a); write >= 50% of noop.
+
+Typed streams (issue 17; --skip-typed leaves it out, --typed-only runs nothing else):
+--typed-rows rows (1,000,000) of 5 columns (bench/typed_rows.py: sensorId STRING,
+reading DOUBLE, ts TIMESTAMP, seq BIGINT, ok BOOLEAN) go into a typed stream and, as
+JSON objects in bytes, into an untyped stream (not timed). Then batch reads
+(``spark.read``, minPartitions 2) into the noop sink, one untimed round and then
+--typed-repeats rounds (median of the wall time of each action): the typed stream's
+read (the fields as columns) vs the untyped read (binary JSON value, not parsed), goal
+typed <= 1.1x the time; and end to end, ``groupBy(window(ts, "1 minute"), sensorId)
+.agg(avg(reading), count)`` on the typed columns vs the same on ``from_json(value as
+string)`` of the untyped stream, goal typed faster. Untimed checks: both reads return
+every row and both aggregations give the same groups, counts and averages.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -38,7 +51,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-from bench_common import BrokerUnderTest, create_bench_stream, machine_info
+from bench_common import (
+    BrokerUnderTest,
+    cpu_between,
+    create_bench_stream,
+    descendants_cpu,
+    machine_info,
+    proc_cpu_s,
+)
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceStreamArrowWriter,
@@ -49,6 +69,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 from report import Goal, fmt, render_goals, render_table, write_json
+from typed_rows import DDL as TYPED_DDL
+from typed_rows import json_values, typed_table
 
 # ---------------------------------------------------------------- tuning / run sizes
 ROWS = 10_000_000
@@ -60,6 +82,14 @@ WARMUP_ROWS = 50_000           # per warm-up query (not reported)
 REPEATS = 3                    # timed runs per query (median): the 2 cores are shared
 GOAL_READ_SHARE = 0.70         # npstream read >= 70% of the ceiling source
 GOAL_WRITE_SHARE = 0.50        # npstream write >= 50% of the noop sink
+# Typed streams (issue 17): rows of 5 columns, timed runs of each batch query (round-robin,
+# median), partitions per batch read (one per core of local[2]), the aggregation's window.
+TYPED_ROWS = 1_000_000
+QUICK_TYPED_ROWS = 200_000
+TYPED_REPEATS = 7
+TYPED_PARTITIONS = 2
+TYPED_WINDOW = "1 minute"
+GOAL_TYPED_READ_X = 1.1        # typed batch read time <= 1.1x the untyped read's
 CEILING_FORMAT = "bench_arrow_ceiling"
 NULL_SINK_FORMAT = "bench_python_null_sink"
 
@@ -198,12 +228,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, help=f"timed runs of each query, round-robin; the "
                    f"median is reported (default {REPEATS}; --quick 1)")
     p.add_argument("--quick", action="store_true", help="small counts for a smoke run")
+    p.add_argument("--typed-rows", type=int, help=f"rows of the typed-stream section "
+                   f"(default {TYPED_ROWS:,}; --quick {QUICK_TYPED_ROWS:,})")
+    p.add_argument("--typed-repeats", type=int, help=f"timed runs of each typed-stream "
+                   f"query, round-robin, median reported (default {TYPED_REPEATS}; --quick 1)")
+    p.add_argument("--skip-typed", action="store_true",
+                   help="leave out the typed-stream section")
+    p.add_argument("--typed-only", action="store_true",
+                   help="run only the typed-stream section")
     p.add_argument("--json", metavar="PATH", help="also write the raw results here")
     a = p.parse_args(argv)
     a.rows = a.rows or (QUICK_ROWS if a.quick else ROWS)
     a.repeats = a.repeats or (1 if a.quick else REPEATS)
+    a.typed_rows = a.typed_rows or (QUICK_TYPED_ROWS if a.quick else TYPED_ROWS)
+    a.typed_repeats = a.typed_repeats or (1 if a.quick else TYPED_REPEATS)
     if a.rows < 1 or a.size < 1 or a.repeats < 1:
         p.error("--rows, --size and --repeats must be >= 1")
+    if a.typed_rows < 1 or a.typed_repeats < 1:
+        p.error("--typed-rows and --typed-repeats must be >= 1")
+    if a.typed_only and a.skip_typed:
+        p.error("--typed-only and --skip-typed exclude each other")
     return a
 
 
@@ -416,27 +460,207 @@ def build_report(a: argparse.Namespace, results: dict[str, Any]) -> tuple[str, l
     return text, goals
 
 
+# ---------------------------------------------------------------- typed streams (issue 17)
+
+# (key, label, baseline key) in the round-robin order of every repeat.
+TYPED_QUERIES = [
+    ("read_typed", "read: typed stream, the 5 fields as columns -> noop", "read_untyped"),
+    ("read_untyped", "read: untyped stream, JSON value as binary, not parsed -> noop "
+     "(baseline)", "read_untyped"),
+    ("agg_typed", f"end to end: typed columns, groupBy(window(ts, {TYPED_WINDOW}), sensorId)"
+     ".agg(avg(reading), count) -> noop", "agg_untyped"),
+    ("agg_untyped", "end to end: untyped, from_json(value as string), the same aggregation "
+     "-> noop (baseline)", "agg_untyped"),
+]
+
+
+def run_batch(df: Any, broker: BrokerUnderTest) -> dict[str, Any]:
+    """One batch action: ``df`` written to the noop sink; its wall time, and the CPU
+    seconds it took in Spark (the JVM and its Python workers: every process this script
+    started except the broker) and in the broker."""
+    spark0 = descendants_cpu(os.getpid(), exclude=[broker.pid or -1])
+    broker0 = proc_cpu_s(broker.pid)
+    t0 = time.perf_counter()
+    df.write.format("noop").mode("overwrite").save()
+    seconds = time.perf_counter() - t0
+    spark_cpu = cpu_between(spark0, descendants_cpu(os.getpid(), exclude=[broker.pid or -1]))
+    broker1 = proc_cpu_s(broker.pid)
+    return {"seconds": round(seconds, 4), "spark_cpu_s": round(spark_cpu, 2),
+            "broker_cpu_s": round(broker1 - broker0, 2)
+            if broker0 is not None and broker1 is not None else None}
+
+
+def run_typed(a: argparse.Namespace, spark: Any, broker: BrokerUnderTest,
+              client: Any) -> dict[str, Any]:
+    """Typed vs untyped (JSON) batch reads and end-to-end aggregations, same rows."""
+    from pyspark.sql import functions as F
+
+    n = a.typed_rows
+    value_schema = StructType.fromDDL(TYPED_DDL)
+    suffix = uuid.uuid4().hex[:8]
+    streams = {"typed": f"bench-typed-{suffix}", "untyped": f"bench-json-{suffix}"}
+    print(f"# typed streams: building {n:,} rows x 5 columns as a struct and as JSON",
+          file=sys.stderr)
+    tables = {"typed": typed_table(n), "untyped": pa.table({"value": json_values(n)})}
+    fill_s = {}
+    for kind, name in streams.items():
+        create_bench_stream(client, name, schema=TYPED_DDL if kind == "typed" else None)
+        print(f"# typed streams: publishing {n:,} rows to {name}", file=sys.stderr)
+        t0 = time.perf_counter()
+        client.publish_batch(name, tables[kind], ack="write")
+        fill_s[name] = round(time.perf_counter() - t0, 3)
+
+    def read(stream: str) -> Any:
+        return (spark.read.format("npstream").option("broker", broker.address)
+                .option("stream", stream).option("minPartitions", str(TYPED_PARTITIONS))
+                .load())
+
+    def aggregate(df: Any) -> Any:
+        return (df.groupBy(F.window("ts", TYPED_WINDOW), "sensorId")
+                .agg(F.avg("reading").alias("avg_reading"), F.count("*").alias("n")))
+
+    def parsed(df: Any) -> Any:
+        return (df.select(F.from_json(F.col("value").cast("string"), value_schema).alias("v"))
+                .select("v.*"))
+
+    frames = {
+        "read_typed": lambda: read(streams["typed"]),
+        "read_untyped": lambda: read(streams["untyped"]),
+        "agg_typed": lambda: aggregate(read(streams["typed"])),
+        "agg_untyped": lambda: aggregate(parsed(read(streams["untyped"]))),
+    }
+    # One untimed round: the first full-size query of each kind is up to 2x slower
+    # (JIT, the streams' first reads), which would otherwise fall on the first round.
+    print("# typed streams: warm-up round (not timed)", file=sys.stderr)
+    for key, _label, _base in TYPED_QUERIES:
+        run_batch(frames[key](), broker)
+    runs: dict[str, list[dict[str, Any]]] = {key: [] for key, _l, _b in TYPED_QUERIES}
+    for i in range(a.typed_repeats):
+        for key, label, _base in TYPED_QUERIES:
+            print(f"# typed streams: {label} (run {i + 1}/{a.typed_repeats})", file=sys.stderr)
+            runs[key].append(run_batch(frames[key](), broker))
+    results: dict[str, Any] = {}
+    for key, label, _base in TYPED_QUERIES:
+        seconds = statistics.median(r["seconds"] for r in runs[key])
+        results[key] = {"label": label, "runs": runs[key], "seconds": seconds,
+                        "rows_per_s": round(n / seconds, 1),
+                        "spark_cpu_s": statistics.median(r["spark_cpu_s"] for r in runs[key]),
+                        "broker_cpu_s": _median_or_none([r["broker_cpu_s"]
+                                                         for r in runs[key]])}
+    print("# typed streams: checks (row counts, aggregations compared)", file=sys.stderr)
+    counts = {kind: frames[f"read_{kind}"]().count() for kind in ("typed", "untyped")}
+    typed_groups = _agg_rows(frames["agg_typed"]().collect())
+    untyped_groups = _agg_rows(frames["agg_untyped"]().collect())
+    same = (typed_groups.keys() == untyped_groups.keys() and all(
+        typed_groups[k][0] == untyped_groups[k][0]
+        and math.isclose(typed_groups[k][1], untyped_groups[k][1], rel_tol=1e-12)
+        for k in typed_groups))
+    checks = {"read_rows": counts, "groups": len(typed_groups),
+              "aggregated_rows": sum(c for c, _avg in typed_groups.values()),
+              "aggregations_equal": same}
+    for name in streams.values():
+        client.delete_stream(name)
+    return {"rows": n, "schema": TYPED_DDL, "repeats": a.typed_repeats,
+            "partitions": TYPED_PARTITIONS, "streams": streams, "fill_seconds": fill_s,
+            "results": results, "checks": checks}
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _agg_rows(rows: list[Any]) -> dict[tuple[Any, str], tuple[int, float]]:
+    """(window start, sensorId) -> (count, average) of collected aggregation rows."""
+    return {(r["window"]["start"], r["sensorId"]): (r["n"], r["avg_reading"]) for r in rows}
+
+
+def typed_report(a: argparse.Namespace, typed: dict[str, Any]) -> tuple[str, list[Goal]]:
+    n, res = typed["rows"], typed["results"]
+    rows = []
+    for key, label, base in TYPED_QUERIES:
+        r = res[key]
+        rows.append([label, f"{r['seconds']:.3f}", fmt(r["rows_per_s"]),
+                     f"{r['seconds'] / res[base]['seconds']:.2f}x", f"{r['spark_cpu_s']:.2f}",
+                     f"{r['spark_cpu_s'] / res[base]['spark_cpu_s']:.2f}x",
+                     fmt(r["broker_cpu_s"], 2)])
+    text = "\n".join([
+        f"typed streams (issue 17): {n:,} rows x 5 columns ({typed['schema']}), batch reads "
+        f"(spark.read, minPartitions {typed['partitions']}), median of {typed['repeats']} "
+        "run(s), round-robin",
+        render_table(["query", "seconds", "rows/s", "time vs untyped", "Spark CPU s",
+                      "CPU vs untyped", "broker CPU s"], rows),
+        "seconds: wall time of the action (df.write.format('noop').save()), planning "
+        "included; vs untyped: over the untyped query of the same kind; Spark CPU: the JVM "
+        "and its Python workers (all medians)",
+    ])
+
+    def per_round(key: str, base: str) -> str:
+        ratios = [r["seconds"] / b["seconds"]
+                  for r, b in zip(res[key]["runs"], res[base]["runs"], strict=True)]
+        return f"per round {min(ratios):.2f}-{max(ratios):.2f}x"
+
+    read_t, read_u = res["read_typed"]["seconds"], res["read_untyped"]["seconds"]
+    agg_t, agg_u = res["agg_typed"]["seconds"], res["agg_untyped"]["seconds"]
+    checks = typed["checks"]
+    same = "equal" if checks["aggregations_equal"] else "DIFFER"
+    goals = [
+        Goal(f"typed batch read of {n:,} x 5 columns <= {GOAL_TYPED_READ_X:g}x the time of "
+             "the untyped read (JSON value, not parsed)", read_t <= GOAL_TYPED_READ_X * read_u,
+             f"{read_t / read_u:.2f}x ({read_t:.3f} s vs {read_u:.3f} s; "
+             f"{per_round('read_typed', 'read_untyped')}; Spark CPU "
+             f"{res['read_typed']['spark_cpu_s'] / res['read_untyped']['spark_cpu_s']:.2f}x)"),
+        Goal("end to end (read + windowed aggregation): typed faster than untyped with "
+             "from_json", agg_t < agg_u,
+             f"{agg_u / agg_t:.2f}x faster ({agg_t:.3f} s vs {agg_u:.3f} s; time "
+             f"{per_round('agg_typed', 'agg_untyped')})"),
+        Goal(f"typed and untyped reads returned all {n:,} rows and the same aggregation",
+             all(c == n for c in checks["read_rows"].values())
+             and checks["aggregated_rows"] == n and checks["aggregations_equal"],
+             f"rows read {checks['read_rows']['typed']:,} / {checks['read_rows']['untyped']:,}, "
+             f"{checks['groups']:,} groups counting {checks['aggregated_rows']:,} rows, "
+             f"groups, counts and averages {same}"),
+    ]
+    return text, goals
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     from npstream import Client
 
     work = tempfile.mkdtemp(prefix="npstream-bench-spark-")
     spark = make_spark()
+    results: dict[str, Any] = {}
+    typed: dict[str, Any] | None = None
     try:
         with BrokerUnderTest() as broker, Client(broker.address) as client:
-            results = run_benchmarks(a, spark, broker, client, work)
+            if not a.typed_only:
+                results = run_benchmarks(a, spark, broker, client, work)
+            if not a.skip_typed:
+                typed = run_typed(a, spark, broker, client)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-    text, goals = build_report(a, results)
+    sections: list[str] = []
+    goals: list[Goal] = []
+    if results:
+        text, goals = build_report(a, results)
+        sections.append(text)
+    if typed is not None:
+        typed_text, typed_goals = typed_report(a, typed)
+        sections.append(typed_text)
+        goals += typed_goals
     meta = machine_info()
+    shape = "" if a.typed_only else (f", {a.rows:,} rows x {a.size} B, median of {a.repeats} "
+                                     "run(s)")
     print(f"npstream Spark connector benchmark, {meta['date_utc']}, {meta['cores']} cores, "
-          f"local[2], {a.rows:,} rows x {a.size} B, median of {a.repeats} run(s)")
-    print(text)
+          f"local[2]{shape}")
+    print("\n\n".join(sections))
     print()
     print(render_goals(goals))
     if a.json:
-        write_json(a.json, {"meta": meta, "args": vars(a), "results": results}, goals)
+        write_json(a.json, {"meta": meta, "args": vars(a), "results": results,
+                            "typed": typed}, goals)
     return 0
 
 

@@ -75,10 +75,28 @@ def test_broker_bench_quick_without_peers_prints_our_rows(tmp_path: Path) -> Non
                       r"no storage, same probe\): p99 ([\d.]+) ms vs JetStream push not "
                       r"measured in this run$", out, re.M)
     assert [float(p99) for p99 in info] == [float(p99) for *_x, p99 in floor]
-    # Goals that need peers are reported as not measured, never as passed; our own
-    # integrity check passes for both configurations.
+    # Typed streams (issue 17): the four publishes of 20,000 rows x 5 columns, each with
+    # its time over its untyped baseline's; the 1.2x goal is not judged at --quick sizes.
+    assert re.search(r"^typed streams \(issue 17\): publish 20,000 rows x 5 columns \(sensorId "
+                     r"STRING, reading DOUBLE, ts TIMESTAMP, seq BIGINT, ok BOOLEAN\)", out, re.M)
+    typed = re.findall(r"^(typed|untyped)\s+(binary value|struct value|JSON object bytes|the "
+                       r"same JSON bytes)[^\n]*?\s+([\d,]+)\s+([\d.,]+)\s+([\d.]+)\s+"
+                       r"([\d.]+)x$", out, re.M)
+    assert [(kind, sent) for kind, sent, *_rest in typed] == [
+        ("untyped", "binary value"), ("typed", "struct value"),
+        ("untyped", "JSON object bytes"), ("typed", "the same JSON bytes")]
+    assert all(_number(msgs) > 0 and float(secs) > 0 for _k, _s, msgs, _mb, secs, _x in typed)
+    assert [x for *_rest, x in typed][0::2] == ["1.00", "1.00"]  # the baselines
+    assert re.search(r"^N/A   typed publish 20,000 x 5 columns <= 1.2x the time of the untyped "
+                     r"publish of the same payload bytes: [\d.]+x .*; not judged at --quick "
+                     r"sizes$", out, re.M)
+    assert re.search(r"^PASS  typed-stream publishes stored and read back all 20,000 rows "
+                     r"intact: untyped_packed ok, typed_struct ok, untyped_json ok, "
+                     r"typed_json ok", out, re.M)
+    # Goals that need peers (and the typed publish ratio at --quick sizes) are reported as
+    # not measured, never as passed; our own integrity checks pass.
     assert "FAIL" not in out
-    assert out.count("N/A ") == 10
+    assert out.count("N/A ") == 11
     intact = re.findall(r"^PASS  npstream stored and replayed all (\S+) x (\d+) B intact "
                         r"\((local reads|over gRPC)\): "
                         r"stored \1, replayed \1, offsets 0..n-1 ok, payload bytes ok$",
@@ -103,3 +121,7 @@ def test_broker_bench_quick_without_peers_prints_our_rows(tmp_path: Path) -> Non
     assert [(c["consume"]["local_reads"], c["consume_grpc"]["local_reads"])
             for c in configs] == [(True, False), (True, False)]
     assert [[r["received"] for r in c["floor_latency_runs"]] for c in configs] == [[200], [200]]
+    typed_phases = result["npstream"]["typed"]["phases"]
+    assert sorted(typed_phases) == ["typed_json", "typed_struct", "untyped_json",
+                                    "untyped_packed"]
+    assert all(p["stored_ok"] and p["content_ok"] for p in typed_phases.values())
