@@ -82,11 +82,22 @@ class BrokerProcess:
         self.kill()
         raise TimeoutError(f"broker not ready after {timeout}s:\n{self.log_text()[-4000:]}")
 
-    def metrics(self) -> dict[str, float]:
-        """Every sample of the broker's Prometheus endpoint (address from its start-up log)."""
-        found = re.search(r"metrics=(http://\S+/metrics)", self.log_text())
+    @property
+    def http_address(self) -> str:
+        """``http://127.0.0.1:PORT`` of the metrics and web console port (from the log)."""
+        found = re.findall(r"metrics=(https?://\S+)/metrics", self.log_text())
         assert found, f"no metrics address in the broker log:\n{self.log_text()[-2000:]}"
-        text = urllib.request.urlopen(found.group(1), timeout=10).read().decode()
+        return found[-1]
+
+    def metrics(self, token: str | None = None) -> dict[str, float]:
+        """Every sample of the broker's Prometheus endpoint (address from its start-up log).
+
+        ``token``: sent as a bearer token (a broker with auth on needs one).
+        """
+        request = urllib.request.Request(self.http_address + "/metrics")
+        if token is not None:
+            request.add_header("Authorization", f"Bearer {token}")
+        text = urllib.request.urlopen(request, timeout=10).read().decode()
         samples = (line.rpartition(" ") for line in text.splitlines()
                    if line and not line.startswith("#"))
         return {key: float(value) for key, _, value in samples}

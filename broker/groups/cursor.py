@@ -22,6 +22,7 @@ from npstream.broker.errors import BrokerError, OffsetOutOfRangeError
 from npstream.broker.groups.store import PositionWriter
 from npstream.broker.groups.tuning import LONG_POLL_SLICE_S
 from npstream.broker.groups.typed_values import untyped_batch
+from npstream.broker.log_events import event_fields
 from npstream.proto.frames.payload import decode_payload
 
 if TYPE_CHECKING:
@@ -86,11 +87,13 @@ class CursorGroup:
         start, end = stream_log.start_offset, stream_log.end_offset
         if self._committed < start:
             log.info("group '%s' on stream '%s': offsets [%d, %d) were removed from the log; "
-                     "continuing at %d", self.group, self.stream, self._committed, start, start)
+                     "continuing at %d", self.group, self.stream, self._committed, start, start,
+                     extra=event_fields(stream=self.stream, group=self.group, offset=start))
             self._set_locked(start)
         elif self._committed > end:
             log.warning("group '%s' on stream '%s': cursor %d is past end_offset %d; "
-                        "moving it to %d", self.group, self.stream, self._committed, end, end)
+                        "moving it to %d", self.group, self.stream, self._committed, end, end,
+                        extra=event_fields(stream=self.stream, group=self.group, offset=end))
             self._set_locked(end)
         return self._committed
 
@@ -135,7 +138,8 @@ class CursorGroup:
             self._check_open_locked()
             ticket = self._set_locked(offset)
             log.info("group '%s' on stream '%s' moved to offset %d", self.group, self.stream,
-                     offset)
+                     offset, extra=event_fields(stream=self.stream, group=self.group,
+                                                offset=offset))
             return ticket
 
     def close(self, reason: BrokerError) -> None:

@@ -40,8 +40,8 @@ from npstream.broker.groups.shared import MemberInfo, SharedGroup
 from npstream.broker.groups.shared_config import SharedConfig
 from npstream.broker.groups.store import GroupRow, GroupStore, PositionWriter
 from npstream.broker.groups.tuning import TICK_INTERVAL_S
+from npstream.broker.log_events import event_fields
 from npstream.broker.server.context import BrokerContext
-from npstream.broker.server.logs import event_fields
 from npstream.broker.streams.registry import check_stream_name
 from npstream.proto import pb
 from npstream.proto.names import validate_group_name
@@ -171,8 +171,9 @@ class GroupManager:
         with self._lock:
             cursor, created = self._cursor_locked(stream_log, stream, group, start_from)
         if created:
+            position = cursor.position(stream_log)
             log.info("created cursor group '%s' on stream '%s' at offset %d", group, stream,
-                     cursor.position(stream_log))
+                     position, extra=event_fields(stream=stream, group=group, offset=position))
         return cursor, cursor.position(stream_log), created, asked and not created
 
     def _cursor_locked(self, stream_log: StreamLog, stream: str, group: str,
@@ -230,7 +231,8 @@ class GroupManager:
                 if row is None:
                     row, _ = self._store.create(stream, group, "cursor", next_offset)
                     log.info("created cursor group '%s' on stream '%s' by a commit at %d",
-                             group, stream, next_offset)
+                             group, stream, next_offset,
+                             extra=event_fields(stream=stream, group=group, offset=next_offset))
                 else:
                     self._store.set_kind(stream, group, "cursor")
                 found = self._load_locked(row)
@@ -254,7 +256,9 @@ class GroupManager:
                 row, created = self._store.create(stream, group, "", target.offset)
                 if created:
                     log.info("created group '%s' on stream '%s' at offset %d by a seek",
-                             group, stream, target.offset)
+                             group, stream, target.offset,
+                             extra=event_fields(stream=stream, group=group,
+                                                offset=target.offset))
                     return target, 0
                 self._writer.flush()
                 self._store.write_positions({(stream, group): (target.offset,
@@ -375,17 +379,21 @@ class GroupManager:
                 row = self._store.get(stream, group)
                 if row is None:
                     offset = resolve_start(stream_log, config.start_from).offset
+                    wanted = wanted.resolved(None)
                     row, _ = self._store.create(stream, group, "shared", offset, wanted)
                     log.info("created shared group '%s' on stream '%s' at offset %d "
                              "(max_deliver=%d, backoff_ms=%s, dead_letter_stream='%s')",
                              group, stream, offset, wanted.max_deliver,
-                             list(wanted.backoff_ms), wanted.dead_letter_stream)
+                             list(wanted.backoff_ms), wanted.dead_letter_stream,
+                             extra=event_fields(stream=stream, group=group, offset=offset,
+                                                dead_letter_stream=wanted.dead_letter_stream))
                 else:  # kind "": positioned by a Seek
                     self._store.set_kind(stream, group, "shared", wanted)
                     row = self._store.get(stream, group)
                     assert row is not None
                 found = self._load_locked(row)
             assert isinstance(found, SharedGroup)
+            wanted = wanted.resolved(found.config)  # an unspecified ordering is kept
             if not found.config.same_group_settings(wanted):
                 log.info("group '%s' on stream '%s': settings changed from %s to %s",
                          group, stream, found.config, wanted)

@@ -17,26 +17,11 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["EVENT_FIELDS", "JsonFormatter", "configure_logging", "event_fields"]
+from npstream.broker.log_events import EVENT_FIELDS
+
+__all__ = ["JsonFormatter", "configure_logging"]
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-# The structured fields an event may carry (LogRecord attributes set by ``extra``).
-EVENT_FIELDS = ("stream", "group", "offset", "start_offset", "end_offset", "count",
-                "sink_id", "batch_id", "dead_letter_stream", "member")
-
-
-def event_fields(**values: object) -> dict[str, object]:
-    """``extra=`` for a logging call: the given event fields, None values left out.
-
-    Unknown names are refused so that a typo does not silently drop a field
-    from every JSON line.
-    """
-    unknown = sorted(set(values) - set(EVENT_FIELDS))
-    if unknown:
-        raise ValueError(f"unknown log event field(s) {unknown}; known: {EVENT_FIELDS}")
-    return {name: value for name, value in values.items() if value is not None}
-
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per record: time (UTC, ISO 8601 with ms), level, logger, message.

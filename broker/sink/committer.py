@@ -40,6 +40,7 @@ import pyarrow as pa
 
 from npstream.broker import faults
 from npstream.broker.errors import BrokerError, InvalidArgumentError, SchemaIncompatibleError
+from npstream.broker.log_events import event_fields
 from npstream.broker.sink.markers import Pending, SinkMarkers
 from npstream.broker.sink.recovery import settle
 from npstream.broker.sink.staging import (
@@ -120,6 +121,16 @@ def _check_schemas(sink_id: str, batch_id: int, stream: str, stream_log: StreamL
             "was appended. Abort the batch and write it again (a restarted query re-stages it)")
 
 
+
+def _commit_fields(sink_id: str, batch_id: int, rows: int,
+                   written: dict[str, tuple[int, int]]) -> dict[str, object]:
+    """The JSON log fields of a commit: its stream and offsets when it wrote one stream."""
+    one = next(iter(written.items())) if len(written) == 1 else None
+    return event_fields(sink_id=sink_id, batch_id=batch_id, count=rows,
+                        stream=one[0] if one else None,
+                        start_offset=one[1][0] if one else None,
+                        end_offset=one[1][1] if one else None)
+
 class SinkCommitter:
     """Commits and aborts of one broker's sinks; thread-safe (each sink's lock, markers.py)."""
 
@@ -192,7 +203,8 @@ class SinkCommitter:
                     "and will be finished (retry CommitBatch)")
             dropped = self.staging.drop(sink_id, batch_id, staging_ids or None)
         log.info("sink '%s' batch %d aborted: %d staging file(s) dropped",
-                 sink_id, batch_id, dropped)
+                 sink_id, batch_id, dropped,
+                 extra=event_fields(sink_id=sink_id, batch_id=batch_id, count=dropped))
         return dropped
 
     def _begin(self, sink_id: str, batch_id: int, staging_ids: list[str]) -> Pending:
@@ -236,7 +248,8 @@ class SinkCommitter:
                  "segments) in %.0f ms: %s",
                  pending.sink_id, pending.batch_id, rows, len(pending.staging_ids), adopted,
                  (time.perf_counter() - started) * 1000,
-                 ", ".join(f"{s}[{a},{b})" for s, (a, b) in written.items()) or "(empty)")
+                 ", ".join(f"{s}[{a},{b})" for s, (a, b) in written.items()) or "(empty)",
+                 extra=_commit_fields(pending.sink_id, pending.batch_id, rows, written))
         return written
 
     def _commit_stream(self, pending: Pending, stream: str,

@@ -55,6 +55,7 @@ from npstream.broker.errors import (
     StreamNotFoundError,
     ValueMismatchError,
 )
+from npstream.broker.log_events import event_fields
 from npstream.broker.storage.append_plan import (
     PendingAppend,
     PlannedRows,
@@ -824,7 +825,9 @@ class StreamLog:
         self._segments.delete_files(doomed)
         log.info("stream %s: %s deleted %d segment(s) with offsets [%d, %d) (%d bytes); "
                  "start offset is %d", self.name, reason, count, doomed[0].base_offset,
-                 doomed[-1].next_offset, sum(segment.size for segment in doomed), start)
+                 doomed[-1].next_offset, sum(segment.size for segment in doomed), start,
+                 extra=event_fields(stream=self.name, start_offset=start,
+                                    count=doomed[-1].next_offset - doomed[0].base_offset))
 
     def truncate_to(self, offset: int) -> None:
         """Drop messages [offset, end): the end offset becomes ``offset`` (sink recovery)."""
@@ -841,7 +844,8 @@ class StreamLog:
                 self._dedup.forget_from(offset)
             self._publish_view_locked()
             log.info("stream %s: truncated to offset %d (%d messages removed)",
-                     self.name, offset, view.end - offset)
+                     self.name, offset, view.end - offset,
+                     extra=event_fields(stream=self.name, end_offset=offset))
 
     # ------------------------------------------------------------------ retention, config
 

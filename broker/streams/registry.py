@@ -48,6 +48,7 @@ from npstream.broker.errors import (
     StreamNeedsRepairError,
     StreamNotFoundError,
 )
+from npstream.broker.log_events import event_fields
 from npstream.broker.metadata import Metadata
 from npstream.broker.server.config import BrokerConfig
 from npstream.broker.storage import (
@@ -336,7 +337,8 @@ class StreamRegistry:
                 )
             return self.describe(name), False
         log.info("created stream '%s' config=%s%s", name, self.effective_config(overrides),
-                 f" value schema '{schema.ddl}'" if schema else "")
+                 f" value schema '{schema.ddl}'" if schema else "",
+                 extra=event_fields(stream=name))
         return self.describe(name), True
 
     def describe(self, name: str) -> StreamStatus:
@@ -420,7 +422,8 @@ class StreamRegistry:
                 stream_log = self._logs.get(record.name)
             if stream_log is not None:
                 stream_log.update_config(self.effective_config(merged))
-        log.info("updated stream '%s' config=%s", record.name, self.effective_config(merged))
+        log.info("updated stream '%s' config=%s", record.name, self.effective_config(merged),
+                 extra=event_fields(stream=record.name))
         return self.describe(record.name)
 
     def _change_schema(self, name: str, text: str) -> None:
@@ -489,7 +492,7 @@ class StreamRegistry:
                 self._metadata.execute("DELETE FROM streams WHERE name = ?", (name,))
                 self._metadata.execute("DELETE FROM stream_schemas WHERE stream = ?", (name,))
                 self._records.pop(name, None)
-        log.info("deleted stream '%s'", name)
+        log.info("deleted stream '%s'", name, extra=event_fields(stream=name))
         for listener in list(self._on_deleted):
             try:
                 listener(name)
@@ -503,7 +506,8 @@ class StreamRegistry:
         if before_offset is None:
             stream_log.delete_all()
             log.info("deleted all messages of stream '%s' (start_offset=%d)",
-                     name, stream_log.end_offset)
+                     name, stream_log.end_offset,
+                     extra=event_fields(stream=name, start_offset=stream_log.end_offset))
             return self.describe(name)
         start, end = stream_log.start_offset, stream_log.end_offset
         if before_offset < 0 or before_offset > end:
@@ -511,7 +515,8 @@ class StreamRegistry:
         if before_offset > start:
             stream_log.delete_before(before_offset)
             log.info("deleted messages of stream '%s' before offset %d (was start_offset=%d)",
-                     name, before_offset, start)
+                     name, before_offset, start,
+                     extra=event_fields(stream=name, start_offset=before_offset))
         return self.describe(name)
 
     def repair(self, name: str) -> tuple[StreamStatus, int, str]:
