@@ -17,6 +17,11 @@
    consumer processes join a fresh group on that stream and ack every message; msg/s is
    messages over the time from the start signal until the last ack was handled, with the
    broker's and the machine's CPU use over the same interval.
+3. Shared consumption in batches of --batch (bench/group_batches.py): one consumer drains
+   --batch-messages x 100 B (and a fifth as many x 1 KB) with receive_batch(ack=previous),
+   beside Redis XREADGROUP+XACK and a JetStream pull consumer + ack with the same counts,
+   sizes and batch; and the broker's memory per message for --inflight-messages leased and
+   not acked. --skip-batches leaves the section out.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from bench_common import (
     stamp_of,
     stamped,
 )
+from group_batches import batch_report, inflight_memory, npstream_batches, peer_batches
 from peer_runner import peer_running, run_peer_script
 from report import Goal, Info, fmt, render_table, run_comparison
 from transport_floor import FloorServer, floor_info, measure_floor_latency
@@ -68,6 +74,16 @@ BUSY_SHARE = 0.9
 # A step to more consumers counts as growth when msg/s rises by at least this factor.
 GROWTH_FACTOR = 1.1
 PEER_LABEL = {"redis": "redis-streams", "nats": "nats-jetstream"}
+BATCH = 1000                   # section 3: messages per batch (receive and ack)
+BATCH_MESSAGES = 1_000_000     # section 3: 100 B messages; 1 KB runs take a fifth as many
+QUICK_BATCH_MESSAGES = 20_000
+INFLIGHT_MESSAGES = 1_000_000  # section 3: messages leased and held for the memory row
+QUICK_INFLIGHT_MESSAGES = 20_000
+BATCH_SIZES = (100, 1000)
+# Section 3 goals (issue 16): ours over the peer's msg/s, same run, same counts and sizes.
+GOAL_VS_REDIS = 3.0
+GOAL_VS_NATS = 5.0
+GOAL_INFLIGHT_BYTES = 100
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -87,7 +103,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="leave out the trivial-gRPC-server latency row")
     p.add_argument("--peers", default="redis,nats")
     p.add_argument("--json", metavar="PATH", help="also write the raw results here")
+    p.add_argument("--batch", type=int, default=BATCH, help="section 3: batch size")
+    p.add_argument("--batch-messages", type=int, help="section 3: 100 B messages drained "
+                   f"(default {BATCH_MESSAGES:,}; --quick {QUICK_BATCH_MESSAGES:,})")
+    p.add_argument("--inflight-messages", type=int, help="section 3: messages held in flight "
+                   f"(default {INFLIGHT_MESSAGES:,}; --quick {QUICK_INFLIGHT_MESSAGES:,})")
+    p.add_argument("--skip-batches", action="store_true", help="leave out section 3")
+    p.add_argument("--skip-throughput", action="store_true", help="leave out section 2")
+    p.add_argument("--skip-latency", action="store_true", help="leave out section 1")
     a = p.parse_args(argv)
+    a.batch_messages = a.batch_messages or (QUICK_BATCH_MESSAGES if a.quick else BATCH_MESSAGES)
+    a.inflight_messages = a.inflight_messages or (
+        QUICK_INFLIGHT_MESSAGES if a.quick else INFLIGHT_MESSAGES)
     a.messages = a.messages or (QUICK_MESSAGES if a.quick else MESSAGES)
     a.latency_messages = a.latency_messages or (
         QUICK_LATENCY_MESSAGES if a.quick else LATENCY_MESSAGES)
@@ -253,9 +280,19 @@ def run_npstream(a: argparse.Namespace) -> dict[str, Any]:
     from npstream import Client
 
     filler = os.urandom(a.size)
-    out: dict[str, Any] = {"latency_runs": [], "throughput": []}
+    out: dict[str, Any] = {"latency_runs": [], "throughput": [], "batches": [],
+                           "inflight": None}
     with BrokerUnderTest() as broker, Client(broker.address) as client:
-        for _ in range(a.latency_repeats):
+        if not a.skip_batches:
+            for size in BATCH_SIZES:
+                n = _batch_count(a, size)
+                print(f"# npstream shared consumption {n:,} x {size} B, batch {a.batch}",
+                      file=sys.stderr)
+                out["batches"].append(npstream_batches(broker, client, n, size, a.batch))
+            print(f"# npstream {a.inflight_messages:,} messages in flight", file=sys.stderr)
+            out["inflight"] = inflight_memory(broker, client, a.inflight_messages, a.batch)
+    with BrokerUnderTest() as broker, Client(broker.address) as client:
+        for _ in range(0 if a.skip_latency else a.latency_repeats):
             print("# npstream group latency", file=sys.stderr)
             out["latency_runs"].append(npstream_latency(client, broker.address, a, filler))
         stream = f"bench-shared-{uuid.uuid4().hex[:8]}"
@@ -267,13 +304,13 @@ def run_npstream(a: argparse.Namespace) -> dict[str, Any]:
             k = min(table.num_rows, a.messages - sent)
             client.publish_batch(stream, table.slice(0, k), ack="write")
             sent += k
-        for consumers in a.consumers:
+        for consumers in [] if a.skip_throughput else a.consumers:
             print(f"# npstream shared group, {consumers} consumer(s), {a.messages:,} messages",
                   file=sys.stderr)
             out["throughput"].append(shared_throughput(
                 client, broker, stream, a.messages, a.size, consumers, a.max_in_flight))
     out["floor_latency_runs"] = []
-    if not a.skip_floor:
+    if not a.skip_floor and not a.skip_latency:
         with FloorServer() as floor:
             for _ in range(a.latency_repeats):
                 print("# grpc-floor latency, server-streaming", file=sys.stderr)
@@ -289,8 +326,10 @@ def run_peer(name: str, a: argparse.Namespace) -> dict[str, Any]:
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_groups.py")
     runs = []
     durability = None
+    batches = ([peer_batches(name, _batch_count(a, size), size, a.batch)
+                for size in BATCH_SIZES] if not a.skip_batches else [])
     with peer_running(name):
-        for _ in range(a.latency_repeats):
+        for _ in range(0 if a.skip_latency else a.latency_repeats):
             print(f"# {name} group latency", file=sys.stderr)
             res = run_peer_script(script, [
                 "--system", name, "--messages", "1", "--batch", "1", "--size", str(a.size),
@@ -298,7 +337,14 @@ def run_peer(name: str, a: argparse.Namespace) -> dict[str, Any]:
                 "--latency-rate", str(a.latency_rate)])
             durability = res.get("durability")
             runs.append(res.get("latency", {}))
-    return {"system": PEER_LABEL[name], "durability": durability, "latency_runs": runs}
+    durability = durability or next((b.get("durability") for b in batches), None)
+    return {"system": PEER_LABEL[name], "durability": durability, "latency_runs": runs,
+            "batches": batches}
+
+
+def _batch_count(a: argparse.Namespace, size: int) -> int:
+    """Section 3's message count at ``size``: 1 KB runs move twice the bytes of 100 B runs."""
+    return a.batch_messages if size <= 100 else max(a.batch, a.batch_messages // 5)
 
 
 # ---------------------------------------------------------------- report
@@ -337,7 +383,7 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
     else:
         goals.append(Goal(name, our_p99 <= nats_p99, f"{our_p99:.2f} ms vs {nats_p99:.2f} ms "
                           f"(median of {a.latency_repeats} runs)"))
-    if not a.skip_floor:
+    if not a.skip_floor and not a.skip_latency:
         floor_ok = [r for r in ours["floor_latency_runs"] if r and r.get("p99_ms") is not None]
         goals.append(floor_info(median_of(floor_ok, "p99_ms"), nats_p99))
 
@@ -379,11 +425,28 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
             f"{prev['consumers_cores_busy']}, machine {prev['machine_cores_busy']}, of {cores})"))
     lost = [r for r in runs if not r["all_acked"]]
     failed = len(ours["throughput"]) - len(runs)
-    goals.append(Goal("every message acked in every throughput run",
-                      not lost and not failed and bool(runs),
-                      f"{failed} run(s) failed" if failed
-                      else f"{len(lost)} run(s) left messages unacked" if lost
-                      else "committed offset = messages, nothing in flight"))
+    if not a.skip_throughput:
+        goals.append(Goal("every message acked in every throughput run",
+                          not lost and not failed and bool(runs),
+                          f"{failed} run(s) failed" if failed
+                          else f"{len(lost)} run(s) left messages unacked" if lost
+                          else "committed offset = messages, nothing in flight"))
+    batch_text: list[str] = []
+    if not a.skip_batches:
+        batch_text, batch_goals = batch_report(
+            BATCH_SIZES, a.batch, [_batch_count(a, size) for size in BATCH_SIZES], ours,
+            peers, PEER_LABEL, {"redis": GOAL_VS_REDIS, "nats": GOAL_VS_NATS},
+            GOAL_INFLIGHT_BYTES)
+        goals += [Goal(*g) for g in batch_goals]
+        redis = peers.get("redis", {}).get("batches", [])
+        one = next((r for r in runs if r["consumers"] == 1), None)
+        if not a.skip_throughput:
+            redis_rate = redis[0].get("msgs_per_s") if redis else None
+            goals.append(Goal(
+                "subscribe() with one consumer >= Redis XREADGROUP+XACK (100 B)",
+                None if one is None or redis_rate is None else one["msgs_per_s"] >= redis_rate,
+                "not measured in this run" if one is None or redis_rate is None
+                else f"{fmt(one['msgs_per_s'])} vs {fmt(redis_rate)} msg/s"))
 
     text = [
         f"publish-to-delivery latency of one group member at {a.latency_rate:g} msg/s, "
@@ -396,6 +459,8 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
         render_table(["system", "consumers", "msg/s", "MB/s", "vs 1", "broker cores",
                       "consumer cores", "machine cores", "all acked"], tp_rows),
         "cores: CPU seconds per wall second during the run (machine: every process on it)",
+        "",
+        *batch_text,
         "",
         *errors,
         "durability: " + "; ".join(["npstream: publish ack=fsync"] + [

@@ -18,7 +18,10 @@ finished (acked or dead-lettered). A span is
 
 * ``LEASED``: delivered to ``member`` until ``expires_ms``;
 * ``WAITING``: to be delivered again from ``ready_ms`` on;
-* ``DEAD_LETTERING``: out of attempts, being copied to the dead-letter stream.
+* ``DEAD_LETTERING``: out of attempts, being copied to the dead-letter stream;
+* ``HELD``: read but not delivered yet, because an earlier message with the
+  same key is unfinished (a group ordered by key, shared.py); released to
+  ``WAITING`` (due at once) when its turn comes. Never delivered, never acked.
 
 So ``committed``, the lowest offset not finished, is the first span's start
 (or ``next_fresh`` when nothing is unfinished), and finished offsets above it
@@ -41,8 +44,8 @@ from dataclasses import dataclass, field
 from npstream.broker.groups.shared_config import SharedConfig
 from npstream.broker.storage.results import StoredRow
 
-__all__ = ["DEAD_LETTERING", "LEASED", "WAITING", "DeliveryRow", "LeaseTable", "MemberState",
-           "Span", "offset_runs"]
+__all__ = ["DEAD_LETTERING", "HELD", "LEASED", "WAITING", "DeliveryRow", "LeaseTable",
+           "MemberState", "Span", "merged_runs", "offset_runs"]
 
 # One message as handed to a member: the storage's row type, so rows the log hands
 # over as Python values (StreamLog.recent_rows) need no conversion.
@@ -51,6 +54,7 @@ DeliveryRow = StoredRow
 LEASED = "leased"
 WAITING = "waiting"
 DEAD_LETTERING = "dead_lettering"
+HELD = "held"
 
 
 @dataclass(slots=True)
@@ -292,11 +296,38 @@ class LeaseTable:
         self.next_fresh = start + count
         return span
 
-    def skip_fresh(self, start: int, count: int) -> None:
-        """Offsets ``[start, start + count)`` need no delivery (the log holds none there)."""
+    def hold_fresh(self, start: int, count: int) -> None:
+        """Take ``count`` never-delivered offsets from ``start`` as HELD (ordering by key)."""
         if start != self.next_fresh:
             raise ValueError(f"fresh offset {start} is not next_fresh {self.next_fresh}")
-        self.next_fresh = start + max(0, count)
+        if count <= 0:
+            return
+        self._insert(Span(start, start + count, HELD, 0, version=self._new_version()))
+        self._unfinished += count
+        self.next_fresh = start + count
+
+    def release_held(self, offset: int, now_ms: int) -> bool:
+        """Make a HELD offset due for its first delivery now; False if it is not held."""
+        span = self.span_at(offset)
+        if span is None or span.state != HELD:
+            return False
+        piece = self._carve(span, offset, offset + 1)
+        piece.state = WAITING
+        piece.ready_ms = now_ms
+        piece.version = self._new_version()
+        self._schedule(piece)
+        return True
+
+    def release_all_held(self, now_ms: int) -> int:
+        """Every HELD span due now (ordering switched off); returns how many offsets."""
+        count = 0
+        for span in [s for s in self._spans.values() if s.state == HELD]:
+            span.state = WAITING
+            span.ready_ms = now_ms
+            span.version = self._new_version()
+            self._schedule(span)
+            count += span.count
+        return count
 
     # ------------------------------------------------------------ finishing
 

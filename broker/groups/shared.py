@@ -17,6 +17,9 @@ stream's log, waiting, persistence and dead letters:
   unacked messages are delivered again.
 * One Receive hands out spans with their rows (deliveries.py): as Python
   rows for Receive and Subscribe, as one Arrow batch for ReceiveBatch.
+* With ``ordering="key"`` fresh messages whose key has an unfinished
+  message are held, and released one at a time as the one before finishes
+  (key_order.py).
 * Expired leases and nacks schedule redeliveries (with backoff). A message
   out of attempts is copied to the dead-letter stream and counts as done.
 * Before every operation the group follows the log's start offset, so
@@ -53,7 +56,8 @@ from npstream.broker.groups.deliveries import (
     grants,
     rows_from_batch,
 )
-from npstream.broker.groups.leases import LeaseTable, Span
+from npstream.broker.groups.key_order import KeyOrder
+from npstream.broker.groups.leases import LeaseTable, Span, merged_runs, offset_runs
 from npstream.broker.groups.metrics import GroupMetrics
 from npstream.broker.groups.shared_config import SharedConfig
 from npstream.broker.groups.store import PositionWriter
@@ -134,6 +138,7 @@ class SharedGroup:
         self._wake = threading.Condition()
         self._wake_seq = 0
         self._table = LeaseTable(committed, config)
+        self._keys = KeyOrder()  # used while config.ordering == "key"
         # Read from the log, not handed out yet: offsets [next_fresh, _buffer_next), as
         # stored batches, or rows the log already had as Python values (a lone message).
         self._buffer: deque[Rows] = deque()
@@ -183,6 +188,9 @@ class SharedGroup:
         if start > self._table.committed:
             before = self._table.committed
             dropped = self._table.drop_below(start)
+            now = self._clock()
+            for offset in self._keys.drop_below(start):
+                self._table.release_held(offset, now)
             self._clear_buffer_locked(self._table.next_fresh)
             log.info("group '%s' on stream '%s': offsets [%d, %d) were removed from the log; "
                      "dropped %d pending deliveries, committed offset now %d",
@@ -196,6 +204,7 @@ class SharedGroup:
 
     def _reset_locked(self, offset: int) -> int:
         dropped = self._table.reset(offset)
+        self._keys.clear()
         self._clear_buffer_locked(offset)
         self._changed_locked()
         return dropped
@@ -285,14 +294,37 @@ class SharedGroup:
                 continue
             out.append(Delivered(span.start, span.end, span.attempt, span.expires_ms, parts))
             taken += span.count
-        if taken < limit:
+        while taken < limit:
             start = self._table.next_fresh
             parts = self._take_fresh_locked(stream_log, limit - taken)
-            count = sum(len(part) for part in parts)
-            fresh = self._table.lease_fresh(member, start, count, now, ack_wait_ms)
-            if fresh is not None:
-                out.append(Delivered(fresh.start, fresh.end, 1, fresh.expires_ms, parts))
+            if not parts:
+                break
+            if self.config.ordering != "key":
+                runs = [(True, parts)]
+            else:
+                runs = self._keys.plan(start, parts)
+            for deliver, rows in runs:
+                count = sum(len(part) for part in rows)
+                if not deliver:
+                    self._table.hold_fresh(self._table.next_fresh, count)
+                    continue
+                fresh = self._table.lease_fresh(member, self._table.next_fresh, count, now,
+                                                ack_wait_ms)
+                if fresh is not None:
+                    out.append(Delivered(fresh.start, fresh.end, 1, fresh.expires_ms, rows))
+                    taken += count
         return out
+
+    def _release_keys_locked(self, ranges: list[tuple[int, int]]) -> None:
+        """Ordering by key: hand out the held message of each key whose message finished."""
+        if self.config.ordering != "key" or not ranges:
+            return
+        released = self._keys.finished(ranges, lambda o: self._table.span_at(o) is None)
+        if released:
+            now = self._clock()
+            for offset in released:
+                self._table.release_held(offset, now)
+            self._changed_locked()
 
     # ------------------------------------------------------------ delivering
 
@@ -390,9 +422,9 @@ class SharedGroup:
             self._check_open_locked()
             blocked = self._fresh_budget_locked() <= 0
             now = self._clock()
-            count = self._table.ack(offsets, member, now) if offsets else 0
-            if ranges:
-                count += self._table.ack_ranges(ranges, member, now)
+            runs = merged_runs([*offset_runs(offsets), *ranges])
+            count = self._table.ack_ranges(runs, member, now)
+            self._release_keys_locked(runs)
             if count:
                 # Pop the acked leases' expiry entries now, while the heap is small,
                 # instead of a second's worth in one upkeep pass (a stall under the lock).
@@ -442,6 +474,7 @@ class SharedGroup:
         with self._cond:
             for span in spans:
                 self._dead_lettered += self._table.dead_lettered(span.start, span.end)
+            self._release_keys_locked([(span.start, span.end) for span in spans])
             ticket = self._persist_locked()
             self._changed_locked()
         self._writer.wait(ticket)
@@ -500,7 +533,15 @@ class SharedGroup:
 
     def update_config(self, config: SharedConfig) -> None:
         with self._cond:
+            was_keyed = self._table.config.ordering == "key"
             self._table.config = config
+            if was_keyed and config.ordering != "key":
+                # Unordered now: nothing waits for its key any more.
+                released = self._table.release_all_held(self._clock())
+                self._keys.clear()
+                log.info("group '%s' on stream '%s' is no longer ordered by key: %d held "
+                         "message(s) released", self.group, self.stream, released)
+                self._changed_locked()
 
     def seek(self, offset: int) -> int:
         """Restart delivery at offset, dropping every lease; returns the writer ticket."""

@@ -1,4 +1,4 @@
-"""Settings of a shared group: lease length, delivery limit, backoff, dead-letter stream.
+"""Settings of a shared group: lease length, delivery limit, backoff, dead letters, ordering.
 
 The wire form (pb.SharedGroupConfig) leaves fields at 0/"" for "default";
 this value type holds the resolved settings, checked once, and the JSON form
@@ -8,7 +8,7 @@ stored in the group's SQLite row.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from npstream.broker.errors import InvalidArgumentError
 from npstream.broker.groups.tuning import DEFAULT_ACK_WAIT_MS
@@ -19,6 +19,7 @@ __all__ = ["DEAD_LETTER_SUFFIX", "SharedConfig"]
 
 # Default dead-letter stream: "<stream>.dlq".
 DEAD_LETTER_SUFFIX = ".dlq"
+_ORDERINGS = {pb.ORDERING_NONE: "none", pb.ORDERING_KEY: "key"}
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,9 @@ class SharedConfig:
     max_deliver: int = 0  # 0 = unlimited attempts, never dead-lettered
     backoff_ms: tuple[int, ...] = ()  # delay before attempt 2, 3, ...; the last repeats
     dead_letter_stream: str = ""
+    # "none", "key" (key_order.py), or "" in a request that leaves it unspecified:
+    # the group keeps what it has (``resolved``).
+    ordering: str = "none"
 
     @classmethod
     def from_pb(cls, stream: str, message: pb.SharedGroupConfig) -> SharedConfig:
@@ -61,7 +65,14 @@ class SharedConfig:
             max_deliver=message.max_deliver,
             backoff_ms=backoff,
             dead_letter_stream=dead_letter,
+            ordering=_ORDERINGS.get(message.ordering, ""),
         )
+
+    def resolved(self, current: SharedConfig | None) -> SharedConfig:
+        """These settings with an unspecified ordering taken from ``current`` ("none": new)."""
+        if self.ordering:
+            return self
+        return replace(self, ordering=current.ordering if current is not None else "none")
 
     def backoff_after(self, attempt: int) -> int:
         """Delay (ms) before the delivery that follows failed attempt number ``attempt``."""
@@ -79,6 +90,7 @@ class SharedConfig:
             max_deliver=self.max_deliver,
             backoff_ms=list(self.backoff_ms),
             dead_letter_stream=self.dead_letter_stream,
+            ordering=(pb.ORDERING_KEY if self.ordering == "key" else pb.ORDERING_NONE),
         )
 
     def to_json(self) -> str:
@@ -87,6 +99,7 @@ class SharedConfig:
             "max_deliver": self.max_deliver,
             "backoff_ms": list(self.backoff_ms),
             "dead_letter_stream": self.dead_letter_stream,
+            "ordering": self.ordering or "none",
         }, sort_keys=True)
 
     @classmethod
@@ -100,9 +113,10 @@ class SharedConfig:
             max_deliver=int(data["max_deliver"]),
             backoff_ms=tuple(int(b) for b in data["backoff_ms"]),
             dead_letter_stream=str(data["dead_letter_stream"]),
+            ordering=str(data.get("ordering", "none")),  # absent before ordering by key
         )
 
     def same_group_settings(self, other: SharedConfig) -> bool:
         """True when the group-wide settings agree (ack_wait is per delivery, not compared)."""
-        return (self.max_deliver, self.backoff_ms, self.dead_letter_stream) == (
-            other.max_deliver, other.backoff_ms, other.dead_letter_stream)
+        return (self.max_deliver, self.backoff_ms, self.dead_letter_stream, self.ordering) == (
+            other.max_deliver, other.backoff_ms, other.dead_letter_stream, other.ordering)

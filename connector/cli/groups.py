@@ -1,4 +1,4 @@
-"""``npstream groups list|describe|seek|delete`` and ``npstream consume STREAM --group G``.
+"""``npstream groups list|describe|seek|delete|redrive`` and ``npstream consume STREAM --group G``.
 
 ``consume --group`` reads through a cursor group: it starts where the group
 is (``--from`` only applies when the group is new), prints the messages as
@@ -78,6 +78,24 @@ def register(subparsers: Any) -> None:
     add_client_options(delete)
     delete.set_defaults(handler=_delete)
 
+    redrive = commands.add_parser(
+        "redrive", help="publish dead letters back to their origin streams",
+        description="Republish the dead-letter copies of DLQ_STREAM (all, an offset range, or "
+        "those with a header value) to the streams they came from, with the original value, "
+        "key and headers plus npstream-redrive-count. Running it again stores nothing twice "
+        "while the origin stream's dedup window covers the first run.")
+    redrive.add_argument("dlq_stream", type=stream_arg, metavar="DLQ_STREAM")
+    redrive.add_argument("--from", dest="start", type=int, metavar="OFFSET",
+                         help="first offset of DLQ_STREAM (default: its start)")
+    redrive.add_argument("--to", dest="end", type=int, metavar="OFFSET",
+                         help="offset after the last one (default: its end)")
+    redrive.add_argument("--header", metavar="NAME=VALUE",
+                         help="only copies with this header value, e.g. "
+                              "npstream-dlq-group=shipping")
+    redrive.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_client_options(redrive)
+    redrive.set_defaults(handler=_redrive)
+
 
 def _print_json(data: object) -> None:
     print(json.dumps(data, indent=2))
@@ -122,6 +140,7 @@ def _describe_lines(info: GroupInfo) -> list[str]:
             f"max deliver:       {s.max_deliver or 'unlimited'}",
             f"backoff:           {', '.join(f'{b:g} s' for b in s.backoff) or 'none'}",
             f"dead-letter stream: {s.dead_letter_stream}",
+            f"ordering:          {'by key' if s.ordering == 'key' else 'none'}",
         ]
     lines.append(f"members:           {len(info.members)}")
     for m in info.members:
@@ -172,6 +191,31 @@ def _delete(args: argparse.Namespace) -> int:
     if not deleted:
         raise CliError(f"group '{args.group}' does not exist on stream '{args.stream}'")
     print(f"deleted group '{args.group}' of stream '{args.stream}'")
+    return 0
+
+
+def _redrive(args: argparse.Namespace) -> int:
+    header = None
+    if args.header is not None:
+        name, sep, value = args.header.partition("=")
+        if not sep or not name:
+            raise CliError(f"invalid --header {args.header!r}: use NAME=VALUE", 2)
+        header = (name, value)
+    with client_from_args(args) as client:
+        result = client.redrive(args.dlq_stream, start=args.start, end=args.end, header=header)
+    if args.json:
+        _print_json(result.to_dict())
+        return 0
+    start, end = result.scanned
+    print(f"redrive of '{args.dlq_stream}' [{start}, {end}): {result.total_moved} message(s) "
+          f"moved")
+    for origin in sorted(set(result.moved) | set(result.duplicates)):
+        print(f"  {origin}: {result.moved.get(origin, 0)} moved, "
+              f"{result.duplicates.get(origin, 0)} already redriven (duplicates)")
+    if result.not_matching:
+        print(f"  {result.not_matching} dead letter(s) left out by --header")
+    if result.skipped:
+        print(f"  {result.skipped} message(s) skipped: not dead-letter copies")
     return 0
 
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from npstream.groups.batch import LeaseBatch
     from npstream.groups.cursor import Consumer
     from npstream.groups.leases import Lease
+    from npstream.groups.redrive import RedriveResult
     from npstream.groups.subscription import Subscription
     from npstream.sink.client import SinkClient
 
@@ -60,13 +61,14 @@ class Client(StreamAdmin, Publisher, Reader):
         backoff: Sequence[float] | None = None,
         dead_letter_stream: str | None = None,
         member_id: str | None = None,
+        ordering: str | None = None,
     ) -> Subscription:
         from npstream.groups.subscription import subscribe
 
         return subscribe(
             self, stream, group, handler, ack_wait=ack_wait, max_in_flight=max_in_flight,
             max_deliver=max_deliver, backoff=backoff, dead_letter_stream=dead_letter_stream,
-            member_id=member_id,
+            member_id=member_id, ordering=ordering,
         )
 
     def receive(
@@ -81,12 +83,14 @@ class Client(StreamAdmin, Publisher, Reader):
         backoff: Sequence[float] | None = None,
         dead_letter_stream: str | None = None,
         member_id: str | None = None,
+        ordering: str | None = None,
     ) -> list[Lease]:
         from npstream.groups.pull import receive
 
         return receive(
             self, stream, group, max, wait=wait, ack_wait=ack_wait, max_deliver=max_deliver,
             backoff=backoff, dead_letter_stream=dead_letter_stream, member_id=member_id,
+            ordering=ordering,
         )
 
     def receive_batch(
@@ -101,6 +105,7 @@ class Client(StreamAdmin, Publisher, Reader):
         backoff: Sequence[float] | None = None,
         dead_letter_stream: str | None = None,
         member_id: str | None = None,
+        ordering: str | None = None,
         ack: LeaseBatch | None = None,
     ) -> LeaseBatch:
         from npstream.groups.batch import receive_batch
@@ -108,8 +113,15 @@ class Client(StreamAdmin, Publisher, Reader):
         return receive_batch(
             self, stream, group, max, wait=wait, ack_wait=ack_wait, max_deliver=max_deliver,
             backoff=backoff, dead_letter_stream=dead_letter_stream, member_id=member_id,
-            ack=ack,
+            ack=ack, ordering=ordering,
         )
+
+    def redrive(self, dlq_stream: str, *, start: int | None = None, end: int | None = None,
+                header: tuple[str, str] | None = None) -> RedriveResult:
+        """Publish dead letters back to their origin streams (npstream.groups.redrive)."""
+        from npstream.groups.redrive import redrive
+
+        return redrive(self, dlq_stream, start=start, end=end, header=header)
 
     def list_groups(self, stream: str) -> list[GroupInfo]:
         from npstream.groups.admin import list_groups

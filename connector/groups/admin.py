@@ -47,6 +47,7 @@ class SharedSettings:
     max_deliver: int  # 0 = unlimited
     backoff: list[float]
     dead_letter_stream: str
+    ordering: str = "none"  # "key": at most one unfinished message per key
 
     @classmethod
     def from_pb(cls, message: pb.SharedGroupConfig) -> SharedSettings:
@@ -55,6 +56,7 @@ class SharedSettings:
             max_deliver=message.max_deliver,
             backoff=[b / 1000 for b in message.backoff_ms],
             dead_letter_stream=message.dead_letter_stream,
+            ordering="key" if message.ordering == pb.ORDERING_KEY else "none",
         )
 
 

@@ -121,6 +121,7 @@ def receive_batch(
     max_deliver: int = 0,
     backoff: Sequence[float] | None = None,
     dead_letter_stream: str | None = None,
+    ordering: str | None = None,
     member_id: str | None = None,
     ack: LeaseBatch | None = None,
 ) -> LeaseBatch:
@@ -132,7 +133,8 @@ def receive_batch(
     acked by the same call, before anything is leased (one round trip per
     batch instead of two; durable when the call returns, as ``ack()``).
     """
-    config = shared_group_config(stream, ack_wait, max_deliver, backoff, dead_letter_stream)
+    config = shared_group_config(stream, ack_wait, max_deliver, backoff, dead_letter_stream,
+                                 ordering)
     check_group(group)
     if max < 1:
         raise InvalidArgument(f"max={max} must be >= 1")

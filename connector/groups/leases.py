@@ -46,10 +46,18 @@ def default_member_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+# ordering= of receive/receive_batch/subscribe -> the wire enum; None keeps the group's.
+ORDERINGS = {None: pb.ORDERING_UNSPECIFIED, "none": pb.ORDERING_NONE, "key": pb.ORDERING_KEY}
+
+
 def shared_group_config(stream: str, ack_wait: object, max_deliver: int,
-                        backoff: Sequence[object] | None, dead_letter_stream: str | None
-                        ) -> pb.SharedGroupConfig:
-    """The group settings of a receive or subscribe call, checked before any round trip."""
+                        backoff: Sequence[object] | None, dead_letter_stream: str | None,
+                        ordering: str | None = None) -> pb.SharedGroupConfig:
+    """The group settings of a receive or subscribe call, checked before any round trip.
+
+    ``ordering``: "key" (at most one unfinished message per key, redelivered
+    first), "none", or None to keep what the group has (unordered when new).
+    """
     try:
         validate_stream_name(stream)
         ack_wait_ms = parse_duration_ms(ack_wait)
@@ -62,9 +70,13 @@ def shared_group_config(stream: str, ack_wait: object, max_deliver: int,
         raise InvalidArgument(f"ack_wait={ack_wait!r} must be at least 1 ms")
     if isinstance(max_deliver, bool) or not isinstance(max_deliver, int) or max_deliver < 0:
         raise InvalidArgument(f"max_deliver={max_deliver!r} must be an int >= 0 (0 = unlimited)")
+    if ordering not in ORDERINGS:
+        raise InvalidArgument(f"ordering={ordering!r}: use 'key', 'none' or None (keep the "
+                              "group's)")
     return pb.SharedGroupConfig(ack_wait_ms=ack_wait_ms, max_deliver=max_deliver,
                                 backoff_ms=backoff_ms,
-                                dead_letter_stream=dead_letter_stream or "")
+                                dead_letter_stream=dead_letter_stream or "",
+                                ordering=ORDERINGS[ordering])
 
 
 def check_group(group: str) -> None:

@@ -39,6 +39,7 @@ def receive(
     max_deliver: int = 0,
     backoff: Sequence[float] | None = None,
     dead_letter_stream: str | None = None,
+    ordering: str | None = None,
     member_id: str | None = None,
 ) -> list[Lease]:
     """Lease up to ``max`` messages of the shared group (created on first use).
@@ -46,7 +47,8 @@ def receive(
     Redeliveries that are due come first, then new messages in offset order.
     ``wait`` seconds long-polls when there is nothing to deliver.
     """
-    config = shared_group_config(stream, ack_wait, max_deliver, backoff, dead_letter_stream)
+    config = shared_group_config(stream, ack_wait, max_deliver, backoff, dead_letter_stream,
+                                 ordering)
     check_group(group)
     if max < 1:
         raise InvalidArgument(f"max={max} must be >= 1")

@@ -68,6 +68,7 @@ def subscribe(
     max_deliver: int = 0,
     backoff: Sequence[float] | None = None,
     dead_letter_stream: str | None = None,
+    ordering: str | None = None,
     member_id: str | None = None,
 ) -> Subscription:
     """Start a push subscription; see ``npstream.groups.shared`` for the model.
@@ -76,7 +77,8 @@ def subscribe(
     a missing stream or invalid settings raise here. An unreachable broker is
     retried for FIRST_CONNECT_DEADLINE_S (15 s) before BrokerUnavailable.
     """
-    config = shared_group_config(stream, ack_wait, max_deliver, backoff, dead_letter_stream)
+    config = shared_group_config(stream, ack_wait, max_deliver, backoff, dead_letter_stream,
+                                 ordering)
     check_group(group)
     if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
         raise InvalidArgument(f"max_in_flight={max_in_flight!r} must be an int >= 1")

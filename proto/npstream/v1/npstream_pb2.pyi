@@ -33,6 +33,12 @@ class Ack(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ACK_UNSPECIFIED: _ClassVar[Ack]
     ACK_FSYNC: _ClassVar[Ack]
     ACK_WRITE: _ClassVar[Ack]
+
+class Ordering(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ORDERING_UNSPECIFIED: _ClassVar[Ordering]
+    ORDERING_NONE: _ClassVar[Ordering]
+    ORDERING_KEY: _ClassVar[Ordering]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 ERROR_REASON_INVALID_ARGUMENT: ErrorReason
 ERROR_REASON_MESSAGE_TOO_LARGE: ErrorReason
@@ -54,6 +60,9 @@ ERROR_REASON_PERMISSION_DENIED: ErrorReason
 ACK_UNSPECIFIED: Ack
 ACK_FSYNC: Ack
 ACK_WRITE: Ack
+ORDERING_UNSPECIFIED: Ordering
+ORDERING_NONE: Ordering
+ORDERING_KEY: Ordering
 
 class StreamConfig(_message.Message):
     __slots__ = ("max_age_ms", "max_bytes", "dedup_window_ms", "max_message_bytes")
@@ -515,18 +524,20 @@ class DeleteGroupResponse(_message.Message):
     def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
 
 class SharedGroupConfig(_message.Message):
-    __slots__ = ("ack_wait_ms", "max_deliver", "backoff_ms", "dead_letter_stream", "start_from")
+    __slots__ = ("ack_wait_ms", "max_deliver", "backoff_ms", "dead_letter_stream", "start_from", "ordering")
     ACK_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_DELIVER_FIELD_NUMBER: _ClassVar[int]
     BACKOFF_MS_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_STREAM_FIELD_NUMBER: _ClassVar[int]
     START_FROM_FIELD_NUMBER: _ClassVar[int]
+    ORDERING_FIELD_NUMBER: _ClassVar[int]
     ack_wait_ms: int
     max_deliver: int
     backoff_ms: _containers.RepeatedScalarFieldContainer[int]
     dead_letter_stream: str
     start_from: StartFrom
-    def __init__(self, ack_wait_ms: _Optional[int] = ..., max_deliver: _Optional[int] = ..., backoff_ms: _Optional[_Iterable[int]] = ..., dead_letter_stream: _Optional[str] = ..., start_from: _Optional[_Union[StartFrom, _Mapping]] = ...) -> None: ...
+    ordering: Ordering
+    def __init__(self, ack_wait_ms: _Optional[int] = ..., max_deliver: _Optional[int] = ..., backoff_ms: _Optional[_Iterable[int]] = ..., dead_letter_stream: _Optional[str] = ..., start_from: _Optional[_Union[StartFrom, _Mapping]] = ..., ordering: _Optional[_Union[Ordering, str]] = ...) -> None: ...
 
 class ReceiveRequest(_message.Message):
     __slots__ = ("stream", "group", "member_id", "max_messages", "wait_ms", "config", "ack_ranges")

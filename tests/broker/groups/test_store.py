@@ -98,7 +98,13 @@ def test_delete_stream_drops_only_that_streams_groups(store):
 def test_shared_config_from_pb_checks_values_and_fills_defaults():
     config = SharedConfig.from_pb("orders", pb.SharedGroupConfig())
     assert config == SharedConfig(ack_wait_ms=30_000, max_deliver=0, backoff_ms=(),
-                                  dead_letter_stream="orders.dlq")
+                                  dead_letter_stream="orders.dlq", ordering="")
+    assert config.resolved(None).ordering == "none"  # unspecified: unordered when new...
+    keyed = SharedConfig(dead_letter_stream="orders.dlq", ordering="key")
+    assert config.resolved(keyed).ordering == "key"  # ...and what the group has otherwise
+    assert SharedConfig.from_json(keyed.to_json()) == keyed
+    explicit = SharedConfig.from_pb("orders", pb.SharedGroupConfig(ordering=pb.ORDERING_NONE))
+    assert explicit.resolved(keyed).ordering == "none"
     assert [config.backoff_after(a) for a in (1, 2)] == [0, 0]
     backoff = SharedConfig.from_pb("o", pb.SharedGroupConfig(backoff_ms=[100, 500]))
     assert [backoff.backoff_after(a) for a in (1, 2, 3, 9)] == [100, 500, 500, 500]

@@ -1,0 +1,164 @@
+"""Shared-group consumption in batches, side by side with the peers (bench/groups.py section 3).
+
+One consumer drains a stream through a shared group in batches of --batch (1,000) and
+acks each batch, with the ack carried by the next request where the system allows it:
+
+  npstream  client.receive_batch(max=B, ack=<previous batch>): one ReceiveBatch round trip
+            per batch; the deliveries come as one Arrow batch, the ack as one offset range.
+  redis     XREADGROUP COUNT B + XACK of the batch's ids pipelined with the next read
+            (../shared/bench/peers/bench_redis.py, phase consume_group).
+  nats      JetStream pull consumer, MSG.NEXT {batch: B}, msg.ack() on every message
+            (bench_nats.py, phase consume).
+
+Messages are published before the clock starts (not timed), at 100 B and 1 KB. The
+memory row leases 1,000,000 messages without acking any and reports the broker's RSS
+growth per message in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from typing import Any
+
+import pyarrow as pa
+from bench_common import BrokerUnderTest, CpuMeter, create_bench_stream, rate
+from peer_runner import PEERS, peer_running, peers_dir, run_peer_script
+
+__all__ = ["inflight_memory", "npstream_batches", "peer_batches"]
+
+PUBLISH_BATCH = 10_000
+DRAIN_TIMEOUT_S = 300.0
+
+
+def _fill(client: Any, stream: str, n: int, size: int) -> None:
+    create_bench_stream(client, stream)
+    table = pa.table({"value": pa.array([os.urandom(size)] * min(PUBLISH_BATCH, n),
+                                        type=pa.binary())})
+    sent = 0
+    while sent < n:
+        k = min(table.num_rows, n - sent)
+        client.publish_batch(stream, table.slice(0, k), ack="write")
+        sent += k
+
+
+def _rss_bytes(pid: int | None) -> int:
+    if pid is None:
+        return 0
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def npstream_batches(broker: BrokerUnderTest, client: Any, n: int, size: int,
+                     batch: int) -> dict[str, Any]:
+    """Drain n messages of one stream with receive_batch(ack=previous)."""
+    stream = f"bench-batches-{uuid.uuid4().hex[:8]}"
+    _fill(client, stream, n, size)
+    group = "bench"
+    got = 0
+    current = None
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    client_cpu0 = time.process_time()
+    with CpuMeter(broker.pid) as cpu:
+        t0 = time.perf_counter()
+        while got < n and time.monotonic() < deadline:
+            current = client.receive_batch(stream, group, max=batch, wait=1.0, ack=current)
+            got += len(current)
+        if current is not None:
+            current.ack()
+        seconds = time.perf_counter() - t0
+    client_cpu = time.process_time() - client_cpu0
+    info = client.describe_group(stream, group)
+    res = rate(got, size, seconds)
+    res.update(cpu.as_dict())
+    res["client_cores_busy"] = round(client_cpu / seconds, 2) if seconds else None
+    res["all_acked"] = info.committed_offset == n and info.in_flight == 0
+    res["partial"] = got < n
+    res["method"] = f"receive_batch(max={batch}, ack=previous batch): one round trip per batch"
+    client.delete_stream(stream)
+    return res
+
+
+def inflight_memory(broker: BrokerUnderTest, client: Any, n: int, batch: int) -> dict[str, Any]:
+    """Broker RSS growth per message leased and not acked, for n messages in flight."""
+    stream = f"bench-inflight-{uuid.uuid4().hex[:8]}"
+    _fill(client, stream, n, 100)
+    held = []
+    before = _rss_bytes(broker.pid)
+    got = 0
+    while got < n:
+        leased = client.receive_batch(stream, "held", max=batch, wait=1.0, ack_wait=3600)
+        if not len(leased):
+            break
+        held.append(leased)
+        got += len(leased)
+    after = _rss_bytes(broker.pid)
+    info = client.describe_group(stream, "held")
+    for leased in held:
+        leased.ack()
+    client.delete_stream(stream)
+    return {"in_flight": info.in_flight, "rss_growth_bytes": after - before,
+            "bytes_per_message": round((after - before) / max(1, info.in_flight), 1)}
+
+
+def peer_batches(name: str, n: int, size: int, batch: int) -> dict[str, Any]:
+    """The peer's batch-consumption phase (produce first, untimed)."""
+    script = str(peers_dir() / PEERS[name][0])
+    # bench_redis.py's "consume" phase runs XRANGE and then the group read (consume_group).
+    result = "consume_group" if name == "redis" else "consume"
+    with peer_running(name):
+        print(f"# {name} shared consumption {n:,} x {size} B, batch {batch}", file=sys.stderr)
+        res = run_peer_script(script, ["--messages", str(n), "--size", str(size),
+                                       "--batch", str(batch), "--phases", "produce,consume"])
+    return {**res.get(result, {}), "durability": res.get("durability")}
+
+
+def batch_report(sizes: tuple[int, ...], batch: int, counts: list[int], ours: dict[str, Any],
+                 peers: dict[str, dict[str, Any]], labels: dict[str, str],
+                 goals_vs: dict[str, float], inflight_goal: int,
+                 ) -> tuple[list[str], list[tuple[str, bool | None, str]]]:
+    """Section 3's table lines and its goals as (name, verdict, detail)."""
+    from report import fmt, render_table
+
+    rows: list[list[str]] = []
+    goals: list[tuple[str, bool | None, str]] = []
+    for i, size in enumerate(sizes):
+        mine = ours["batches"][i] if i < len(ours["batches"]) else {}
+        rows.append(["npstream", f"{size} B", f"{counts[i]:,}", fmt(mine.get("msgs_per_s")),
+                     fmt(mine.get("mb_per_s")), "1.00x", fmt(mine.get("server_cores_busy"), 2),
+                     "yes" if mine.get("all_acked") else "no",
+                     mine.get("method", mine.get("error", "failed"))])
+        for name, peer in peers.items():
+            theirs = peer.get("batches", [])
+            res = theirs[i] if i < len(theirs) else {}
+            ratio = (mine["msgs_per_s"] / res["msgs_per_s"]
+                     if mine.get("msgs_per_s") and res.get("msgs_per_s") else None)
+            rows.append([labels[name], f"{size} B", f"{counts[i]:,}",
+                         fmt(res.get("msgs_per_s")), fmt(res.get("mb_per_s")),
+                         f"{1 / ratio:.2f}x" if ratio else "-",
+                         fmt(res.get("server_cores_busy"), 2),
+                         "yes" if res and not res.get("pending_after", 0)
+                         and not res.get("ack_pending_after", 0) else "-",
+                         res.get("method", "not measured")])
+            goal = goals_vs.get(name)
+            if goal is not None:
+                goals.append((f"shared consume + ack, batches of {batch}, {size} B: >= {goal:g}x "
+                              f"{labels[name]}", None if ratio is None else ratio >= goal,
+                              "not measured in this run" if ratio is None else
+                              f"{ratio:.2f}x ({fmt(mine['msgs_per_s'])} vs "
+                              f"{fmt(res['msgs_per_s'])} msg/s)"))
+    held = ours.get("inflight")
+    if held:
+        goals.append((f"memory per message in flight < {inflight_goal} B",
+                      held["bytes_per_message"] < inflight_goal,
+                      f"{held['bytes_per_message']} B ({held['in_flight']:,} leased, broker RSS "
+                      f"+{held['rss_growth_bytes'] / 1e6:.1f} MB)"))
+    text = [f"shared consumption in batches of {batch}, one consumer, every message acked",
+            render_table(["system", "size", "messages", "msg/s", "MB/s", "vs npstream",
+                          "server cores", "all acked", "method"], rows)]
+    return text, goals

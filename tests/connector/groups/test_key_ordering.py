@@ -1,0 +1,141 @@
+"""Shared groups ordered by key (ordering="key"), on a real broker and in the bookkeeping."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pyarrow as pa
+
+from npstream import Client
+from npstream.broker.groups.key_order import KeyOrder
+from npstream.broker.groups.leases import HELD, WAITING, LeaseTable
+from npstream.broker.groups.shared_config import SharedConfig
+
+
+def publish_keyed(client: Client, stream: str, keys: list[str | None]) -> None:
+    client.create_stream(stream, exist_ok=True)
+    client.publish_batch(stream, [{"value": f"v{i}", **({"key": k} if k else {})}
+                                  for i, k in enumerate(keys)])
+
+
+# ---------------------------------------------------------------- bookkeeping
+
+
+def batch(keys: list[bytes | None]) -> pa.RecordBatch:
+    return pa.record_batch({"key": pa.array(keys, pa.binary())})
+
+
+def test_plan_delivers_the_first_of_each_key_and_holds_the_rest():
+    order = KeyOrder()
+    runs = order.plan(10, [batch([b"a", b"b", b"a", None, b"c", b"b"])])
+    assert [(deliver, sum(len(p) for p in parts)) for deliver, parts in runs] == [
+        (True, 2), (False, 1), (True, 2), (False, 1)]
+    assert order.held == 2
+    # a: 10 busy, 12 held; b: 11 busy, 15 held; c: 14 busy; 13 has no key
+    assert order.finished([(10, 11)], lambda o: True) == [12]
+    assert order.finished([(12, 13)], lambda o: True) == []
+    assert order.finished([(11, 16)], lambda o: o != 14) == [15]
+    assert order.held == 0
+
+
+def test_plan_across_parts_and_a_busy_key_from_an_earlier_plan():
+    order = KeyOrder()
+    order.plan(0, [batch([b"a"])])
+    runs = order.plan(1, [batch([b"a", b"b"]), [], batch([b"b", None])])
+    assert [(d, sum(len(p) for p in parts)) for d, parts in runs] == [
+        (False, 1), (True, 1), (False, 1), (True, 1)]
+
+
+def test_drop_below_releases_the_first_held_offset_still_in_the_log():
+    order = KeyOrder()
+    order.plan(0, [batch([b"a", b"a", b"a", b"a"])])
+    assert order.drop_below(2) == [2]
+    assert order.finished([(2, 3)], lambda o: True) == [3]
+
+
+def test_held_spans_are_unfinished_and_released_one_at_a_time():
+    t = LeaseTable(0, SharedConfig(dead_letter_stream="s.dlq", ordering="key"))
+    t.lease_fresh("m", 0, 1, 0, 100)
+    t.hold_fresh(1, 3)
+    assert (t.committed, t.unfinished, t.in_flight) == (0, 4, 1)
+    assert t.ack([1], "m", 5) == 0  # a held message was never delivered: no ack for it
+    assert t.release_held(2, 10) and not t.release_held(2, 10)
+    assert [(s.start, s.end, s.state) for s in t.spans()] == [
+        (0, 1, "leased"), (1, 2, HELD), (2, 3, WAITING), (3, 4, HELD)]
+    (ready,) = t.lease_ready("m", 10, 100, 10)
+    assert (ready.start, ready.end, ready.attempt) == (2, 3, 1)  # its first delivery
+    assert t.release_all_held(20) == 2
+
+
+# ---------------------------------------------------------------- on a broker
+
+
+def test_a_key_is_never_delivered_twice_at_once_and_keyless_messages_are_free(
+        client, stream_name):
+    publish_keyed(client, stream_name, ["a", "a", None, "b", None, "a", "b"])
+    first = client.receive_batch(stream_name, "g", max=10, ordering="key")
+    assert first.offsets.tolist() == [0, 2, 3, 4]
+    assert client.receive_batch(stream_name, "g", max=10).offsets.tolist() == []
+    first.nack([0])  # the nacked one comes back before anything later of its key
+    again = client.receive_batch(stream_name, "g", max=10)
+    assert again.offsets.tolist() == [0]
+    assert again.table.column("attempt").to_pylist() == [2]
+    again.ack()
+    first.ack([3])
+    assert client.receive_batch(stream_name, "g", max=10, wait=2).offsets.tolist() == [1, 6]
+    info = client.describe_group(stream_name, "g")
+    assert info.settings is not None and info.settings.ordering == "key"
+
+
+def test_four_members_with_nacks_and_expiries_process_each_key_in_offset_order(
+        client, stream_name):
+    rng = random.Random(16)
+    keys = [f"k{rng.randint(0, 24)}" for _ in range(1500)]
+    publish_keyed(client, stream_name, keys)
+    processed: dict[str, list[int]] = {}
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def member(index: int) -> None:
+        local = random.Random(index)
+        with Client(client.address) as own:
+            while not done.is_set():
+                leases = own.receive(stream_name, "workers", max=20, wait=0.2, ack_wait=0.3,
+                                     ordering="key", member_id=f"m{index}")
+                for lease in leases:
+                    roll = local.random()
+                    if roll < 0.1:
+                        lease.nack()
+                    elif roll < 0.15:
+                        continue  # let the lease expire
+                    else:
+                        with lock:
+                            processed.setdefault(lease.key.decode(), []).append(lease.offset)
+                        lease.ack()
+
+    threads = [threading.Thread(target=member, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if client.describe_group(stream_name, "workers").committed_offset == len(keys):
+            break
+        time.sleep(0.1)
+    done.set()
+    for thread in threads:
+        thread.join(30)
+    expected: dict[str, list[int]] = {}
+    for offset, key in enumerate(keys):
+        expected.setdefault(key, []).append(offset)
+    assert processed == expected  # every message once, each key in offset order
+
+
+def test_switching_ordering_off_releases_held_messages(client, stream_name):
+    publish_keyed(client, stream_name, ["a", "a", "a"])
+    held = client.receive_batch(stream_name, "g", max=10, ordering="key")
+    assert held.offsets.tolist() == [0]
+    rest = client.receive_batch(stream_name, "g", max=10, ordering="none")
+    assert rest.offsets.tolist() == [1, 2]
+    assert held.ack() + rest.ack() == 3
