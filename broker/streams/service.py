@@ -35,6 +35,7 @@ from npstream.broker.errors import (
     CorruptRecordError,
     InvalidArgumentError,
     StreamNeedsRepairError,
+    StreamNotFoundError,
 )
 from npstream.broker.faults import PublishFault
 from npstream.broker.rpc.registration import add_service
@@ -413,6 +414,33 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
             pb.StreamOffsets(stream=name, start_offset=start, end_offset=end)
             for name, start, end in rows
         ])
+
+
+    @rpc_method
+    def StreamStats(self, request: pb.StreamStatsRequest,
+                    context: grpc.ServicerContext) -> pb.StreamStatsResponse:
+        """Streams as DescribeStream reports them, with their traffic since start (top)."""
+        self._access.require_all(context, request.streams, Right.READ)
+        visible = self._access.readable(context) if self._access.enabled else None
+        names = dict.fromkeys(check_stream_name(name) for name in request.streams)
+        for name in names:
+            if name not in self._registry:
+                raise StreamNotFoundError(name)
+        if request.pattern:
+            names.update(dict.fromkeys(n for n in self._registry.matching(pattern=request.pattern)
+                                       if visible is None or visible(n)))
+        reply = pb.StreamStatsResponse(broker_time_ms=int(time.time() * 1000),
+                                       broker_start_ms=self._metrics.started_ms)
+        for name in sorted(names):
+            try:
+                status = self._registry.describe(name)
+            except StreamNotFoundError:  # deleted meanwhile; only named ones are errors
+                continue
+            activity = self._metrics.activity(name)
+            reply.streams.add(stream=stream_info(status), messages_in=activity.messages_in,
+                              bytes_in=activity.bytes_in, messages_out=activity.messages_out,
+                              bytes_out=activity.bytes_out)
+        return reply
 
 
 def add_to_server(server: grpc.Server, ctx: BrokerContext) -> None:

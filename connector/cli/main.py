@@ -17,6 +17,7 @@ from npstream.cli import consume as cli_consume
 from npstream.cli import groups as cli_groups
 from npstream.cli import produce as cli_produce
 from npstream.cli import streams as cli_streams
+from npstream.cli import top as cli_top
 from npstream.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, CliError, CliParser
 from npstream.errors import NpstreamError
 
@@ -41,6 +42,7 @@ def build_parser() -> CliParser:
     cli_produce.register(subparsers)
     cli_consume.register(subparsers)
     cli_groups.register(subparsers)
+    cli_top.register(subparsers)
     return parser
 
 

@@ -24,8 +24,10 @@ __all__ = [
     "PublishResult",
     "RepairResult",
     "SchemaVersion",
+    "StreamActivity",
     "StreamConfig",
     "StreamInfo",
+    "StreamStats",
 ]
 
 
@@ -166,6 +168,41 @@ class StreamInfo:
         if self.error:
             parts.append(f"error={self.error!r}")
         return f"StreamInfo({', '.join(parts)})"
+
+
+@dataclass(frozen=True)
+class StreamActivity:
+    """One stream and its traffic since the broker started (``Client.stream_stats``).
+
+    In: messages stored by publishes and Spark sink commits, and the Arrow
+    bytes of the publishes. Out: messages handed to readers (fetch,
+    read_range, local reads, group pulls and deliveries) and the stored bytes
+    of range reads. Counters, not rates: two calls apart give the rates.
+    """
+
+    info: StreamInfo
+    messages_in: int
+    bytes_in: int
+    messages_out: int
+    bytes_out: int
+
+
+@dataclass(frozen=True)
+class StreamStats:
+    """``Client.stream_stats``: the streams, and the broker clock the counts were read at."""
+
+    streams: list[StreamActivity]
+    broker_time_ms: int   # when the counts were read
+    broker_start_ms: int  # when they started (a restart resets them)
+
+    @classmethod
+    def from_pb(cls, message: pb.StreamStatsResponse) -> StreamStats:
+        return cls(
+            streams=[StreamActivity(StreamInfo.from_pb(a.stream), a.messages_in, a.bytes_in,
+                                    a.messages_out, a.bytes_out) for a in message.streams],
+            broker_time_ms=message.broker_time_ms,
+            broker_start_ms=message.broker_start_ms,
+        )
 
 
 @dataclass(frozen=True)

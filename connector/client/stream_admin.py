@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from npstream.client.checks import Duration, Size, checked_offset, checked_stream, parsed
 from npstream.client.core import ClientCore
-from npstream.client.models import RepairResult, StreamInfo
+from npstream.client.models import RepairResult, StreamInfo, StreamStats
 from npstream.errors import InvalidArgumentType, InvalidSchema
 from npstream.proto import pb
 from npstream.proto.defaults import DEFAULT_LIST_PAGE_SIZE
@@ -124,6 +124,18 @@ class StreamAdmin(ClientCore):
             token = response.next_page_token
             if not token:
                 return streams
+
+    def stream_stats(self, pattern: str | None = "*",
+                     streams: list[str] | tuple[str, ...] = ()) -> StreamStats:
+        """The streams matching the glob ``pattern`` (default all) and the named ``streams``,
+        each with its traffic since the broker started (one call; ``npstream top``).
+
+        Only the streams the token may read; a named stream that does not exist
+        is ``StreamNotFound``. Two calls apart give the rates.
+        """
+        request = pb.StreamStatsRequest(streams=[checked_stream(s) for s in streams],
+                                        pattern=pattern or "")
+        return StreamStats.from_pb(self.call("StreamService.StreamStats", request))
 
     def update_stream(
         self,

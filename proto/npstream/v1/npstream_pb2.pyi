@@ -200,6 +200,38 @@ class RepairStreamResponse(_message.Message):
     detail: str
     def __init__(self, stream: _Optional[_Union[StreamInfo, _Mapping]] = ..., truncated_bytes: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
+class StreamStatsRequest(_message.Message):
+    __slots__ = ("streams", "pattern")
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
+    streams: _containers.RepeatedScalarFieldContainer[str]
+    pattern: str
+    def __init__(self, streams: _Optional[_Iterable[str]] = ..., pattern: _Optional[str] = ...) -> None: ...
+
+class StreamActivity(_message.Message):
+    __slots__ = ("stream", "messages_in", "bytes_in", "messages_out", "bytes_out")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_IN_FIELD_NUMBER: _ClassVar[int]
+    BYTES_IN_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_OUT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
+    stream: StreamInfo
+    messages_in: int
+    bytes_in: int
+    messages_out: int
+    bytes_out: int
+    def __init__(self, stream: _Optional[_Union[StreamInfo, _Mapping]] = ..., messages_in: _Optional[int] = ..., bytes_in: _Optional[int] = ..., messages_out: _Optional[int] = ..., bytes_out: _Optional[int] = ...) -> None: ...
+
+class StreamStatsResponse(_message.Message):
+    __slots__ = ("streams", "broker_time_ms", "broker_start_ms")
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    BROKER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    BROKER_START_MS_FIELD_NUMBER: _ClassVar[int]
+    streams: _containers.RepeatedCompositeFieldContainer[StreamActivity]
+    broker_time_ms: int
+    broker_start_ms: int
+    def __init__(self, streams: _Optional[_Iterable[_Union[StreamActivity, _Mapping]]] = ..., broker_time_ms: _Optional[int] = ..., broker_start_ms: _Optional[int] = ...) -> None: ...
+
 class Message(_message.Message):
     __slots__ = ("id", "key", "value", "headers")
     class HeadersEntry(_message.Message):

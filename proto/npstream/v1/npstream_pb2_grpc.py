@@ -215,6 +215,11 @@ class StreamServiceStub:
                 request_serializer=npstream_dot_v1_dot_npstream__pb2.PublishRequest.SerializeToString,
                 response_deserializer=npstream_dot_v1_dot_npstream__pb2.PublishResponse.FromString,
                 _registered_method=True)
+        self.StreamStats = channel.unary_unary(
+                '/npstream.v1.StreamService/StreamStats',
+                request_serializer=npstream_dot_v1_dot_npstream__pb2.StreamStatsRequest.SerializeToString,
+                response_deserializer=npstream_dot_v1_dot_npstream__pb2.StreamStatsResponse.FromString,
+                _registered_method=True)
 
 
 class StreamServiceServicer:
@@ -303,6 +308,13 @@ class StreamServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamStats(self, request, context):
+        """Streams with their traffic since the broker started (StreamStatsRequest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StreamServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -365,6 +377,11 @@ def add_StreamServiceServicer_to_server(servicer, server):
                     servicer.PublishStream,
                     request_deserializer=npstream_dot_v1_dot_npstream__pb2.PublishRequest.FromString,
                     response_serializer=npstream_dot_v1_dot_npstream__pb2.PublishResponse.SerializeToString,
+            ),
+            'StreamStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.StreamStats,
+                    request_deserializer=npstream_dot_v1_dot_npstream__pb2.StreamStatsRequest.FromString,
+                    response_serializer=npstream_dot_v1_dot_npstream__pb2.StreamStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -691,6 +708,33 @@ class StreamService:
             '/npstream.v1.StreamService/PublishStream',
             npstream_dot_v1_dot_npstream__pb2.PublishRequest.SerializeToString,
             npstream_dot_v1_dot_npstream__pb2.PublishResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/npstream.v1.StreamService/StreamStats',
+            npstream_dot_v1_dot_npstream__pb2.StreamStatsRequest.SerializeToString,
+            npstream_dot_v1_dot_npstream__pb2.StreamStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

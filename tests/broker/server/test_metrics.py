@@ -23,7 +23,7 @@ import pyarrow as pa
 import pytest
 
 from harness import BrokerProcess
-from npstream import Client
+from npstream import Client, PermissionDenied, StreamNotFound
 from npstream.proto import pb, pb_grpc
 
 
@@ -79,6 +79,24 @@ def test_stream_series_and_latency_histograms_follow_a_known_workload(broker, cl
     assert trimmed[series("m-s", "stream_start_offset")] == 6
     assert trimmed[series("m-s", "stream_oldest_message_age_seconds")] >= 1.0
     assert trimmed["npstream_retained_bytes"] >= trimmed[series("m-s", "stream_retained_bytes")]
+
+
+def test_stream_stats_rpc_reports_the_same_counts(broker, client):
+    client.publish_batch("m-t", [{"value": b"abc"}] * 5)
+    client.fetch("m-t", offset=1)
+    stats = client.stream_stats(pattern="m-t*")
+    assert [a.info.name for a in stats.streams] == ["m-t"]
+    activity = stats.streams[0]
+    assert (activity.info.end_offset, activity.messages_in, activity.messages_out) == (5, 5, 4)
+    m = broker.metrics()
+    assert activity.bytes_in == m[series("m-t", "stream_bytes_in_total")]
+    assert activity.bytes_out == m[series("m-t", "stream_bytes_out_total")]
+    assert stats.broker_start_ms <= stats.broker_time_ms <= time.time() * 1000 + 1000
+    named = client.stream_stats(pattern=None, streams=["m-t"])
+    assert [a.info.name for a in named.streams] == ["m-t"]
+    assert client.stream_stats(pattern=None).streams == []
+    with pytest.raises(StreamNotFound):
+        client.stream_stats(streams=["m-t-missing"])
 
 
 def test_group_series_follow_cursor_and_shared_groups(broker, client):
@@ -243,6 +261,10 @@ def test_metrics_follow_the_tokens_when_auth_is_on(broker_factory, tmp_path):
         status, text, _ = _get(url, basic)
         assert status == 200 and 'stream="a1"' in text and 'stream="b1"' not in text
     assert "metrics-reader-7c6b" not in broker.log_text()
+    with Client(broker.address, token="metrics-reader-7c6b") as client:
+        assert [a.info.name for a in client.stream_stats().streams] == ["a1"]
+        with pytest.raises(PermissionDenied):
+            client.stream_stats(streams=["b1"])
 
 
 def test_metrics_port_serves_https_with_tls(broker_factory, tls_files):
