@@ -1,6 +1,8 @@
 # The two README commands. Both set up everything a fresh machine lacks:
-# a Java 17+ runtime (apt-get, only when `java` is absent or too old), the
-# virtualenv .venv and the package with its dev extras.
+# a Java 17+ runtime (apt-get, only when `java` is absent or too old), a
+# headless Chromium for the web console's browser tests (Debian's `chromium`,
+# apt-get, only when absent), the virtualenv .venv and the package with its
+# dev extras.
 #
 #   make demo   broker + producer + Spark sensor pipeline, results on the console
 #   make test   the whole test suite (what .ci/run runs)
@@ -12,7 +14,7 @@ STAMP := $(VENV)/.npstream-installed
 PYTEST_ARGS ?=
 TYPECHECK_TREE := build/typecheck
 
-.PHONY: demo test setup java lint typecheck-tree proto clean
+.PHONY: demo test setup java chromium lint typecheck-tree proto clean
 
 demo: setup
 	$(PY) examples/sensor_pipeline/run_demo.py
@@ -20,12 +22,19 @@ demo: setup
 test: setup lint
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest $(PYTEST_ARGS)
 
-setup: java $(STAMP)
+setup: java chromium $(STAMP)
 
 java:
 	@if ! java -version 2>&1 | grep -qE 'version "(1[7-9]|[2-9][0-9])'; then \
 		echo "installing a Java 17+ runtime (apt-get)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; \
+	fi
+
+# tests/broker/console drive a real headless Chromium (tests/browser.py).
+chromium:
+	@if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then \
+		echo "installing a headless Chromium for the web console tests (apt-get)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	fi
 
 $(STAMP): pyproject.toml

@@ -62,7 +62,10 @@ function age(ms, now) {
 
 function seconds(value) {
   if (!value) return "0 s";
-  return value < 120 ? value.toFixed(1) + " s" : (value / 60).toFixed(1) + " min";
+  if (value < 120) return value.toFixed(1) + " s";
+  if (value < 7200) return (value / 60).toFixed(1) + " min";
+  if (value < 172800) return (value / 3600).toFixed(1) + " h";
+  return (value / 86400).toFixed(1) + " d";
 }
 
 class Unauthorized extends Error {}
@@ -258,7 +261,7 @@ async function groupsPage() {
 }
 
 // A line chart of several series over time (SVG, drawn here: no chart library).
-function chart(id, title, unit, times, series) {
+function chart(id, title, unit, times, series, format) {
   const W = 1000, H = 260, L = 60, R = 10, T = 12, B = 26;
   const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
@@ -280,7 +283,7 @@ function chart(id, title, unit, times, series) {
   for (let i = 0; i <= 4; i += 1) {
     const v = (max * i) / 4;
     add("line", {x1: L, x2: W - R, y1: y(v), y2: y(v), class: "axis"});
-    add("text", {x: L - 6, y: y(v) + 4, "text-anchor": "end"}, rate(v));
+    add("text", {x: L - 6, y: y(v) + 4, "text-anchor": "end"}, format(v));
   }
   add("text", {x: L, y: H - 8}, new Date(t0 * 1000).toISOString().slice(11, 19));
   add("text", {x: W - R, y: H - 8, "text-anchor": "end"},
@@ -301,7 +304,7 @@ function chart(id, title, unit, times, series) {
                         "data-series": name});
     const last = values.filter((v) => v !== null).at(-1);
     const item = el("span", {"data-series": name,
-                             text: `${name}: ${last === undefined ? "–" : rate(last)} ${unit}`});
+                             text: `${name}: ${last === undefined ? "–" : format(last)} ${unit}`});
     item.style.setProperty("--swatch", color);
     legend.append(item);
   });
@@ -311,10 +314,12 @@ function chart(id, title, unit, times, series) {
 
 async function chartsPage() {
   const history = await api("history");
+  const span = history.times.length > 1 ? history.times.at(-1) - history.times[0] : 0;
   return [el("div", {class: "charts"},
-    chart("rate-chart", `Publish rate (messages/s, last ${Math.round(history.times.length *
-      history.interval_s / 60)} min)`, "msg/s", history.times, history.rates),
-    chart("lag-chart", "Group lag (messages)", "messages", history.times, history.lags))];
+    chart("rate-chart", `Publish rate (messages/s, last ${seconds(span)})`, "msg/s",
+          history.times, history.rates, rate),
+    chart("lag-chart", "Group lag (messages)", "messages", history.times, history.lags,
+          (v) => num(Math.round(v))))];
 }
 
 // ------------------------------------------------------------------ routing
@@ -325,9 +330,14 @@ function route() {
   return {page, arg: decodeURIComponent(rest.join("/"))};
 }
 
-async function render() {
+async function render(refresh) {
   clearTimeout(state.timer);
   const {page, arg} = route();
+  const typing = document.activeElement && document.activeElement.closest("form");
+  if (refresh && typing) {  // do not redraw under someone typing a seek or a token
+    state.timer = setTimeout(() => render(true), REFRESH_MS);
+    return;
+  }
   for (const link of document.querySelectorAll("nav a")) {
     link.classList.toggle("active", link.dataset.page === page ||
                           (page === "stream" && link.dataset.page === "streams"));
@@ -354,7 +364,7 @@ async function render() {
     }
     main.replaceChildren(el("p", {class: "error", id: "error", text: String(error.message || error)}));
   }
-  state.timer = setTimeout(render, REFRESH_MS);
+  state.timer = setTimeout(() => render(true), REFRESH_MS);
 }
 
 async function overview() {
