@@ -26,17 +26,22 @@ from typing import Any
 import pyarrow as pa
 from bench_common import BrokerUnderTest, CpuMeter, create_bench_stream, rate
 from peer_runner import PEERS, peer_running, peers_dir, run_peer_script
+from transport_floor import FloorServer, measure_floor_batches
 
-__all__ = ["inflight_memory", "npstream_batches", "peer_batches"]
+__all__ = ["floor_batches", "inflight_memory", "npstream_batches", "peer_batches"]
 
 PUBLISH_BATCH = 10_000
 DRAIN_TIMEOUT_S = 300.0
 
 
-def _fill(client: Any, stream: str, n: int, size: int) -> None:
+def _fill(client: Any, stream: str, n: int, size: int, keys: int = 0) -> None:
+    """n messages of ``size`` bytes; with ``keys``, keyed k0..k<keys-1> round-robin."""
     create_bench_stream(client, stream)
-    table = pa.table({"value": pa.array([os.urandom(size)] * min(PUBLISH_BATCH, n),
-                                        type=pa.binary())})
+    rows = min(PUBLISH_BATCH, n)
+    columns = {"value": pa.array([os.urandom(size)] * rows, type=pa.binary())}
+    if keys:
+        columns["key"] = pa.array([f"k{i % keys}".encode() for i in range(rows)], pa.binary())
+    table = pa.table(columns)
     sent = 0
     while sent < n:
         k = min(table.num_rows, n - sent)
@@ -55,10 +60,10 @@ def _rss_bytes(pid: int | None) -> int:
 
 
 def npstream_batches(broker: BrokerUnderTest, client: Any, n: int, size: int,
-                     batch: int) -> dict[str, Any]:
+                     batch: int, keys: int = 0, ordering: str | None = None) -> dict[str, Any]:
     """Drain n messages of one stream with receive_batch(ack=previous)."""
     stream = f"bench-batches-{uuid.uuid4().hex[:8]}"
-    _fill(client, stream, n, size)
+    _fill(client, stream, n, size, keys)
     group = "bench"
     got = 0
     current = None
@@ -67,7 +72,8 @@ def npstream_batches(broker: BrokerUnderTest, client: Any, n: int, size: int,
     with CpuMeter(broker.pid) as cpu:
         t0 = time.perf_counter()
         while got < n and time.monotonic() < deadline:
-            current = client.receive_batch(stream, group, max=batch, wait=1.0, ack=current)
+            current = client.receive_batch(stream, group, max=batch, wait=1.0, ack=current,
+                                           ordering=ordering)
             got += len(current)
         if current is not None:
             current.ack()
@@ -79,7 +85,9 @@ def npstream_batches(broker: BrokerUnderTest, client: Any, n: int, size: int,
     res["client_cores_busy"] = round(client_cpu / seconds, 2) if seconds else None
     res["all_acked"] = info.committed_offset == n and info.in_flight == 0
     res["partial"] = got < n
-    res["method"] = f"receive_batch(max={batch}, ack=previous batch): one round trip per batch"
+    res["method"] = (f"receive_batch(max={batch}, ack=previous batch): one round trip per batch"
+                     + (f", {keys:,} keys" if keys else "")
+                     + (f", ordering={ordering}" if ordering else ""))
     client.delete_stream(stream)
     return res
 
@@ -104,6 +112,14 @@ def inflight_memory(broker: BrokerUnderTest, client: Any, n: int, batch: int) ->
     client.delete_stream(stream)
     return {"in_flight": info.in_flight, "rss_growth_bytes": after - before,
             "bytes_per_message": round((after - before) / max(1, info.in_flight), 1)}
+
+
+def floor_batches(n: int, size: int, batch: int) -> dict[str, Any]:
+    """The same drain from the trivial gRPC server (transport_floor.py): the transport's ceiling."""
+    with FloorServer() as server:
+        print(f"# grpc-floor batch consumption {n:,} x {size} B, batch {batch}",
+              file=sys.stderr)
+        return measure_floor_batches(server, n, size, batch)
 
 
 def peer_batches(name: str, n: int, size: int, batch: int) -> dict[str, Any]:
@@ -133,6 +149,14 @@ def batch_report(sizes: tuple[int, ...], batch: int, counts: list[int], ours: di
                      fmt(mine.get("mb_per_s")), "1.00x", fmt(mine.get("server_cores_busy"), 2),
                      "yes" if mine.get("all_acked") else "no",
                      mine.get("method", mine.get("error", "failed"))])
+        floor = ours.get("floor_batches", [])
+        if i < len(floor):
+            f = floor[i]
+            rows.append(["grpc-floor", f"{size} B", f"{counts[i]:,}", fmt(f.get("msgs_per_s")),
+                         fmt(f.get("mb_per_s")),
+                         f"{f['msgs_per_s'] / mine['msgs_per_s']:.2f}x"
+                         if mine.get("msgs_per_s") and f.get("msgs_per_s") else "-",
+                         fmt(f.get("server_cores_busy"), 2), "-", f.get("method", "")])
         for name, peer in peers.items():
             theirs = peer.get("batches", [])
             res = theirs[i] if i < len(theirs) else {}
@@ -152,6 +176,17 @@ def batch_report(sizes: tuple[int, ...], batch: int, counts: list[int], ours: di
                               "not measured in this run" if ratio is None else
                               f"{ratio:.2f}x ({fmt(mine['msgs_per_s'])} vs "
                               f"{fmt(res['msgs_per_s'])} msg/s)"))
+    keyed = ours.get("keyed") or []
+    if len(keyed) == 2 and all("msgs_per_s" in r for r in keyed):
+        free, ordered = keyed
+        for label, r in (("npstream, keyed", free), ("npstream, ordering=key", ordered)):
+            rows.append([label, f"{sizes[0]} B", "-", fmt(r["msgs_per_s"]), fmt(r["mb_per_s"]),
+                         "-", fmt(r.get("server_cores_busy"), 2),
+                         "yes" if r.get("all_acked") else "no", r["method"]])
+        ratio = ordered["msgs_per_s"] / free["msgs_per_s"]
+        goals.append(("ordering=key with many keys within 20% of unordered (same keyed data)",
+                      ratio >= 0.8, f"{ratio:.2f}x ({fmt(ordered['msgs_per_s'])} vs "
+                      f"{fmt(free['msgs_per_s'])} msg/s)"))
     held = ours.get("inflight")
     if held:
         goals.append((f"memory per message in flight < {inflight_goal} B",

@@ -48,7 +48,13 @@ from bench_common import (
     stamp_of,
     stamped,
 )
-from group_batches import batch_report, inflight_memory, npstream_batches, peer_batches
+from group_batches import (
+    batch_report,
+    floor_batches,
+    inflight_memory,
+    npstream_batches,
+    peer_batches,
+)
 from peer_runner import peer_running, run_peer_script
 from report import Goal, Info, fmt, render_table, run_comparison
 from transport_floor import FloorServer, floor_info, measure_floor_latency
@@ -84,6 +90,7 @@ BATCH_SIZES = (100, 1000)
 GOAL_VS_REDIS = 3.0
 GOAL_VS_NATS = 5.0
 GOAL_INFLIGHT_BYTES = 100
+ORDERING_KEYS = 10_000         # section 3: distinct keys of the ordering=key rows
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -289,6 +296,14 @@ def run_npstream(a: argparse.Namespace) -> dict[str, Any]:
                 print(f"# npstream shared consumption {n:,} x {size} B, batch {a.batch}",
                       file=sys.stderr)
                 out["batches"].append(npstream_batches(broker, client, n, size, a.batch))
+            out["floor_batches"] = [floor_batches(_batch_count(a, size), size, a.batch)
+                                    for size in BATCH_SIZES]
+            keyed = _batch_count(a, BATCH_SIZES[0])
+            for ordering in (None, "key"):
+                print(f"# npstream keyed consumption {keyed:,} x {BATCH_SIZES[0]} B, "
+                      f"{ORDERING_KEYS:,} keys, ordering={ordering}", file=sys.stderr)
+                out.setdefault("keyed", []).append(npstream_batches(
+                    broker, client, keyed, BATCH_SIZES[0], a.batch, ORDERING_KEYS, ordering))
             print(f"# npstream {a.inflight_messages:,} messages in flight", file=sys.stderr)
             out["inflight"] = inflight_memory(broker, client, a.inflight_messages, a.batch)
     with BrokerUnderTest() as broker, Client(broker.address) as client:

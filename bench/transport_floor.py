@@ -20,6 +20,8 @@ methods:
   with the end offset only, the consumer's starting point).
 * ``Tail`` (server-streaming): one empty message once subscribed at the end of the log,
   then every new message as it arrives.
+* ``Fill`` (unary): append ``count`` random messages of ``size`` bytes at once, so the
+  batch-consumption floor (bench/group_batches.py) starts from a full log.
 
 The latency is measured by bench/latency_probe.probe_latency, exactly as for our broker:
 same message count, rate, stamps, consumer process, ready/settle handshake and summary.
@@ -65,6 +67,7 @@ TAIL_IDLE_CHECK_S = 1.0
 _FETCH_REQUEST = struct.Struct("<qId")  # offset (-1: end offset only), max messages, wait s
 _OFFSET = struct.Struct("<q")           # Fetch reply header: the next offset to ask for
 _LENGTH = struct.Struct("<I")           # Fetch reply: each message's length, then its bytes
+_FILL_REQUEST = struct.Struct("<qI")    # Fill: message count, message bytes
 
 
 class _Log:
@@ -97,6 +100,14 @@ class _Log:
             parts += (_LENGTH.pack(len(value)), value)
         return b"".join(parts)
 
+    def fill(self, request: bytes, context: Any) -> bytes:
+        count, size = _FILL_REQUEST.unpack(request)
+        value = os.urandom(size)
+        with self.cond:
+            self.values.extend([value] * count)
+            self.cond.notify_all()
+        return b""
+
     def tail(self, request: bytes, context: Any) -> Iterator[bytes]:
         with self.cond:
             position = len(self.values)
@@ -124,6 +135,7 @@ def _serve(port_q: Any, stop: Any) -> None:
         "Publish": grpc.unary_unary_rpc_method_handler(log.publish),
         "Fetch": grpc.unary_unary_rpc_method_handler(log.fetch),
         "Tail": grpc.unary_stream_rpc_method_handler(log.tail),
+        "Fill": grpc.unary_unary_rpc_method_handler(log.fill),
     }),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
@@ -244,6 +256,34 @@ def measure_floor_latency(server: FloorServer, consumer: str, *, size: int, fill
         res["producer_cpu_us_per_msg"] = round(cpu.client_s / sent * 1e6)
         if cpu.server_s is not None:
             res["server_cpu_us_per_msg"] = round(cpu.server_s / sent * 1e6)
+    return res
+
+
+def measure_floor_batches(server: FloorServer, n: int, size: int, batch: int) -> dict[str, Any]:
+    """Batch consumption from the trivial server: Fetch ``batch`` messages per call, no acks.
+
+    The throughput ceiling of a Python gRPC server handing out batches on this
+    machine (no storage, no leases, no Arrow): one unary round trip per batch,
+    as receive_batch(ack=previous) makes.
+    """
+    import grpc
+    from bench_common import CpuMeter, rate
+
+    with grpc.insecure_channel(server.address) as channel:
+        channel.unary_unary(f"/{SERVICE}/Fill")(_FILL_REQUEST.pack(n, size),
+                                                 timeout=CALL_MARGIN_S)
+        fetch = channel.unary_unary(f"/{SERVICE}/Fetch")
+        offset = 0
+        with CpuMeter(server.pid) as cpu:
+            t0 = time.perf_counter()
+            while offset < n:
+                reply = fetch(_FETCH_REQUEST.pack(offset, batch, 0.0), timeout=CALL_MARGIN_S)
+                (offset,) = _OFFSET.unpack_from(reply, 0)
+            seconds = time.perf_counter() - t0
+    res = rate(n, size, seconds)
+    res.update(cpu.as_dict())
+    res["method"] = (f"trivial Python gRPC server: Fetch {batch} length-prefixed messages per "
+                     "unary call from memory, no storage, no acks")
     return res
 
 

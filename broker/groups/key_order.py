@@ -67,6 +67,10 @@ class KeyOrder:
         offset = first
         for part in parts:
             keys = _keys(part)
+            if self._all_free(keys, offset):
+                add(True, part)
+                offset += len(keys)
+                continue
             start = 0
             decision: bool | None = None
             for i, key in enumerate(keys):
@@ -79,6 +83,18 @@ class KeyOrder:
                 add(decision, part if start == 0 else _slice(part, start, len(keys)))
             offset += len(keys)
         return runs
+
+    def _all_free(self, keys: list[bytes | None], first: int) -> bool:
+        """The common case with many keys, decided in bulk: no key of ``keys`` is busy and
+        none repeats, so every row is delivered; their keys are marked busy."""
+        present = [k for k in keys if k is not None]
+        distinct = set(present)
+        if len(distinct) != len(present) or not self._busy.keys().isdisjoint(distinct):
+            return False
+        pairs = [(k, first + i) for i, k in enumerate(keys) if k is not None]
+        self._busy.update(pairs)
+        self._key_of.update((o, k) for k, o in pairs)
+        return True
 
     def _take(self, key: bytes, offset: int) -> bool:
         """True: ``offset`` may be delivered (its key becomes busy); False: it is held."""
@@ -97,14 +113,19 @@ class KeyOrder:
         really finished (an ack of a message being dead-lettered is not).
         """
         released: list[int] = []
+        key_of = self._key_of
         for lo, hi in ranges:
-            if hi - lo <= len(self._key_of):
-                busy = [o for o in range(lo, hi) if o in self._key_of]
+            if hi - lo <= len(key_of):
+                busy = [o for o in range(lo, hi) if o in key_of]
             else:
-                busy = [o for o in self._key_of if lo <= o < hi]
-            for offset in busy:
-                if is_finished(offset):
-                    released += self._next(offset, lo_bound=None)
+                busy = [o for o in key_of if lo <= o < hi]
+            done = [o for o in busy if is_finished(o)]
+            if not self._held:  # nothing waits: free the keys in bulk
+                for offset in done:
+                    del self._busy[key_of.pop(offset)]
+                continue
+            for offset in done:
+                released += self._next(offset, lo_bound=None)
         return released
 
     def _next(self, offset: int, lo_bound: int | None) -> list[int]:

@@ -152,6 +152,10 @@ class LeaseTable:
         """Every span, in offset order (for inspection and tests)."""
         return (self._spans[start] for start in list(self._starts))
 
+    def spans_in(self, lo: int, hi: int) -> list[Span]:
+        """The spans holding any offset of ``[lo, hi)``, in offset order."""
+        return self._overlapping(lo, hi, (LEASED, WAITING, DEAD_LETTERING, HELD))
+
     def span_at(self, offset: int) -> Span | None:
         """The span holding ``offset``, None when it is finished or never delivered."""
         i = bisect_right(self._starts, offset) - 1

@@ -319,7 +319,11 @@ class SharedGroup:
         """Ordering by key: hand out the held message of each key whose message finished."""
         if self.config.ordering != "key" or not ranges:
             return
-        released = self._keys.finished(ranges, lambda o: self._table.span_at(o) is None)
+        # Offsets of the ranges still unfinished (an ack does not finish a message being
+        # dead-lettered): usually none, so a busy offset is finished unless it is in one.
+        left = [(sp.start, sp.end) for lo, hi in ranges for sp in self._table.spans_in(lo, hi)]
+        released = self._keys.finished(
+            ranges, lambda o: not any(a <= o < b for a, b in left))
         if released:
             now = self._clock()
             for offset in released:

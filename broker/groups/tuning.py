@@ -31,7 +31,7 @@ MAX_RECEIVE_MAX = 10_000
 # row count re-encodes the stored batch it cuts, so the row limit is high and
 # the byte limit is what ends a read (at a batch boundary).
 FRESH_READ_CHUNK = 65_536  # rows: large enough that reads end at whole stored batches
-FRESH_READ_BYTES = 4 << 20
+FRESH_READ_BYTES = 16 << 20
 # At most this many delivered-but-unfinished messages (leased, waiting for a
 # redelivery or for the dead-letter write) per group. Past it, only
 # redeliveries are handed out (JetStream's MaxAckPending, on by default here).
