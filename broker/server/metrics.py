@@ -23,7 +23,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 
@@ -81,6 +87,10 @@ class BrokerMetrics:
     """The broker's metric objects; other services add theirs to ``registry``."""
 
     def __init__(self) -> None:
+        # No `<counter>_created` series: they double a scrape for a start time that
+        # process_start_time_seconds already gives (a process-wide switch; this
+        # process is the broker).
+        disable_created_metrics()
         self.registry = CollectorRegistry()
         self.started_ms = int(time.time() * 1000)
         r = self.registry

@@ -204,6 +204,10 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._record_group_position(begin)
         bounds = subscribed_bounds(self.client, self._options)
         latest = {name: last for name, (_, last) in bounds.items()}
+        # What query progress shows as latestOffset (reportLatestOffset): the broker's end
+        # offsets, also when maxOffsetsPerTrigger or AvailableNow's target stop the batch
+        # earlier, so lastProgress says how far behind the query is.
+        self._latest = dict(latest)
         if self._target is not None:
             latest = {name: min(end, latest[name]) for name, end in self._target.items()
                       if name in latest}
@@ -214,7 +218,6 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log.info("stream '%s' joined %s; reading it from its earliest offset %d "
                      "(end_offset %d)", name, self._options.describe_subscription(),
                      self._fresh_starts[name], latest[name])
-        self._latest = latest
 
         # Where each stream's next batch really starts: the earliest offset for
         # new or re-created streams, start_offset when retention removed a gap
@@ -274,6 +277,8 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return bool(deleted or recreated)
 
     def reportLatestOffset(self) -> dict[str, int] | None:
+        """The broker's end offsets at the last ``latestOffset`` call (query progress shows
+        them as ``latestOffset`` beside the batch's ``endOffset``); None before the first."""
         return self._latest
 
     # ------------------------------------------------------------ driver: planning

@@ -296,3 +296,18 @@ def test_json_log_format_has_stream_and_group_fields(broker_factory):
     emptied = [r for r in records if r["message"].startswith("deleted all messages of stream")]
     assert emptied and emptied[0]["start_offset"] == 1
     assert any("serving on" in r["message"] for r in records)
+
+
+def test_docs_list_every_metric_the_broker_exports(broker, client):
+    """After the workloads above every family exists; docs/broker.md names each one."""
+    import re
+
+    from harness import REPO_ROOT
+
+    text = urllib.request.urlopen(broker.http_address + "/metrics", timeout=10).read().decode()
+    families = set(re.findall(r"^# TYPE (npstream_\w+) ", text, re.M))
+    assert len(families) > 50
+    docs = (REPO_ROOT / "docs" / "broker.md").read_text()
+    documented = set(re.findall(r"`(npstream_\w+?)(?:\{[^`]*\})?`", docs))
+    assert sorted(families - documented) == []
+    assert "npstream_append_latency_seconds" not in families  # renamed, and documented so

@@ -111,6 +111,7 @@ def test_latest_offset_max_rows_is_proportional(reader_factory, client, stream_n
     reader = reader_factory(stream=f"{a},{b}", startingOffsets="earliest")
     start = reader.initialOffset()
     assert reader.latestOffset(start, ReadMaxRows(40)) == {a: 30, b: 10}
+    assert reader.reportLatestOffset() == {a: 90, b: 30}  # the broker's ends, not the batch's
     assert reader.latestOffset({a: 30, b: 10}, ReadMaxRows(40)) == {a: 60, b: 20}
     assert reader.latestOffset(start, ReadAllAvailable()) == {a: 90, b: 30}
     assert reader.reportLatestOffset() == {a: 90, b: 30}
@@ -165,6 +166,8 @@ def test_available_now_stops_at_the_ends_recorded_at_start(reader_factory, clien
         ends.append(end[stream_name])
         position = end
     assert ends == [10, 20, 25]
+    # progress reports the broker's end (55), not AvailableNow's target (25)
+    assert reader.reportLatestOffset() == {stream_name: 55}
 
 
 def test_latest_offset_pattern_adds_new_stream_from_its_earliest_offset(
