@@ -11,6 +11,8 @@ offending and valid values.
 
 from __future__ import annotations
 
+import errno
+import sqlite3
 from pathlib import Path
 
 import grpc
@@ -21,10 +23,12 @@ __all__ = [
     "AlreadyExistsError",
     "BrokerError",
     "CorruptRecordError",
+    "DiskFullError",
     "GroupNotFoundError",
     "InvalidArgumentError",
     "MessageTooLargeError",
     "OffsetOutOfRangeError",
+    "OverloadedError",
     "PermissionDeniedError",
     "SchemaIncompatibleError",
     "SchemaInvalidError",
@@ -33,6 +37,7 @@ __all__ = [
     "StreamNotFoundError",
     "UnauthenticatedError",
     "ValueMismatchError",
+    "is_disk_full",
 ]
 
 
@@ -215,3 +220,65 @@ class StagingFormatError(BrokerError):
         self.path = Path(path)
         self.found = found
         self.supported = supported
+
+
+# errno values that mean "no space": the filesystem (ENOSPC) or the user's quota (EDQUOT).
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is the data dir running out of space.
+
+    An OSError with ENOSPC/EDQUOT from a file write, or SQLite's SQLITE_FULL
+    ("database or disk is full") from a metadata write.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, DiskFullError):
+            return True
+        if isinstance(current, OSError) and current.errno in _NO_SPACE:
+            return True
+        if (isinstance(current, sqlite3.Error)
+                and getattr(current, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+class DiskFullError(BrokerError):
+    """The data dir is full: what the call was to write is not stored (docs/broker.md).
+
+    The storage engine undoes a write that runs out of space, so data stored
+    before stays readable and the stream takes writes again once space is
+    freed. The message names the stream (when the call has one) and what was
+    being done.
+    """
+
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = pb.ERROR_REASON_DISK_FULL
+
+    def __init__(self, stream: str, action: str, cause: BaseException | str,
+                 outcome: str = "nothing of it was stored") -> None:
+        where = f" on stream '{stream}'" if stream else ""
+        super().__init__(
+            f"disk full: {action}{where} failed, the broker's data dir has no space left "
+            f"({cause}); {outcome}: free space on the broker's disk and retry")
+        self.stream = stream
+        self.action = action
+
+
+class OverloadedError(BrokerError):
+    """The publish memory budget is used up; nothing of the request was stored.
+
+    ``retry_after_ms`` travels as trailing metadata so that clients wait
+    before sending the request again (npstream.broker.rpc.budget).
+    """
+
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = pb.ERROR_REASON_OVERLOADED
+
+    def __init__(self, message: str, retry_after_ms: int) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms

@@ -35,6 +35,7 @@ __all__ = [
     "BrokerInternalError",
     "BrokerUnavailable",
     "CorruptRecord",
+    "DiskFull",
     "GroupNotFound",
     "IncompatibleSchema",
     "IndexOutOfRange",
@@ -44,6 +45,7 @@ __all__ = [
     "MessageTooLarge",
     "NpstreamError",
     "OffsetOutOfRange",
+    "Overloaded",
     "PermissionDenied",
     "SinkConflict",
     "StagingNotFound",
@@ -191,6 +193,32 @@ class PermissionDenied(NpstreamError, PermissionError):
     code = grpc.StatusCode.PERMISSION_DENIED
 
 
+class DiskFull(NpstreamError):
+    """The broker's disk is full: what the call was to write was not stored.
+
+    Data stored before stays readable (fetches and consumers go on); retry
+    the call once space has been freed on the broker. The message names the
+    stream.
+    """
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Overloaded(NpstreamError):
+    """The broker's publish memory budget is used up; nothing of the request was stored.
+
+    The client retries such a call by itself (with backoff, at least
+    ``retry_after`` seconds apart) until its ``retry_deadline``; this is
+    raised when the broker stayed overloaded that long.
+    """
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, *, retry_after: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after  # seconds the broker asked the client to wait
+
+
 class BrokerUnavailable(NpstreamError, ConnectionError):
     """The broker could not be reached within the deadline (after retries)."""
 
@@ -225,6 +253,8 @@ REASON_CLASSES: Mapping[pb.ErrorReason, type[NpstreamError]] = {
     pb.ERROR_REASON_SCHEMA_INCOMPATIBLE: IncompatibleSchema,
     pb.ERROR_REASON_VALUE_MISMATCH: ValueMismatch,
     pb.ERROR_REASON_PERMISSION_DENIED: PermissionDenied,
+    pb.ERROR_REASON_DISK_FULL: DiskFull,
+    pb.ERROR_REASON_OVERLOADED: Overloaded,
 }
 
 # The class when no reason came with the error: gRPC's own failures
@@ -302,6 +332,12 @@ def from_rpc_error(exc: grpc.RpcError, address: str) -> NpstreamError:
             start_offset=num(metadata_keys.START_OFFSET),
             end_offset=num(metadata_keys.END_OFFSET),
         )
+    elif issubclass(cls, Overloaded):
+        try:
+            retry_after = max(0.0, int(meta.get(metadata_keys.RETRY_AFTER_MS, 0)) / 1000)
+        except (TypeError, ValueError):
+            retry_after = 0.0
+        error = cls(details, retry_after=retry_after)
     elif issubclass(cls, BrokerUnavailable):
         error = cls(f"broker at {address} is unavailable: {details}")
     else:

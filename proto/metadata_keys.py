@@ -14,6 +14,7 @@ __all__ = [
     "OFFSET",
     "OFFSET_KEYS",
     "REASON",
+    "RETRY_AFTER_MS",
     "START_OFFSET",
     "STREAM",
 ]
@@ -36,3 +37,7 @@ OFFSET = "x-npstream-offset"
 START_OFFSET = "x-npstream-start-offset"
 END_OFFSET = "x-npstream-end-offset"
 OFFSET_KEYS = (STREAM, OFFSET, START_OFFSET, END_OFFSET)
+
+# Trailing metadata of OVERLOADED errors (RESOURCE_EXHAUSTED): how long the
+# client should wait before sending the request again, in milliseconds.
+RETRY_AFTER_MS = "x-npstream-retry-after-ms"

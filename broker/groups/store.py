@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from npstream.broker.errors import DiskFullError, is_disk_full
 from npstream.broker.groups.shared_config import SharedConfig
 from npstream.broker.groups.tuning import POSITION_FLUSH_INTERVAL_S, POSITION_WAIT_TIMEOUT_S
 from npstream.broker.metadata import Metadata
@@ -173,6 +174,7 @@ class PositionWriter:
         self._writing = False  # a batch is taken off _pending and not yet written
         self._waiting = 0  # callers blocked in wait(): write at once, do not coalesce
         self._closed = False
+        self._last_error: Exception | None = None  # of the latest write, None once one succeeds
         self._thread = threading.Thread(target=self._run, name="npstream-group-positions",
                                         daemon=True)
         self._thread.start()
@@ -190,7 +192,10 @@ class PositionWriter:
         """Block until the put with this ticket is written; False on timeout.
 
         Writes the pending positions itself when no write is running (see
-        the module doc); a failed write is left to the writer thread's retry.
+        the module doc). When that write fails, the positions stay queued for
+        the writer thread's retry and the caller gets the error (DiskFullError
+        when the disk is full) instead of a durable position: retrying the
+        write here at once would spin until space is freed.
         """
         deadline = time.monotonic() + timeout
         with self._cond:
@@ -201,7 +206,8 @@ class PositionWriter:
                             or not (self._pending or self._writing)):
                         return True
                     if not self._writing and self._pending:
-                        self._write_locked()
+                        if not self._write_locked():
+                            raise self._write_error()
                         continue
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
@@ -216,14 +222,20 @@ class PositionWriter:
         seq = self._queued_seq
         self._writing = True
         self._cond.release()
+        error: Exception | None = None
         try:
             self._store.write_positions(batch)
-            failed = False
-        except Exception:
-            log.exception("writing %d group position(s) failed; retrying", len(batch))
-            failed = True
+        except Exception as exc:
+            error = exc
         finally:
             self._cond.acquire()
+        failed = error is not None
+        if error is not None and self._last_error is None:  # once per failing streak
+            log.error("writing %d group position(s) failed; retrying", len(batch),
+                      exc_info=error)
+        elif error is None and self._last_error is not None:
+            log.info("group positions written again after a failed write")
+        self._last_error = error
         self._writing = False
         if failed:
             for key, value in batch.items():
@@ -232,6 +244,23 @@ class PositionWriter:
             self._written_seq = max(self._written_seq, seq)
         self._cond.notify_all()
         return not failed
+
+    def _write_error(self) -> Exception:
+        """What a waiter raises for a failed write (its change stays queued for the retry).
+
+        A full disk is DiskFullError naming the group; anything else is the
+        error itself (SQLite failing otherwise is a bug, reported as one).
+        """
+        exc = self._last_error
+        assert exc is not None
+        if not is_disk_full(exc):
+            return exc
+        keys = list(self._pending)
+        stream = keys[0][0] if len(keys) == 1 else ""
+        groups = ", ".join(f"'{g}'" for _s, g in keys[:3]) + (" ..." if len(keys) > 3 else "")
+        return DiskFullError(stream, f"writing the position of group {groups}", exc,
+                             "the new position is kept and written once space is free, "
+                             "but it is not durable yet")
 
     def discard(self, stream: str, group: str | None = None) -> None:
         """Drop queued updates of a group (or of every group of the stream)."""

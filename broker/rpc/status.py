@@ -23,7 +23,13 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from npstream.broker.errors import BrokerError, OffsetOutOfRangeError
+from npstream.broker.errors import (
+    BrokerError,
+    DiskFullError,
+    OffsetOutOfRangeError,
+    OverloadedError,
+    is_disk_full,
+)
 from npstream.proto import metadata_keys, pb
 
 __all__ = ["AuthInterceptor", "abort_with", "observe_errors", "reason_metadata", "rpc_method"]
@@ -50,9 +56,18 @@ def reason_metadata(reason: pb.ErrorReason) -> tuple[str, str]:
     return (metadata_keys.REASON, pb.ErrorReason.Name(reason))
 
 
-def abort_with(context: grpc.ServicerContext, exc: BaseException, method: str = "") -> NoReturn:
-    """End the RPC with the status and reason for exc (INTERNAL, logged, for non-BrokerErrors)."""
+def abort_with(context: grpc.ServicerContext, exc: BaseException, method: str = "",
+               request: object = None) -> NoReturn:
+    """End the RPC with the status and reason for exc (INTERNAL, logged, for non-BrokerErrors).
+
+    A full disk is no bug: an OSError (ENOSPC) or SQLite error that says so and
+    that no module turned into a DiskFullError itself is sent as one, naming
+    the ``request``'s stream when it has one.
+    """
     trailing: list[tuple[str, str]]
+    if not isinstance(exc, BrokerError) and is_disk_full(exc):
+        exc = DiskFullError(_stream_of(request), method or "the call", exc,
+                            "the call did not complete")
     if isinstance(exc, BrokerError):
         code = exc.grpc_code
         trailing = [reason_metadata(exc.reason)]
@@ -63,6 +78,8 @@ def abort_with(context: grpc.ServicerContext, exc: BaseException, method: str = 
                 (metadata_keys.START_OFFSET, str(exc.start)),
                 (metadata_keys.END_OFFSET, str(exc.end)),
             ]
+        elif isinstance(exc, OverloadedError):
+            trailing.append((metadata_keys.RETRY_AFTER_MS, str(exc.retry_after_ms)))
         details = str(exc)
         log.debug("%s failed with %s: %s", method, code.name, details)
     else:
@@ -77,11 +94,30 @@ def abort_with(context: grpc.ServicerContext, exc: BaseException, method: str = 
     raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
 
 
+def _stream_of(request: object) -> str:
+    """The stream a request names (``stream`` or ``name`` field), "" for none."""
+    for field in ("stream", "name"):
+        value = getattr(request, field, None)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
 def _already_aborted(exc: BaseException, context: grpc.ServicerContext) -> bool:
     """True for the exception grpc raises from context.abort (must propagate untouched)."""
     # grpc >= 1.38 has ServicerContext.code(); grpc-stubs 1.53 does not declare it.
     return (type(exc) is Exception and not exc.args
             and context.code() is not None)  # type: ignore[attr-defined]
+
+
+def _client_gone(exc: BaseException, context: grpc.ServicerContext, method: str) -> bool:
+    """True for the RpcError a request iterator raises once its call ended (the client
+    cancelled, went away or passed its deadline): nobody is left to answer, and it is
+    no bug, so it is neither mapped nor logged as one."""
+    if isinstance(exc, grpc.RpcError) and not context.is_active():
+        log.debug("%s ended: the client cancelled or left", method)
+        return True
+    return False
 
 
 def rpc_method(func: F) -> F:
@@ -102,9 +138,9 @@ def rpc_method(func: F) -> F:
             except GeneratorExit:
                 raise
             except Exception as exc:
-                if _already_aborted(exc, context):
+                if _already_aborted(exc, context) or _client_gone(exc, context, name):
                     raise
-                abort_with(context, exc, name)
+                abort_with(context, exc, name, request)
 
         return stream_wrapper  # type: ignore[return-value]
 
@@ -113,9 +149,9 @@ def rpc_method(func: F) -> F:
         try:
             return func(self, request, context)
         except Exception as exc:
-            if _already_aborted(exc, context):
+            if _already_aborted(exc, context) or _client_gone(exc, context, name):
                 raise
-            abort_with(context, exc, name)
+            abort_with(context, exc, name, request)
 
     return unary_wrapper  # type: ignore[return-value]
 

@@ -156,6 +156,7 @@ KEYS: tuple[ConfigKey, ...] = (
     _key("log_format", "server", _parse_log_format, "text"),
     _key("max_workers", "server", _parse_int, 64),
     _key("max_concurrent_rpcs", "server", _parse_int, 0),
+    _key("max_publish_bytes_in_flight", "server", parse_size, "256MiB"),
     _key("grpc_max_message_bytes", "server", parse_size, GRPC_MAX_MESSAGE_BYTES),
     _duration("max_fetch_wait", "server", "5m"),
     _duration("shutdown_grace", "server", "10s"),
@@ -217,6 +218,7 @@ class ServerSettings:
     log_format: str  # "text" (one line per record) or "json" (one object per line)
     max_workers: int
     max_concurrent_rpcs: int
+    max_publish_bytes_in_flight: int  # publish memory budget (npstream.broker.rpc.budget); 0: off
     grpc_max_message_bytes: int
     max_fetch_wait_ms: int
     shutdown_grace_ms: int
@@ -237,6 +239,9 @@ class ServerSettings:
             problems.append(f"max_workers={self.max_workers} must be at least 4")
         if self.max_concurrent_rpcs < 0:
             problems.append(f"max_concurrent_rpcs={self.max_concurrent_rpcs} must be >= 0")
+        if self.max_publish_bytes_in_flight < 0:
+            problems.append(f"max_publish_bytes_in_flight={self.max_publish_bytes_in_flight} "
+                            "must be >= 0 (0: no limit)")
         if self.grpc_max_message_bytes < 4 * MIB:
             problems.append(
                 f"grpc_max_message_bytes={self.grpc_max_message_bytes} must be at least 4MiB"

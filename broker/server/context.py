@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from npstream.broker.auth.access import AccessControl
 from npstream.broker.metadata import Metadata
+from npstream.broker.rpc.budget import PublishBudget
 from npstream.broker.server.config import BrokerConfig
 from npstream.broker.server.metrics import BrokerMetrics
 from npstream.broker.storage import Storage
@@ -36,3 +37,6 @@ class BrokerContext:
     # Who may do what: each servicer asks ``access.require(context, stream, right)``
     # where it knows the stream (off, allowing everything, without auth configured).
     access: AccessControl = field(default_factory=AccessControl)
+    # Bytes of publish data decoded and written at once (max_publish_bytes_in_flight):
+    # Publish, PublishStream and Stage are admitted against it (off: no limit).
+    publish_budget: PublishBudget = field(default_factory=lambda: PublishBudget(0))

@@ -37,6 +37,7 @@ from npstream.broker.groups import service as group_service
 from npstream.broker.groups.manager import GroupManager
 from npstream.broker.metadata import Metadata
 from npstream.broker.rpc import status as rpc_status
+from npstream.broker.rpc.budget import PublishBudget
 from npstream.broker.server.config import BrokerConfig, is_loopback_host
 from npstream.broker.server.context import BrokerContext
 from npstream.broker.server.http import HttpEndpoint
@@ -135,9 +136,10 @@ class BrokerServer:
                                                     config.server.retain_freed_memory))
         storage.set_sync_observer(metrics.observe_fsync)
         rpc_status.observe_errors(metrics.error_counter())
+        budget = PublishBudget(config.server.max_publish_bytes_in_flight, metrics.registry)
         return BrokerContext(config=config, metadata=metadata, storage=storage,
                              registry=registry, metrics=metrics, on_stream_deleted=listeners,
-                             stopping=self.stopping, access=access)
+                             stopping=self.stopping, access=access, publish_budget=budget)
 
     def _build_server(self, ctx: BrokerContext) -> grpc.Server:
         config = self.config.server

@@ -128,6 +128,8 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
         self._inbox = inbox
         self._access = ctx.access
         self._count_in = ctx.metrics.count_in
+        self._budget = ctx.publish_budget
+        self._max_message_bytes = ctx.config.server.grpc_max_message_bytes
 
     def _target(self, stream: str) -> StageTarget:
         """A Stage target: its limit and value schemas; for a stream Commit will
@@ -144,8 +146,18 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
 
     @rpc_method
     def Stage(self, raw: bytes, context: grpc.ServicerContext) -> pb.StageResponse:
-        """Store one task's rows; ``raw`` is the StageRequest's wire bytes (add_to_server)."""
+        """Store one task's rows; ``raw`` is the StageRequest's wire bytes (add_to_server).
+
+        Admitted against the publish memory budget (rpc/budget.py) first: the
+        request's bytes, plus the inbox file's that will be read into memory.
+        """
         request, arrow_stream = _split_stage_request(raw)
+        size = len(raw) + min(request.inbox_length, self._max_message_bytes)
+        with self._budget.admitted(size, f"stage to stream '{request.stream}'"):
+            return self._stage(request, arrow_stream, context)
+
+    def _stage(self, request: pb.StageRequest, arrow_stream: memoryview | pa.Buffer,
+               context: grpc.ServicerContext) -> pb.StageResponse:
         sink_id = check_sink_id(request.sink_id)
         batch_id = check_batch_id(request.batch_id)
         staging_id = check_staging_id(request.staging_id)

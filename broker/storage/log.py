@@ -38,6 +38,7 @@ import os
 import secrets
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 from itertools import accumulate, groupby
@@ -49,11 +50,13 @@ import pyarrow as pa
 
 from npstream.broker.errors import (
     BrokerError,
+    DiskFullError,
     InvalidArgumentError,
     OffsetOutOfRangeError,
     ShuttingDownError,
     StreamNotFoundError,
     ValueMismatchError,
+    is_disk_full,
 )
 from npstream.broker.log_events import event_fields
 from npstream.broker.storage.append_plan import (
@@ -355,7 +358,8 @@ class StreamLog:
             count = sum(part.count for part in parts)
             if not count:
                 return AppendResult(first, 0, [], now)
-            flagged = self._write_parts_locked(parts, first, now)
+            with self._disk_full_as_error("append"):
+                flagged = self._write_parts_locked(parts, first, now)
             self._remember_ids_locked(flagged, now)
             self._written_seq += 1
             sequence = self._written_seq
@@ -453,7 +457,7 @@ class StreamLog:
 
     def _write_group(self, group: list[CommitRequest[_Payload]]) -> int:
         """Leader: plan, frame and write one group; returns its write sequence number."""
-        with self._append_lock:
+        with self._append_lock, self._disk_full_as_error("append"):
             sequence = self._write_group_locked(group)
         if sequence and self._on_dirty is not None and not all(r.fsync for r in group):
             self._on_dirty(self)
@@ -631,6 +635,22 @@ class StreamLog:
     def flush(self) -> None:
         """fsync everything written so far."""
         self._sync_through(self._written_seq)
+
+    @contextmanager
+    def _disk_full_as_error(self, action: str) -> Iterator[None]:
+        """Report a write that ran out of space as DiskFullError naming this stream.
+
+        The segment list undid the write (all or nothing), so nothing of it
+        is stored and the log takes writes again once space is freed. Only
+        when even the undo failed is the log ``failed``: then the OSError
+        stays, since a restart is needed (docs/broker.md, "Disk full").
+        """
+        try:
+            yield
+        except OSError as exc:
+            if is_disk_full(exc) and not self.failed:
+                raise DiskFullError(self.name, action, exc) from exc
+            raise
 
     def _fail(self, exc: OSError) -> None:
         if self._failure is None:

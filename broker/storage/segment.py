@@ -237,8 +237,12 @@ class Segment:
 
 
 def pwrite_all(fd: int, buffers: Sequence[ReadableBuffer], position: int) -> None:
-    """pwritev until every byte is written (regular files rarely write short)."""
-    views = [memoryview(buffer).cast("B") for buffer in buffers]
+    """pwritev until every byte is written (regular files rarely write short).
+
+    Empty buffers are skipped: pwritev of nothing returns 0, which would read as a
+    write that made no progress (an empty staging file of a zero-row Stage did).
+    """
+    views = [view for view in (memoryview(buffer).cast("B") for buffer in buffers) if len(view)]
     while views:
         written = os.pwritev(fd, views, position)
         if written <= 0:

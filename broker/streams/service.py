@@ -187,6 +187,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         self._stopping = ctx.stopping
         self._publish_fault = PublishFault.from_env()
         self._access = ctx.access
+        self._budget = ctx.publish_budget
 
     def _on_log(self, stream: str, action: Callable[[], T]) -> T:
         return on_log(self._registry, stream, action)
@@ -307,13 +308,16 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
     @rpc_method
     def Publish(self, request: pb.PublishRequest,
                 context: grpc.ServicerContext) -> pb.PublishResponse:
-        stream, rows, ack = self._prepare_publish(request, context)
-        stream_log = self._registry.get(stream, create_if_missing=True)
-        if rows is None:
-            return pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
-        started = time.perf_counter()
-        result = self._on_log(stream, lambda: stream_log.append(rows, ack))
-        return self._published(stream, result, rows, ack, started)
+        # Admitted against the publish memory budget (rpc/budget.py) before decoding.
+        with self._budget.admitted(request.ByteSize(),
+                                   f"publish to stream '{request.stream}'"):
+            stream, rows, ack = self._prepare_publish(request, context)
+            stream_log = self._registry.get(stream, create_if_missing=True)
+            if rows is None:
+                return pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
+            started = time.perf_counter()
+            result = self._on_log(stream, lambda: stream_log.append(rows, ack))
+            return self._published(stream, result, rows, ack, started)
 
     @rpc_method
     def PublishStream(self, request_iterator: Iterator[bytes],
@@ -329,21 +333,32 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         The request arrives as wire bytes: its Arrow data is used in place
         (npstream.proto.wire.split_bytes_field), not copied into a message and out
         again - two copies of every ~4 MiB request saved.
+
+        The request waits for room in the publish memory budget before it is
+        decoded (this call's reader then reads no further, so gRPC flow control
+        holds the client back) and gives it back once written: what waits for
+        the fsync is only the reply.
         """
+        self._budget.acquire(
+            len(raw), "a PublishStream request", wait_s=None,
+            should_stop=lambda: self._stopping.is_set() or not context.is_active())
         try:
-            request, arrow = split_bytes_field(raw, pb.PublishRequest, "arrow_stream",
-                                               bail_on="messages")
-        except DecodeError as exc:
-            raise InvalidArgumentError(
-                f"malformed PublishRequest on PublishStream: {exc}") from None
-        stream, rows, ack = self._prepare_publish(request, context,
-                                                  arrow[-1] if arrow else None)
-        stream_log = self._registry.get(stream, create_if_missing=True)
-        if rows is None:
-            empty = pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
-            return lambda: empty
-        started = time.perf_counter()
-        result, sequence = self._on_log(stream, lambda: stream_log.append_unsynced(rows))
+            try:
+                request, arrow = split_bytes_field(raw, pb.PublishRequest, "arrow_stream",
+                                                   bail_on="messages")
+            except DecodeError as exc:
+                raise InvalidArgumentError(
+                    f"malformed PublishRequest on PublishStream: {exc}") from None
+            stream, rows, ack = self._prepare_publish(request, context,
+                                                      arrow[-1] if arrow else None)
+            stream_log = self._registry.get(stream, create_if_missing=True)
+            if rows is None:
+                empty = pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
+                return lambda: empty
+            started = time.perf_counter()
+            result, sequence = self._on_log(stream, lambda: stream_log.append_unsynced(rows))
+        finally:
+            self._budget.release(len(raw))
         self._publish_fault.written()
 
         def reply() -> pb.PublishResponse:

@@ -18,6 +18,11 @@ Everything that crosses the wire goes through ``Connection.call`` (unary; also
   connection could not be established). If the connection broke while the call
   was in flight, the broker may or may not have stored it, so the error is
   raised at once and says so.
+* ``RESOURCE_EXHAUSTED`` with reason OVERLOADED (the broker's publish memory
+  budget is used up) is retried the same way, whether the call is idempotent
+  or not, because the broker stored nothing of it; each wait is at least the
+  ``x-npstream-retry-after-ms`` the broker sent. After ``retry_deadline`` the
+  ``Overloaded`` error is raised.
 * Every other status goes through ``npstream.errors.from_rpc_error``.
 """
 
@@ -32,7 +37,13 @@ from typing import Any, Protocol
 
 import grpc
 
-from npstream.errors import BrokerUnavailable, InvalidArgument, NpstreamError, from_rpc_error
+from npstream.errors import (
+    BrokerUnavailable,
+    InvalidArgument,
+    NpstreamError,
+    Overloaded,
+    from_rpc_error,
+)
 from npstream.proto import metadata_keys, pb_grpc
 from npstream.proto.defaults import (
     BROKER_ADDRESS_ENV,
@@ -204,6 +215,12 @@ class Connection:
             try:
                 return send()
             except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    error = from_rpc_error(exc, self.address)
+                    if not isinstance(error, Overloaded):
+                        raise error from None
+                    backoff = self._wait_overloaded(rpc, error, deadline, attempt, backoff)
+                    continue
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise from_rpc_error(exc, self.address) from None
                 detail = exc.details() or ""
@@ -227,6 +244,23 @@ class Connection:
                           rpc, self.address, attempt, sleep, detail)
                 time.sleep(sleep)
                 backoff = min(backoff * RETRY_BACKOFF_MULTIPLIER, RETRY_MAX_BACKOFF_S)
+
+    def _wait_overloaded(self, rpc: str, error: Overloaded, deadline: float, attempt: int,
+                         backoff: float) -> float:
+        """Sleep before resending a call the broker refused as overloaded; the next backoff.
+
+        Raises ``error`` (noting the attempts) when the retry deadline would pass.
+        """
+        remaining = deadline - time.monotonic()
+        sleep = max(error.retry_after, random.uniform(0, backoff))
+        if sleep >= remaining:
+            error.add_note(f"gave up after {attempt} attempt(s) over {self.retry_deadline:g}s "
+                           "while the broker stayed overloaded")
+            raise error from None
+        log.debug("%s to %s refused as overloaded (attempt %d), retrying in %.3fs",
+                  rpc, self.address, attempt, sleep)
+        time.sleep(sleep)
+        return min(backoff * RETRY_BACKOFF_MULTIPLIER, RETRY_MAX_BACKOFF_S)
 
     def stream(
         self, rpc: str, request_iterator: Iterator[Any], *, timeout: float | None = None

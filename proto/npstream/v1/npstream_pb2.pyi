@@ -27,6 +27,8 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_SCHEMA_INCOMPATIBLE: _ClassVar[ErrorReason]
     ERROR_REASON_VALUE_MISMATCH: _ClassVar[ErrorReason]
     ERROR_REASON_PERMISSION_DENIED: _ClassVar[ErrorReason]
+    ERROR_REASON_DISK_FULL: _ClassVar[ErrorReason]
+    ERROR_REASON_OVERLOADED: _ClassVar[ErrorReason]
 
 class Ack(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -57,6 +59,8 @@ ERROR_REASON_SCHEMA_INVALID: ErrorReason
 ERROR_REASON_SCHEMA_INCOMPATIBLE: ErrorReason
 ERROR_REASON_VALUE_MISMATCH: ErrorReason
 ERROR_REASON_PERMISSION_DENIED: ErrorReason
+ERROR_REASON_DISK_FULL: ErrorReason
+ERROR_REASON_OVERLOADED: ErrorReason
 ACK_UNSPECIFIED: Ack
 ACK_FSYNC: Ack
 ACK_WRITE: Ack
