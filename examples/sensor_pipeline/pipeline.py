@@ -9,7 +9,9 @@ sliding-window variant, and fans each finished window out to the console,
 JSON-lines files, a typed npstream results stream (created from the windows'
 schema; no to_json) and an HTTP webhook from foreachBatch. A
 StreamingQueryListener logs rows/s, batch duration and the watermark for
-every batch.
+every batch; with --metrics-port another one counts the tutorial's live
+metrics (events received, processed, dropped, windows emitted, backpressure
+events, uptime, rate) and serves them over HTTP (live_metrics.py).
 
     spark-submit examples/sensor_pipeline/pipeline.py --broker localhost:7070 \
         --run-seconds 60 --output-dir /tmp/sensor-out
@@ -31,6 +33,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 
+import live_metrics
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
@@ -175,7 +178,9 @@ def build_queries(spark: SparkSession, args: argparse.Namespace) -> list:
     )
     if args.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
-    readings = valid_readings(reader.load())
+    # Named observations feed the live metrics (live_metrics.py); they change no result.
+    raw = live_metrics.observe_input(reader.load())
+    readings = live_metrics.observe_valid(valid_readings(raw))
     variants: list[tuple[str, str | None]] = [("tumbling", None)]
     if args.slide:
         variants.append(("sliding", args.slide))
@@ -189,7 +194,7 @@ def build_queries(spark: SparkSession, args: argparse.Namespace) -> list:
             console=not args.quiet, label=label,
         )
         writer = (
-            windowed(readings, window, args.watermark, slide)
+            live_metrics.observe_windows(windowed(readings, window, args.watermark, slide))
             .writeStream.outputMode("append")
             .queryName(f"sensor-{label}")
             .option("checkpointLocation", os.path.join(args.checkpoint_dir, label))
@@ -220,10 +225,38 @@ def stop_between_batches(query, timeout: float = 30.0) -> None:
 
 
 def run(spark: SparkSession, args: argparse.Namespace,
-        should_stop: Callable[[], bool] = lambda: False) -> None:
-    """Run until --run-seconds pass, should_stop() is true, or (availableNow) all is read."""
+        should_stop: Callable[[], bool] = lambda: False,
+        metrics: live_metrics.LiveMetrics | None = None) -> None:
+    """Run until --run-seconds pass, should_stop() is true, or (availableNow) all is read.
+
+    Live metrics (live_metrics.py) are counted into ``metrics`` when given, else
+    into a new collector served at --metrics-port while the pipeline runs.
+    """
     spark.streams.addListener(ProgressLogger())
-    queries = build_queries(spark, args)
+    served = None
+    if metrics is None and args.metrics_port is not None:
+        metrics = served = live_metrics.LiveMetrics(trigger_seconds=args.trigger_seconds)
+        url = served.serve(args.metrics_host, args.metrics_port)
+        print(f"[metrics] live metrics at {url} (Prometheus text: {url}/prometheus)",
+              flush=True)
+    listener = metrics.listener() if metrics is not None else None
+    if listener is not None:
+        spark.streams.addListener(listener)
+    queries: list = []
+    try:
+        _run_queries(spark, args, should_stop, queries)
+    finally:
+        if listener is not None and metrics is not None:
+            spark.streams.removeListener(listener)
+            metrics.catch_up(queries)
+        if served is not None:
+            print(served.report(), flush=True)
+            served.stop()
+
+
+def _run_queries(spark: SparkSession, args: argparse.Namespace,
+                 should_stop: Callable[[], bool], queries: list) -> None:
+    queries.extend(build_queries(spark, args))
     deadline = time.monotonic() + args.run_seconds if args.run_seconds else None
     try:
         while any(q.isActive for q in queries):
@@ -261,6 +294,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="process what is in the stream now, then stop")
     p.add_argument("--run-seconds", type=float, default=0.0, help="stop after this long")
     p.add_argument("--quiet", action="store_true", help="no console sink")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve the live metrics (tutorial JSON at /metrics, Prometheus text at "
+                        "/metrics/prometheus) on this port; 0 picks one (default: off)")
+    p.add_argument("--metrics-host", default="127.0.0.1")
     args = p.parse_args(argv)
     args.results_stream = args.results_stream or None
     if args.checkpoint_dir is None:

@@ -10,6 +10,7 @@ finishes with a summary of what reached each sink.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import subprocess
@@ -22,6 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import live_metrics  # noqa: E402
 import pipeline  # noqa: E402
 import producer  # noqa: E402
 from webhook import WebhookReceiver  # noqa: E402
@@ -64,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=Path, default=Path("data"))
     p.add_argument("--seconds", type=float, default=40.0, help="how long to produce readings")
     p.add_argument("--rate", type=float, default=100.0, help="readings per second")
+    p.add_argument("--metrics-port", type=int, default=9090,
+                   help="port of the live metrics endpoint (the tutorial's; taken: any free one)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one line per py4j callback otherwise
@@ -74,6 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = args.data_dir / "demo-output" / time.strftime("%Y%m%dT%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     receiver = WebhookReceiver(out=out_dir / "webhook.jsonl").start()
+    metrics = live_metrics.LiveMetrics(trigger_seconds=2)
+    try:
+        metrics_url = metrics.serve(port=args.metrics_port)
+    except OSError:  # the port is taken: any free one
+        metrics_url = metrics.serve(port=0)
+    print(f"[metrics] live pipeline metrics at {metrics_url} "
+          f"(Prometheus text: {metrics_url}/prometheus)", flush=True)
     run_tag = time.strftime("%Y%m%d-%H%M%S")
     source, results = f"sensor-readings-{run_tag}", f"sensor-windows-{run_tag}"
     published: list[int] = []
@@ -102,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             "--run-seconds", str(args.seconds + 20),
         ])
         try:
-            pipeline.run(spark, spark_args)
+            pipeline.run(spark, spark_args, metrics=metrics)
         finally:
             spark.stop()
         producing.join()
@@ -118,9 +129,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  typed, schema: {info.value_schema_ddl}")
         print(f"tumbling windows in JSON lines:        {json_lines} ({out_dir / 'tumbling'})")
         print(f"webhook POSTs received:                {len(receiver.received)}")
+        print(f"live metrics ({metrics_url}): {json.dumps(metrics.snapshot())}")
+        print(metrics.report())
         print(f"broker: {args.broker}, data dir: {args.data_dir.resolve()}")
     finally:
         receiver.stop()
+        metrics.stop()
         if broker_proc is not None:
             broker_proc.terminate()
             broker_proc.wait(30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -76,3 +77,9 @@ def test_notebook_runs_headless(broker: BrokerProcess, monkeypatch: pytest.Monke
         ["sensor-1", "3", "20.0", "40.0"], ["sensor-2", "2", "20.0", "30.0"],
         ["sensor-1", "2", "70.0", "80.0"], ["sensor-2", "3", "70.0", "90.0"],
         ["sensor-1", "1", "100.0", "100.0"], ["sensor-2", "1", "110.0", "110.0"]]
+    chart = nb.cells[11].outputs  # the windows drawn with matplotlib
+    assert [o for o in chart if "image/png" in o.get("data", {})], chart
+    drawn = [o for o in chart if o.get("output_type") == "execute_result"]
+    assert ast.literal_eval(drawn[0]["data"]["text/plain"]) == [
+        ("sensor-1 avg", [20.0, 70.0, 100.0]), ("sensor-1 max", [40.0, 80.0, 100.0]),
+        ("sensor-2 avg", [20.0, 70.0, 110.0]), ("sensor-2 max", [30.0, 90.0, 110.0])]
