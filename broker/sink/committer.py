@@ -39,7 +39,13 @@ import grpc
 import pyarrow as pa
 
 from npstream.broker import faults
-from npstream.broker.errors import BrokerError, InvalidArgumentError, SchemaIncompatibleError
+from npstream.broker.errors import (
+    BrokerError,
+    DiskFullError,
+    InvalidArgumentError,
+    SchemaIncompatibleError,
+    is_disk_full,
+)
 from npstream.broker.log_events import event_fields
 from npstream.broker.sink.markers import Pending, SinkMarkers
 from npstream.broker.sink.recovery import settle
@@ -237,8 +243,15 @@ class SinkCommitter:
                   for s in pending.staging_ids]
         written: dict[str, tuple[int, int]] = {}
         for done_streams, stream in enumerate(pending.streams, start=1):
-            written[stream] = self._commit_stream(
-                pending, stream, [s for s in staged if stream in s.streams])
+            try:
+                written[stream] = self._commit_stream(
+                    pending, stream, [s for s in staged if stream in s.streams])
+            except Exception as exc:
+                if is_disk_full(exc):  # the marker rules above hold; say which commit it was
+                    raise DiskFullError(
+                        stream, f"commit of sink '{pending.sink_id}' batch {pending.batch_id}",
+                        exc, "the commit is unfinished (no row is ever appended twice)") from exc
+                raise
             faults.hit("sink.stream_done", pending.sink_id, pending.batch_id, done_streams)
         adopted = sum(1 for s in staged if not s.path.exists())  # moved into a stream
         self.markers.finish(pending)

@@ -25,7 +25,12 @@ from google.protobuf.message import DecodeError
 from prometheus_client import Counter, Histogram
 
 from npstream.broker import faults
-from npstream.broker.errors import InvalidArgumentError, StreamNotFoundError
+from npstream.broker.errors import (
+    DiskFullError,
+    InvalidArgumentError,
+    StreamNotFoundError,
+    is_disk_full,
+)
 from npstream.broker.rpc.registration import add_service
 from npstream.broker.rpc.status import rpc_method
 from npstream.broker.sink.access import require_sink_write, staged_targets, writable_targets
@@ -179,7 +184,13 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
             return pb.StageResponse(staged_rows=data.num_rows, staged_bytes=0)
         table = prepare_stage(data, request.stream,
                               writable_targets(self._access, context, self._target))
-        size = self._staging.write(sink_id, batch_id, staging_id, table)
+        try:
+            size = self._staging.write(sink_id, batch_id, staging_id, table)
+        except OSError as exc:
+            if is_disk_full(exc):  # the staging area removed what it had written
+                raise DiskFullError(request.stream, f"stage of sink '{sink_id}' batch "
+                                    f"{batch_id} staging '{staging_id}'", exc) from exc
+            raise
         self._metrics.staged_rows.inc(table.num_rows)
         self._metrics.staged_bytes.inc(size)
         log.debug("sink '%s' batch %d staged '%s': %d rows, %d bytes",
