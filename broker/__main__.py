@@ -38,6 +38,12 @@ def build_parser(prog: str = "python -m npstream.broker") -> argparse.ArgumentPa
     parser.add_argument("--allow-insecure", action="store_true", default=None,
                         help="serve on a non-loopback address without auth or TLS "
                              "(refused otherwise)")
+    parser.add_argument("--cluster-members", metavar="A,B,...",
+                        help="the cluster's brokers, each as host:port (this one included), "
+                             "the same list on every member (default: none, no cluster)")
+    parser.add_argument("--advertised-address", metavar="HOST:PORT",
+                        help="this broker's address in --cluster-members (default: "
+                             "--host:--port)")
     return parser
 
 
@@ -54,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             "metrics_host": args.metrics_host, "metrics_port": args.metrics_port,
             "tokens_file": str(args.tokens_file) if args.tokens_file else None,
             "allow_insecure": args.allow_insecure,
+            "members": args.cluster_members, "advertised_address": args.advertised_address,
         })
     except ConfigError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")

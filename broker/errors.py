@@ -17,7 +17,7 @@ from pathlib import Path
 
 import grpc
 
-from npstream.proto import pb
+from npstream.proto import metadata_keys, pb
 
 __all__ = [
     "AlreadyExistsError",
@@ -26,7 +26,9 @@ __all__ = [
     "DiskFullError",
     "GroupNotFoundError",
     "InvalidArgumentError",
+    "MemberUnavailableError",
     "MessageTooLargeError",
+    "NotOwnerError",
     "OffsetOutOfRangeError",
     "OverloadedError",
     "PermissionDeniedError",
@@ -46,6 +48,10 @@ class BrokerError(Exception):
 
     grpc_code: grpc.StatusCode = grpc.StatusCode.INTERNAL
     reason: pb.ErrorReason = pb.ERROR_REASON_INTERNAL
+
+    def trailing(self) -> list[tuple[str, str]]:
+        """Trailing metadata sent besides the reason (a redirect's owner); none by default."""
+        return []
 
 
 class InvalidArgumentError(BrokerError, ValueError):
@@ -198,6 +204,37 @@ class PermissionDeniedError(BrokerError):
 class ShuttingDownError(BrokerError):
     grpc_code = grpc.StatusCode.UNAVAILABLE
     reason = pb.ERROR_REASON_SHUTTING_DOWN
+
+
+class NotOwnerError(BrokerError):
+    """A redirect: another member of the cluster holds the stream (or would create it).
+
+    Sent with the owner's advertised address as trailing metadata
+    (``metadata_keys.OWNER``), so the client follows it without reading text.
+    """
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = pb.ERROR_REASON_NOT_OWNER
+
+    def __init__(self, stream: str, owner: str, exists: bool) -> None:
+        held = "is held by" if exists else "belongs to (it does not exist yet)"
+        super().__init__(f"stream '{stream}' {held} cluster member {owner}: send the call there")
+        self.stream = stream
+        self.owner = owner
+
+    def trailing(self) -> list[tuple[str, str]]:
+        return [(metadata_keys.OWNER, self.owner), (metadata_keys.STREAM, self.stream)]
+
+
+class MemberUnavailableError(BrokerError):
+    """Another cluster member this call needs did not answer (names it and what it said)."""
+
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    reason = pb.ERROR_REASON_MEMBER_UNAVAILABLE
+
+    def __init__(self, members: str, need: str, detail: str) -> None:
+        super().__init__(f"cluster member(s) {members} did not answer, so {need}: {detail}")
+        self.members = members
 
 
 class StagingFormatError(BrokerError):

@@ -43,6 +43,7 @@ __all__ = [
     "InvalidArgumentType",
     "InvalidSchema",
     "MessageTooLarge",
+    "NotOwner",
     "NpstreamError",
     "OffsetOutOfRange",
     "Overloaded",
@@ -225,6 +226,25 @@ class BrokerUnavailable(NpstreamError, ConnectionError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class NotOwner(BrokerUnavailable):
+    """A redirect: the stream lives on another broker of the cluster, ``owner`` (host:port).
+
+    The client follows redirects by itself and remembers each stream's owner
+    (npstream.client.routing), so this reaches a caller only when redirects
+    go round (the members disagree on who holds ``stream``) or from a call
+    made without the client. A ``BrokerUnavailable``: for this stream, the
+    broker asked is the wrong one, and code that reconnects on
+    ``ConnectionError`` (a subscription) reconnects to the owner.
+    """
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+    def __init__(self, message: str, *, stream: str = "", owner: str = "") -> None:
+        super().__init__(message)
+        self.stream = stream
+        self.owner = owner
+
+
 class BrokerInternalError(NpstreamError):
     """The broker failed with a bug (INTERNAL); its log holds the traceback."""
 
@@ -255,6 +275,8 @@ REASON_CLASSES: Mapping[pb.ErrorReason, type[NpstreamError]] = {
     pb.ERROR_REASON_PERMISSION_DENIED: PermissionDenied,
     pb.ERROR_REASON_DISK_FULL: DiskFull,
     pb.ERROR_REASON_OVERLOADED: Overloaded,
+    pb.ERROR_REASON_NOT_OWNER: NotOwner,
+    pb.ERROR_REASON_MEMBER_UNAVAILABLE: BrokerUnavailable,
 }
 
 # The class when no reason came with the error: gRPC's own failures
@@ -338,6 +360,9 @@ def from_rpc_error(exc: grpc.RpcError, address: str) -> NpstreamError:
         except (TypeError, ValueError):
             retry_after = 0.0
         error = cls(details, retry_after=retry_after)
+    elif issubclass(cls, NotOwner):
+        error = cls(details, stream=meta.get(metadata_keys.STREAM, ""),
+                    owner=meta.get(metadata_keys.OWNER, ""))
     elif issubclass(cls, BrokerUnavailable):
         error = cls(f"broker at {address} is unavailable: {details}")
     else:

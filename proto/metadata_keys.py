@@ -9,10 +9,12 @@ from __future__ import annotations
 
 __all__ = [
     "AUTHORIZATION",
+    "CLUSTER_LOCAL",
     "END_OFFSET",
     "MEMBER_ID",
     "OFFSET",
     "OFFSET_KEYS",
+    "OWNER",
     "REASON",
     "RETRY_AFTER_MS",
     "START_OFFSET",
@@ -41,3 +43,12 @@ OFFSET_KEYS = (STREAM, OFFSET, START_OFFSET, END_OFFSET)
 # Trailing metadata of OVERLOADED errors (RESOURCE_EXHAUSTED): how long the
 # client should wait before sending the request again, in milliseconds.
 RETRY_AFTER_MS = "x-npstream-retry-after-ms"
+
+# Trailing metadata of NOT_OWNER errors (a redirect): the advertised address
+# (host:port) of the cluster member that holds the stream the call named;
+# ``STREAM`` names the stream. The client sends the call there.
+OWNER = "x-npstream-owner"
+# Request metadata of calls one cluster member makes to another ("1"): answer
+# from this member's own streams only (no redirect, no asking the others), so
+# that a lookup or a fan-out never loops.
+CLUSTER_LOCAL = "x-npstream-cluster-local"

@@ -21,7 +21,8 @@ from google.protobuf.message import DecodeError, Message
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer  # bytes, memoryview, mmap, pyarrow.Buffer...
 
-__all__ = ["arrow_stream_buffer", "encode_with_bytes", "split_bytes_field", "varint"]
+__all__ = ["arrow_stream_buffer", "encode_with_bytes", "field_bytes", "split_bytes_field",
+           "varint"]
 
 _VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
 
@@ -126,6 +127,42 @@ def split_bytes_field(raw: bytes, message_type: type[M], field: str,
             raise DecodeError("truncated message")
         rest.append(view[start:position])
     return message_type.FromString(b"".join(rest)), values
+
+
+def field_bytes(raw: bytes | memoryview, number: int) -> memoryview | None:
+    """The value of length-delimited field ``number`` of a message's wire bytes, not parsed.
+
+    The last occurrence, as protobuf's merge rule reads a singular field;
+    None when absent or when the bytes are malformed (the parser that reads
+    the message later reports that). Only walks the top-level fields, so
+    finding a request's stream name costs a few steps however big its data
+    (a cluster member routes every request by it, npstream.broker.cluster).
+    """
+    view = memoryview(raw)
+    found: memoryview | None = None
+    position = 0
+    try:
+        while position < len(view):
+            key, position = _read_varint(view, position)
+            wire_type, field_number = key & 7, key >> 3
+            if wire_type == _VARINT:
+                _, position = _read_varint(view, position)
+            elif wire_type == _FIXED64:
+                position += 8
+            elif wire_type == _FIXED32:
+                position += 4
+            elif wire_type == _LENGTH_DELIMITED:
+                length, position = _read_varint(view, position)
+                if position + length > len(view):
+                    return None
+                if field_number == number:
+                    found = view[position:position + length]
+                position += length
+            else:
+                return None
+    except DecodeError:
+        return None
+    return found if position == len(view) else None
 
 
 def _parsed_whole(raw: bytes, message_type: type[M],

@@ -80,6 +80,7 @@ def abort_with(context: grpc.ServicerContext, exc: BaseException, method: str = 
             ]
         elif isinstance(exc, OverloadedError):
             trailing.append((metadata_keys.RETRY_AFTER_MS, str(exc.retry_after_ms)))
+        trailing += exc.trailing()
         details = str(exc)
         log.debug("%s failed with %s: %s", method, code.name, details)
     else:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from npstream.broker.cluster.settings import ClusterSettings, parse_members
 from npstream.broker.server.affinity import parse_cpu_affinity
 from npstream.broker.storage.settings import StorageSettings
 from npstream.proto.defaults import DEFAULT_BROKER_PORT, GRPC_MAX_MESSAGE_BYTES
@@ -42,6 +43,7 @@ __all__ = [
     "SECTIONS",
     "AuthSettings",
     "BrokerConfig",
+    "ClusterSettings",
     "ConfigError",
     "ConfigKey",
     "MetricsSettings",
@@ -143,7 +145,7 @@ def _storage(name: str, parse: Callable[[object], object], field: str | None = N
     return ConfigKey(name, "storage", parse, _STORAGE_DEFAULTS[field or name], field or name)
 
 
-SECTIONS = ("server", "auth", "metrics", "streams", "storage", "sink")
+SECTIONS = ("server", "auth", "metrics", "streams", "storage", "sink", "cluster")
 
 # Every key and its default (conf/broker.toml and docs/broker.md document each one).
 KEYS: tuple[ConfigKey, ...] = (
@@ -197,6 +199,11 @@ KEYS: tuple[ConfigKey, ...] = (
     _key("sink_adopt_min_bytes", "sink", parse_size, "4MiB"),
     _key("sink_direct_writes", "sink", _parse_bool, True),
     _key("sink_stage_inbox", "sink", _parse_bool, True),
+    # [cluster]
+    _key("members", "cluster", parse_members, []),
+    _key("advertised_address", "cluster", _parse_str, ""),
+    _duration("peer_timeout", "cluster", "5s"),
+    _key("peer_ca_file", "cluster", _parse_str, ""),
 )
 KEYS_BY_NAME: dict[str, ConfigKey] = {k.name: k for k in KEYS}
 KEYS_BY_FIELD: dict[str, ConfigKey] = {k.field: k for k in KEYS}
@@ -369,6 +376,7 @@ _SECTION_TYPES: dict[str, type] = {
     "streams": StreamsSettings,
     "storage": StorageSettings,
     "sink": SinkSettings,
+    "cluster": ClusterSettings,
 }
 
 
@@ -387,6 +395,7 @@ class BrokerConfig:
     streams: StreamsSettings
     storage: StorageSettings
     sink: SinkSettings
+    cluster: ClusterSettings
 
     def __post_init__(self) -> None:
         """The rules that span sections."""
@@ -412,6 +421,19 @@ class BrokerConfig:
                 "(and tls_cert_file/tls_key_file), or set allow_insecure = true "
                 "(--allow-insecure, NPSTREAM_ALLOW_INSECURE=true) to serve openly on a "
                 "trusted network")
+        if self.cluster.enabled:
+            identity = self.cluster_identity
+            if not identity:
+                problems.append(
+                    f"[cluster] members is set but this broker listens on "
+                    f"{self.server.host!r} port {self.server.port}, which is no address "
+                    "another member can use: set advertised_address (--advertised-address) "
+                    "to the host:port the others and clients reach it at")
+            elif identity not in self.cluster.members:
+                problems.append(
+                    f"this broker's advertised address {identity} is not among [cluster] "
+                    f"members ({', '.join(self.cluster.members)}): a broker's identity is its "
+                    "advertised address, listed the same way on every member")
         if self.storage.data_dir != self.server.data_dir:
             problems.append(f"storage.data_dir={self.storage.data_dir} must be "
                             f"server.data_dir={self.server.data_dir}")
@@ -421,6 +443,13 @@ class BrokerConfig:
     def auth_enabled(self) -> bool:
         """Whether calls need a token (``auth_token``, or a tokens file)."""
         return bool(self.server.auth_token or self.auth.tokens_file)
+
+    @property
+    def cluster_identity(self) -> str:
+        """This broker's advertised address in its cluster ("" without one)."""
+        if not self.cluster.enabled:
+            return ""
+        return self.cluster.identity(self.server.host, self.server.port)
 
     def values(self) -> dict[str, object]:
         """Every key's value by field name (``port``, ``segment_age_ms``), across sections."""

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from npstream.broker.auth.access import AccessControl
+from npstream.broker.cluster.router import Cluster
 from npstream.broker.metadata import Metadata
 from npstream.broker.rpc.budget import PublishBudget
 from npstream.broker.server.config import BrokerConfig
@@ -37,6 +38,9 @@ class BrokerContext:
     # Who may do what: each servicer asks ``access.require(context, stream, right)``
     # where it knows the stream (off, allowing everything, without auth configured).
     access: AccessControl = field(default_factory=AccessControl)
+    # The cluster this broker is a member of (npstream.broker.cluster): who owns
+    # which stream; a cluster of one (no routing) without ``[cluster] members``.
+    cluster: Cluster = field(default_factory=Cluster.single)
     # Bytes of publish data decoded and written at once (max_publish_bytes_in_flight):
     # Publish, PublishStream and Stage are admitted against it (off: no limit).
     publish_budget: PublishBudget = field(default_factory=lambda: PublishBudget(0))

@@ -32,6 +32,8 @@ from grpc_reflection.v1alpha import reflection
 
 from npstream.broker.auth.access import AccessControl
 from npstream.broker.auth.tokens import TokensFileError
+from npstream.broker.cluster import service as cluster_service
+from npstream.broker.cluster.wiring import build_cluster, routing_interceptors
 from npstream.broker.console import Console
 from npstream.broker.groups import service as group_service
 from npstream.broker.groups.manager import GroupManager
@@ -56,7 +58,8 @@ log = logging.getLogger("npstream.broker")
 
 SERVICE_NAMES = tuple(
     pb.DESCRIPTOR.services_by_name[name].full_name
-    for name in ("StreamService", "StreamReadService", "GroupService", "SinkService")
+    for name in ("StreamService", "StreamReadService", "GroupService", "SinkService",
+                 "ClusterService")
 )
 LOCK_FILE = "broker.lock"
 
@@ -146,6 +149,8 @@ class BrokerServer:
         interceptors: list[grpc.ServerInterceptor] = (
             [rpc_status.AuthInterceptor(ctx.access.authenticated)] if ctx.access.enabled
             else [])
+        # After auth: a member routes (redirects, asks the others) only known callers.
+        interceptors += routing_interceptors(ctx.cluster)
         server = grpc.server(
             ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="rpc"),
             interceptors=interceptors,
@@ -160,7 +165,8 @@ class BrokerServer:
         # Every service registers the same way: add_to_server(server, ctx),
         # returning what must be closed at stop (or None).
         for add in (stream_service.add_to_server, stream_reads.add_to_server,
-                    group_service.add_to_server, sink_service.add_to_server):
+                    group_service.add_to_server, sink_service.add_to_server,
+                    cluster_service.add_to_server):
             closeable = add(server, ctx)
             if closeable is not None:
                 self._closeables.append(closeable)
@@ -208,6 +214,8 @@ class BrokerServer:
 
     def start(self) -> None:
         self.ctx = self._build_context()
+        self.ctx.cluster = build_cluster(self.config, self.ctx.registry.__contains__,
+                                         self.ctx.access)
         server = self._build_server(self.ctx)
         port = self._bind(server)
         self._server = server
@@ -231,6 +239,10 @@ class BrokerServer:
             self.metrics_address or "off", self.console_address or "off",
             len(self.ctx.registry),
         )
+        if self.ctx.cluster.enabled:
+            log.info("cluster member %s of %d: %s (peer timeout %d ms)",
+                     self.ctx.cluster.identity, len(self.ctx.cluster.members),
+                     ", ".join(self.ctx.cluster.members), self.config.cluster.peer_timeout_ms)
         if not (self.config.auth_enabled or server_config.tls_enabled
                 or is_loopback_host(server_config.host)):  # allowed by allow_insecure
             log.warning("serving without authentication or TLS on %s (allow_insecure = true): "
@@ -285,6 +297,7 @@ class BrokerServer:
             self._console.close()
         if self.ctx is not None:
             self.ctx.access.close()
+            self.ctx.cluster.close()
         for closeable in reversed(self._closeables):
             try:
                 closeable.close()

@@ -132,6 +132,7 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
         self._metrics = metrics
         self._inbox = inbox
         self._access = ctx.access
+        self._cluster = ctx.cluster  # Stage's target streams must be this member's
         self._count_in = ctx.metrics.count_in
         self._budget = ctx.publish_budget
         self._max_message_bytes = ctx.config.server.grpc_max_message_bytes
@@ -182,8 +183,8 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
             log.info("sink '%s' batch %d is already committed: staging '%s' (%d rows) "
                      "discarded", sink_id, batch_id, staging_id, data.num_rows)
             return pb.StageResponse(staged_rows=data.num_rows, staged_bytes=0)
-        table = prepare_stage(data, request.stream,
-                              writable_targets(self._access, context, self._target))
+        table = prepare_stage(data, request.stream, writable_targets(
+            self._access, context, self._cluster.owned(context, self._target)))
         try:
             size = self._staging.write(sink_id, batch_id, staging_id, table)
         except OSError as exc:

@@ -72,7 +72,8 @@ from npstream.proto.value_schema import (
     to_ddl,
 )
 
-__all__ = ["SchemaVersion", "StreamRegistry", "StreamStatus", "check_stream_name"]
+__all__ = ["SchemaVersion", "StreamRegistry", "StreamStatus", "check_stream_name", "next_page_token",
+           "page_after"]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,25 @@ CREATE TABLE IF NOT EXISTS stream_schemas (
     PRIMARY KEY (stream, version)
 ) WITHOUT ROWID
 """
+
+
+def next_page_token(last: str) -> str:
+    """The ListStreams page token of the page after the name ``last``.
+
+    Only a name, so any member of a cluster can continue a listing another
+    member began (npstream.broker.cluster.fanout merges the members' pages).
+    """
+    return base64.urlsafe_b64encode(last.encode()).decode()
+
+
+def page_after(token: str) -> str:
+    """The name a page token continues after ("" for none); InvalidArgumentError if bad."""
+    if not token:
+        return ""
+    try:
+        return base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise InvalidArgumentError(f"invalid page_token {token!r}") from None
 
 
 def check_stream_name(name: object) -> str:
@@ -375,14 +395,7 @@ class StreamRegistry:
         if page_size < 0:
             raise InvalidArgumentError(f"page_size={page_size} must be >= 0")
         size = min(page_size or DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE)
-        after = ""
-        if page_token:
-            try:
-                after = base64.b64decode(page_token.encode(), altchars=b"-_",
-                                         validate=True).decode()
-            except (binascii.Error, UnicodeDecodeError, ValueError):
-                raise InvalidArgumentError(f"invalid page_token {page_token!r}") from None
-        names = self.matching(prefix, pattern, after)
+        names = self.matching(prefix, pattern, page_after(page_token))
         if visible is not None:
             names = [name for name in names if visible(name)]
         page = names[:size]
@@ -392,7 +405,7 @@ class StreamRegistry:
                 statuses.append(self.describe(name))
             except StreamNotFoundError:  # deleted while listing
                 continue
-        token = base64.urlsafe_b64encode(page[-1].encode()).decode() if len(names) > size else ""
+        token = next_page_token(page[-1]) if len(names) > size else ""
         return statuses, token
 
     def update(self, name: str, overrides: Mapping[str, int],

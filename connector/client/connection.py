@@ -99,6 +99,7 @@ _SERVICES: dict[str, Callable[[grpc.Channel], Any]] = {
     "StreamReadService": pb_grpc.StreamReadServiceStub,
     "GroupService": pb_grpc.GroupServiceStub,
     "SinkService": pb_grpc.SinkServiceStub,
+    "ClusterService": pb_grpc.ClusterServiceStub,
 }
 
 

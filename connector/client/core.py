@@ -7,14 +7,19 @@ retries and error mapping stay in ``npstream.client.connection`` and a part
 never holds its own channel. Code that needs only "something that can call
 the broker" (``npstream.client.group_rpc``) types its argument as
 ``ClientCore``.
+
+In a cluster of brokers the calls about one stream go to the broker that
+holds it (``npstream.client.routing``: redirects followed, owners
+remembered); the sink's per-broker calls name their broker (``broker=``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Self
 
 from npstream.client.connection import Connection, StreamingCall
+from npstream.client.routing import Brokers, stream_of
 
 __all__ = ["ClientCore"]
 
@@ -35,16 +40,14 @@ class ClientCore:
         retry_deadline: float = 15.0,
         local_reads: bool = True,
     ) -> None:
-        self._conn = Connection(
-            address,
-            token,
-            tls=tls,
-            root_certificates=root_certificates,
-            client_cert=client_cert,
-            client_key=client_key,
-            timeout=timeout,
-            retry_deadline=retry_deadline,
-        )
+        def connect(target: str | None) -> Connection:
+            return Connection(target, token, tls=tls, root_certificates=root_certificates,
+                              client_cert=client_cert, client_key=client_key,
+                              timeout=timeout, retry_deadline=retry_deadline)
+
+        self._conn = connect(address)
+        # This broker and, in a cluster, the others: each stream's calls go to its owner.
+        self._brokers = Brokers(self._conn, connect)
         self.address = self._conn.address
         self.timeout = self._conn.timeout
         # Read stored frames from the broker's files when it runs on this
@@ -55,31 +58,68 @@ class ClientCore:
     # ------------------------------------------------------------ plumbing
 
     def call(
-        self, rpc: str, request: Any, *, timeout: float | None = None, idempotent: bool = True
+        self, rpc: str, request: Any, *, timeout: float | None = None, idempotent: bool = True,
+        broker: str | None = None,
     ) -> Any:
-        """Send a unary RPC such as ``"StreamService.Fetch"`` (auth, retries, error mapping)."""
-        return self._conn.call(rpc, request, timeout=timeout, idempotent=idempotent)
+        """Send a unary RPC such as ``"StreamService.Fetch"`` (auth, retries, error mapping).
+
+        A call about one stream goes to the broker holding it (redirects
+        followed); ``broker`` (an address) sends it to that broker as it is.
+        """
+        if broker is not None:
+            return self._brokers.connection(broker).call(rpc, request, timeout=timeout,
+                                                         idempotent=idempotent)
+        stream = stream_of(rpc, request)
+        if stream is None:
+            return self._conn.call(rpc, request, timeout=timeout, idempotent=idempotent)
+        return self._brokers.routed(stream, lambda conn: conn.call(
+            rpc, request, timeout=timeout, idempotent=idempotent))
 
     def call_serialized(
         self, rpc: str, request: bytes, response_type: Any, *,
-        timeout: float | None = None, idempotent: bool = True,
+        timeout: float | None = None, idempotent: bool = True, broker: str | None = None,
     ) -> Any:
         """``call`` with a request already in protobuf wire bytes (npstream.proto.wire builds them).
 
         Saves copying a big bytes field into a message and out again; the
-        reply is a ``response_type`` message.
+        reply is a ``response_type`` message. Sent to ``broker`` (an
+        address; None: this client's broker), never routed.
         """
-        return self._conn.call_serialized(rpc, request, response_type, timeout=timeout,
-                                          idempotent=idempotent)
+        return self._brokers.connection(broker or "").call_serialized(
+            rpc, request, response_type, timeout=timeout, idempotent=idempotent)
 
     def stream(
-        self, rpc: str, request_iterator: Iterator[Any], *, timeout: float | None = None
+        self, rpc: str, request_iterator: Iterator[Any], *, timeout: float | None = None,
+        stream: str | None = None,
     ) -> StreamingCall:
-        """Open a bidirectional streaming RPC (``"GroupService.Subscribe"``); not retried."""
-        return self._conn.stream(rpc, request_iterator, timeout=timeout)
+        """Open a bidirectional streaming RPC (``"GroupService.Subscribe"``); not retried.
+
+        ``stream``: the stream the call is about; it goes to that stream's broker.
+        """
+        conn = self._conn if stream is None else self._brokers.connection(
+            self._brokers.owner_of(stream))
+        return conn.stream(rpc, request_iterator, timeout=timeout)
+
+    def broker_of(self, stream: str) -> str:
+        """The address of the broker that holds ``stream`` (or would create it).
+
+        This client's own address without a cluster. Asks the broker once per
+        stream (``ClusterService.Owners``); later answers are remembered.
+        """
+        return self._brokers.address_of(self._brokers.owner_of(stream))
+
+    def brokers_of(self, streams: Iterable[str]) -> dict[str, str]:
+        """``broker_of`` for many streams (one call for those not known yet)."""
+        return {stream: self._brokers.address_of(owner)
+                for stream, owner in self._brokers.owners_of(streams).items()}
+
+    def forget_brokers(self, streams: Iterable[str]) -> None:
+        """Forget the brokers remembered for ``streams`` (a redirect said one moved)."""
+        for stream in streams:
+            self._brokers.forget(stream)
 
     def close(self) -> None:
-        self._conn.close()
+        self._brokers.close()
 
     def __enter__(self) -> Self:
         return self

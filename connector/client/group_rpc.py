@@ -12,6 +12,7 @@ Arguments are not checked here; the public methods that take them from users
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -165,5 +166,11 @@ def nack(client: ClientCore, stream: str, group: str, offsets: Sequence[int], *,
 
 def subscribe_batches(client: ClientCore,
                       requests: Iterator[pb.SubscribeRequest]) -> StreamingCall:
-    """Open a push subscription call; its responses are ``pb.DeliveryBatch``es. Not retried."""
-    return client.stream(SUBSCRIBE_RPC, requests)
+    """Open a push subscription call; its responses are ``pb.DeliveryBatch``es. Not retried.
+
+    The first request (``open``) names the stream: the call goes to the
+    broker that holds it (a cluster's member; ``ClientCore.stream``).
+    """
+    first = next(requests)
+    return client.stream(SUBSCRIBE_RPC, itertools.chain([first], requests),
+                         stream=first.open.stream or None)

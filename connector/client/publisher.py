@@ -34,7 +34,7 @@ from npstream.client.core import ClientCore
 from npstream.client.models import BatchPublishResult, PublishResult
 from npstream.client.publishing import NotSent, PublishTally, RequestPlan, pipelined
 from npstream.client.values import encode_headers, encode_key, encode_value, messages_to_table
-from npstream.errors import BrokerUnavailable, InvalidArgument, NpstreamError
+from npstream.errors import BrokerUnavailable, InvalidArgument, NotOwner, NpstreamError
 from npstream.proto import pb
 from npstream.proto.schema import normalize_publish_table
 
@@ -180,7 +180,7 @@ class Publisher(ClientCore):
         tally = PublishTally()
         try:
             for index, response in enumerate(pipelined(
-                functools.partial(self._open_publish_stream, timeout=None),
+                functools.partial(self._open_publish_stream, name, timeout=None),
                 iter(plan),
             )):
                 start, stop = plan.ranges[index]
@@ -205,11 +205,14 @@ class Publisher(ClientCore):
                   tally.rows_done, name, len(plan.ranges))
         return tally.result()
 
-    def _open_publish_stream(self, requests: Iterator[bytes], *,
+    def _open_publish_stream(self, name: str, requests: Iterator[bytes], *,
                              timeout: float | None) -> StreamingCall:
-        """A PublishStream call sending ``requests`` (PublishRequest wire bytes)."""
-        return self._conn.stream_serialized("StreamService.PublishStream", requests,
-                                            pb.PublishResponse, timeout=timeout)
+        """A PublishStream call sending ``requests`` (PublishRequest wire bytes) for stream
+        ``name``, to the broker that holds it (asked first in a cluster: an iterator of
+        requests cannot be resent after a redirect)."""
+        conn = self._brokers.connection(self._brokers.owner_of(name))
+        return conn.stream_serialized("StreamService.PublishStream", requests,
+                                      pb.PublishResponse, timeout=timeout)
 
     def _publish_one_by_one(
         self, name: str, table: pa.Table, ranges: list[tuple[int, int]], ack_mode: pb.Ack,
@@ -239,7 +242,7 @@ class Publisher(ClientCore):
         done = 0
         try:
             for response in pipelined(
-                functools.partial(self._open_publish_stream,
+                functools.partial(self._open_publish_stream, name,
                                   timeout=self.timeout * len(ranges)),
                 requests,
             ):
@@ -248,7 +251,9 @@ class Publisher(ClientCore):
                 done += 1
         except NpstreamError as exc:
             unimplemented = exc.code == grpc.StatusCode.UNIMPLEMENTED
-            retryable = isinstance(exc, NotSent) or (
+            # A redirect (the stream's owner changed since it was looked up) refused
+            # the request it names, storing nothing: the unary calls follow it.
+            retryable = isinstance(exc, (NotSent, NotOwner)) or (
                 isinstance(exc, BrokerUnavailable) and safe_to_resend
             )
             if not (unimplemented or retryable):

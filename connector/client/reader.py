@@ -19,11 +19,12 @@ import datetime as dt
 import functools
 import logging
 from collections.abc import Iterable, Iterator
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pyarrow as pa
 
 from npstream.client.checks import checked_offset, checked_stream, parsed
+from npstream.client.connection import Connection
 from npstream.client.core import ClientCore
 from npstream.client.local_reads import (
     LocalReadUnavailable,
@@ -253,8 +254,7 @@ class Reader(ClientCore):
         request = pb.FetchRequest(stream=checked_stream(stream), offset=offset, max_bytes=max_bytes,
                                   end_offset=end)
         response = None
-        for response in self._conn.server_stream("StreamReadService.ReadRange", request,
-                                                  timeout=None):
+        for response in self._read_range_call(request):
             for batch in _decode_batches(response.batches, _response_schema(response)):
                 batch = _trim(batch, offset, end)
                 if batch.num_rows:
@@ -262,6 +262,21 @@ class Reader(ClientCore):
             offset = max(offset, response.next_offset)
         if offset < end:
             self._range_not_written(stream, start, end, response)
+
+    def _read_range_call(self, request: pb.FetchRequest) -> Iterator[pb.FetchResponse]:
+        """The replies of one ReadRange call, sent to the broker holding the stream.
+
+        A redirect comes before any reply (the broker routes the request
+        first), so following it resends nothing that was read.
+        """
+        def first_reply(conn: Connection) -> tuple[pb.FetchResponse | None, Iterator[Any]]:
+            call = conn.server_stream("StreamReadService.ReadRange", request, timeout=None)
+            return next(call, None), call
+
+        first, rest = self._brokers.routed(request.stream, first_reply)
+        if first is not None:
+            yield first
+            yield from rest
 
     @staticmethod
     def _range_not_written(stream: str, start: int, end: int,

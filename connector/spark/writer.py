@@ -14,6 +14,14 @@ How a micro-batch is written (docs/exactly-once.md has the whole argument):
    attempt that was never listed (a failed or speculative attempt) is never
    appended and is garbage-collected by the broker.
 
+With a cluster of brokers, a task stages the rows of each target stream on
+the member that holds it (npstream.sink.client), and its commit message says
+which staging ids each member holds; the driver commits the batch on each of
+those members, one ``CommitBatch`` each. Every member records (sink id,
+batchId) on its own, so a batch replayed after a crash between two members'
+commits appends only on the members that had not committed it: exactly once
+per stream.
+
 Rows move as Arrow end to end: the task never converts to Python rows. A
 typed stream's fields written as columns are packed into the ``value``
 struct by each task (no copy); the broker converts them to the stream's
@@ -25,7 +33,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +83,9 @@ class NpstreamCommitMessage(WriterCommitMessage):
     partition_id: int
     staging_ids: list[str] = field(default_factory=list)
     rows: int = 0
+    # Each broker's staging ids of this task, in staging order (a cluster's members
+    # each hold the rows of their streams; one broker: all of them).
+    brokers: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _packed(batch: pa.RecordBatch, value_fields: tuple[str, ...]) -> pa.RecordBatch:
@@ -131,7 +142,7 @@ def _stage_all(options: WriteOptions, batch_id: int, iterator: Iterable[pa.Recor
     """
     from pyspark import TaskContext
 
-    from npstream.sink.client import SinkClient
+    from npstream.sink.client import SinkClient, StageResult
 
     context = TaskContext.get()
     partition = context.partitionId() if context else 0
@@ -144,9 +155,9 @@ def _stage_all(options: WriteOptions, batch_id: int, iterator: Iterable[pa.Recor
             max_workers=STAGE_REQUESTS_IN_FLIGHT, thread_name_prefix="npstream-stage") as sender:
         sink = SinkClient(client, local_staging=options.local_staging)
 
-        def stage(staging_id: str, table: pa.Table, first_row: int) -> None:
+        def stage(staging_id: str, table: pa.Table, first_row: int) -> StageResult:
             try:
-                sink.stage(options.sink_id, batch_id, staging_id, default_stream, table)
+                return sink.stage(options.sink_id, batch_id, staging_id, default_stream, table)
             except NpstreamError as exc:
                 wrapped = type(exc)(
                     f"npstream sink '{options.sink_id}' batch {batch_id} partition {partition}: "
@@ -157,51 +168,68 @@ def _stage_all(options: WriteOptions, batch_id: int, iterator: Iterable[pa.Recor
                 wrapped.code, wrapped.reason = exc.code, exc.reason
                 raise wrapped from None
 
-        in_flight: deque[Future[None]] = deque()
+        in_flight: deque[tuple[str, Future[StageResult]]] = deque()
+
+        def staged(staging_id: str, future: Future[StageResult]) -> None:
+            for broker in future.result().brokers:
+                message.brokers.setdefault(broker, []).append(staging_id)
+
         for table in _chunks(iterator, options.columns, options.stage_bytes,
                              options.value_fields):
             if len(in_flight) >= STAGE_REQUESTS_IN_FLIGHT:
-                in_flight.popleft().result()
+                staged(*in_flight.popleft())
             staging_id = f"{prefix}-{len(message.staging_ids)}"
-            in_flight.append(sender.submit(stage, staging_id, table, message.rows))
+            in_flight.append((staging_id, sender.submit(stage, staging_id, table, message.rows)))
             message.staging_ids.append(staging_id)
             message.rows += table.num_rows
-        for future in in_flight:
-            future.result()
+        for pending in in_flight:
+            staged(*pending)
     log.debug("sink '%s' batch %d partition %d staged %d rows in %d request(s)",
               options.sink_id, batch_id, partition, message.rows, len(message.staging_ids))
     return message
 
 
-def _staging_ids(messages: list[WriterCommitMessage | None]) -> list[str]:
-    """Every staging id, tasks in partition order (the order rows appear in the stream)."""
+def _staging_ids(messages: Sequence[WriterCommitMessage | None]) -> dict[str, list[str]]:
+    """Each broker's staging ids, tasks in partition order (the order rows appear in
+    the streams)."""
     ours = [m for m in messages if isinstance(m, NpstreamCommitMessage)]
     ours.sort(key=lambda m: m.partition_id)
-    return [staging_id for m in ours for staging_id in m.staging_ids]
+    staged: dict[str, list[str]] = {}
+    for message in ours:
+        for broker, staging_ids in message.brokers.items():
+            staged.setdefault(broker, []).extend(staging_ids)
+    return staged
 
 
 def _commit(options: WriteOptions, batch_id: int,
             messages: list[WriterCommitMessage | None]) -> None:
     from npstream.sink.client import SinkClient
 
-    staging_ids = _staging_ids(messages)
+    staged = _staging_ids(messages)
     with options.connection.connect() as client:
-        result = SinkClient(client).commit(options.sink_id, batch_id, staging_ids)
+        result = SinkClient(client).commit_all(options.sink_id, batch_id, staged)
+    replayed = sorted(broker for broker, before in result.brokers.items() if before)
     if result.already_committed:
         log.info("npstream sink '%s' batch %d was already committed; nothing appended",
                  options.sink_id, batch_id)
     else:
-        log.info("npstream sink '%s' committed batch %d: %s", options.sink_id, batch_id,
-                 ", ".join(f"{s} [{a},{b})" for s, (a, b) in result.written.items()) or "empty")
+        log.info("npstream sink '%s' committed batch %d: %s%s", options.sink_id, batch_id,
+                 ", ".join(f"{s} [{a},{b})" for s, (a, b) in result.written.items()) or "empty",
+                 f" (already committed on {', '.join(replayed)})" if replayed else "")
 
 
-def _abort(options: WriteOptions, batch_id: int) -> None:
-    """Drop the batch's staging; a failure is logged, never raised over Spark's own error."""
+def _abort(options: WriteOptions, batch_id: int,
+           messages: Sequence[WriterCommitMessage | None] = ()) -> None:
+    """Drop the batch's staging on every broker it was staged on (and the client's own);
+    a failure is logged, never raised over Spark's own error."""
     from npstream.sink.client import SinkClient
 
     try:
         with options.connection.connect() as client:
-            dropped = SinkClient(client).abort(options.sink_id, batch_id)
+            sink = SinkClient(client)
+            brokers = sorted({client.address, *_staging_ids(messages)})
+            dropped = sum(sink.abort(options.sink_id, batch_id, broker=broker)
+                          for broker in brokers)
         log.info("npstream sink '%s' aborted batch %d: %d staging file(s) dropped",
                  options.sink_id, batch_id, dropped)
     except NpstreamError as exc:
@@ -238,7 +266,7 @@ class NpstreamStreamWriter(_OptionsHolder, DataSourceStreamArrowWriter):
         _commit(self.options, batch_id, messages)
 
     def abort(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
-        _abort(self.options, batch_id)
+        _abort(self.options, batch_id, messages)
 
 
 class NpstreamBatchWriter(_OptionsHolder, DataSourceArrowWriter):
@@ -251,7 +279,7 @@ class NpstreamBatchWriter(_OptionsHolder, DataSourceArrowWriter):
         _commit(self.options, BATCH_WRITE_BATCH_ID, messages)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        _abort(self.options, BATCH_WRITE_BATCH_ID)
+        _abort(self.options, BATCH_WRITE_BATCH_ID, messages)
 
 
 def make_stream_writer(options: dict[str, str], schema: Any) -> NpstreamStreamWriter:

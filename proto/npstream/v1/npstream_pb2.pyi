@@ -29,6 +29,8 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_PERMISSION_DENIED: _ClassVar[ErrorReason]
     ERROR_REASON_DISK_FULL: _ClassVar[ErrorReason]
     ERROR_REASON_OVERLOADED: _ClassVar[ErrorReason]
+    ERROR_REASON_NOT_OWNER: _ClassVar[ErrorReason]
+    ERROR_REASON_MEMBER_UNAVAILABLE: _ClassVar[ErrorReason]
 
 class Ack(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -61,6 +63,8 @@ ERROR_REASON_VALUE_MISMATCH: ErrorReason
 ERROR_REASON_PERMISSION_DENIED: ErrorReason
 ERROR_REASON_DISK_FULL: ErrorReason
 ERROR_REASON_OVERLOADED: ErrorReason
+ERROR_REASON_NOT_OWNER: ErrorReason
+ERROR_REASON_MEMBER_UNAVAILABLE: ErrorReason
 ACK_UNSPECIFIED: Ack
 ACK_FSYNC: Ack
 ACK_WRITE: Ack
@@ -814,3 +818,29 @@ class SinkStateResponse(_message.Message):
     exists: bool
     last_batch_id: int
     def __init__(self, exists: _Optional[bool] = ..., last_batch_id: _Optional[int] = ...) -> None: ...
+
+class OwnersRequest(_message.Message):
+    __slots__ = ("streams",)
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    streams: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, streams: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StreamOwner(_message.Message):
+    __slots__ = ("stream", "owner", "exists")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    owner: str
+    exists: bool
+    def __init__(self, stream: _Optional[str] = ..., owner: _Optional[str] = ..., exists: _Optional[bool] = ...) -> None: ...
+
+class OwnersResponse(_message.Message):
+    __slots__ = ("owners", "self", "members")
+    OWNERS_FIELD_NUMBER: _ClassVar[int]
+    SELF_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    owners: _containers.RepeatedCompositeFieldContainer[StreamOwner]
+    self: str
+    members: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self_, owners: _Optional[_Iterable[_Union[StreamOwner, _Mapping]]] = ..., self: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ...) -> None: ...

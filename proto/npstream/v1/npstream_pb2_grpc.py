@@ -1579,3 +1579,80 @@ class SinkService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ClusterServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Owners = channel.unary_unary(
+                '/npstream.v1.ClusterService/Owners',
+                request_serializer=npstream_dot_v1_dot_npstream__pb2.OwnersRequest.SerializeToString,
+                response_deserializer=npstream_dot_v1_dot_npstream__pb2.OwnersResponse.FromString,
+                _registered_method=True)
+
+
+class ClusterServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Owners(self, request, context):
+        """Where each named stream lives, or would be created. Members ask each
+        other with request metadata `x-npstream-cluster-local: 1`: then only the
+        streams this member holds are listed, and ListStreams, EndOffsets and
+        StreamStats answer from this member alone. A stream the caller has no
+        right on is reported where it would be created (exists = false).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ClusterServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Owners': grpc.unary_unary_rpc_method_handler(
+                    servicer.Owners,
+                    request_deserializer=npstream_dot_v1_dot_npstream__pb2.OwnersRequest.FromString,
+                    response_serializer=npstream_dot_v1_dot_npstream__pb2.OwnersResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'npstream.v1.ClusterService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('npstream.v1.ClusterService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ClusterService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Owners(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/npstream.v1.ClusterService/Owners',
+            npstream_dot_v1_dot_npstream__pb2.OwnersRequest.SerializeToString,
+            npstream_dot_v1_dot_npstream__pb2.OwnersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -30,6 +30,7 @@ from npstream.errors import (
     InvalidArgument,
     InvalidSchema,
     MessageTooLarge,
+    NotOwner,
     NpstreamError,
     OffsetOutOfRange,
     Overloaded,
@@ -68,6 +69,8 @@ EXPECTED = {
     "ERROR_REASON_SCHEMA_INCOMPATIBLE": IncompatibleSchema,
     "ERROR_REASON_VALUE_MISMATCH": ValueMismatch,
     "ERROR_REASON_PERMISSION_DENIED": PermissionDenied,
+    "ERROR_REASON_NOT_OWNER": NotOwner,
+    "ERROR_REASON_MEMBER_UNAVAILABLE": BrokerUnavailable,
 }
 
 # Text that would fool a text-reading classifier: it reads like another error.
@@ -166,6 +169,15 @@ def test_out_of_range_keeps_its_offsets_and_reason() -> None:
     assert isinstance(err, OffsetOutOfRange)
     assert (err.stream, err.offset, err.start_offset, err.end_offset) == ("s", 12, 3, 9)
     assert err.reason == pb.ERROR_REASON_OFFSET_OUT_OF_RANGE
+
+
+def test_not_owner_carries_the_owner_and_stream_of_the_redirect() -> None:
+    trailing = (*_with_reason(pb.ERROR_REASON_NOT_OWNER), (metadata_keys.STREAM, "s"),
+                (metadata_keys.OWNER, "10.0.0.2:7070"))
+    err = from_rpc_error(FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "x", trailing), "h:1")
+    assert isinstance(err, NotOwner) and isinstance(err, BrokerUnavailable)
+    assert (err.stream, err.owner, str(err)) == ("s", "10.0.0.2:7070", "x")
+    assert err.code == grpc.StatusCode.FAILED_PRECONDITION
 
 
 def test_shutting_down_is_broker_unavailable_naming_the_address() -> None:

@@ -178,9 +178,18 @@ def test_chunks_group_small_batches_and_split_large_ones():
 
 
 def test_staging_ids_follow_partition_order_and_skip_failed_tasks():
-    messages = [NpstreamCommitMessage(2, ["2a"]), None, NpstreamCommitMessage(0, ["0a", "0b"]),
+    messages = [NpstreamCommitMessage(2, ["2a"], brokers={"b:1": ["2a"]}), None,
+                NpstreamCommitMessage(0, ["0a", "0b"], brokers={"b:1": ["0a", "0b"]}),
                 NpstreamCommitMessage(1, [])]
-    assert _staging_ids(messages) == ["0a", "0b", "2a"]
+    assert _staging_ids(messages) == {"b:1": ["0a", "0b", "2a"]}
+
+
+def test_staging_ids_are_grouped_by_the_broker_that_holds_them():
+    """A cluster: a staging id split over two members is committed on both."""
+    messages = [NpstreamCommitMessage(1, ["1a"], brokers={"b:2": ["1a"]}),
+                NpstreamCommitMessage(0, ["0a", "0b"], brokers={"b:1": ["0a", "0b"],
+                                                                "b:2": ["0b"]})]
+    assert _staging_ids(messages) == {"b:1": ["0a", "0b"], "b:2": ["0b", "1a"]}
 
 
 # ---------------------------------------------------------------- typed writes

@@ -1,0 +1,1 @@
+"""A cluster of brokers: membership, placement of new streams, routing to owners."""

@@ -1,0 +1,190 @@
+"""Routing every call of a cluster member: served here, redirected, or answered cluster-wide.
+
+One gRPC server interceptor, installed only when the broker has members, so
+a single broker runs exactly as before and no servicer knows about the
+cluster. For each method it decides from the proto's shape:
+
+* per-stream methods (``PER_STREAM``: every call that names one stream) read
+  the stream name from the request's wire bytes (npstream.proto.wire.
+  field_bytes, a few steps whatever the request's size) and ask the router;
+  a stream another member owns ends the call with NOT_OWNER and the owner in
+  the trailing metadata before the servicer runs. PublishStream routes each
+  request as it is read; Subscribe its opening request.
+* ListStreams, EndOffsets, StreamStats are answered for the whole cluster
+  (fanout.py).
+* everything else is this member's own: the sink's CommitBatch, AbortBatch,
+  SinkState, StageInbox (a sink commits on each member it staged on; Stage
+  routes its target streams itself, npstream.broker.sink.service), the
+  cluster service, health and reflection.
+
+A call another member makes (``x-npstream-cluster-local``) is never routed:
+it asks for this member's own part.
+
+``tests/broker/cluster`` checks that every method of the proto is in exactly
+one of these groups, so a new RPC cannot skip routing unnoticed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+
+from npstream.broker.cluster.fanout import FANOUT_METHODS, PeerError, fan_out, request_type
+from npstream.broker.cluster.router import Cluster
+from npstream.broker.errors import BrokerError, InvalidArgumentError
+from npstream.broker.rpc.status import abort_with
+from npstream.proto import metadata_keys
+from npstream.proto.wire import field_bytes
+
+__all__ = ["MEMBER_METHODS", "PER_STREAM", "STREAMING", "RoutingInterceptor"]
+
+log = logging.getLogger(__name__)
+
+_PACKAGE = "/npstream.v1."
+
+# Per-stream unary (or server-streaming) methods: the request's field 1 is the stream.
+PER_STREAM = frozenset(_PACKAGE + name for name in (
+    "StreamService/CreateStream", "StreamService/DescribeStream",
+    "StreamService/UpdateStream", "StreamService/DeleteStream",
+    "StreamService/DeleteMessages", "StreamService/RepairStream", "StreamService/Publish",
+    "StreamService/Fetch", "StreamService/OffsetForTimestamp",
+    "StreamReadService/Locate", "StreamReadService/ReadRange",
+    "GroupService/OpenConsumer", "GroupService/Pull", "GroupService/Commit",
+    "GroupService/Seek", "GroupService/ListGroups", "GroupService/DescribeGroup",
+    "GroupService/DeleteGroup", "GroupService/Receive", "GroupService/ReceiveBatch",
+    "GroupService/Ack", "GroupService/Nack",
+))
+# Request-streaming methods: (field path of the stream, route every request or the first).
+STREAMING: dict[str, tuple[tuple[int, ...], bool]] = {
+    _PACKAGE + "StreamService/PublishStream": ((1,), True),
+    _PACKAGE + "GroupService/Subscribe": ((1, 1), False),  # SubscribeRequest.open.stream
+    _PACKAGE + "GroupService/SubscribeBatches": ((1, 1), False),
+}
+# Each member's own: never routed (the sink's Stage routes its targets itself).
+MEMBER_METHODS = frozenset(_PACKAGE + name for name in (
+    "SinkService/Stage", "SinkService/CommitBatch", "SinkService/AbortBatch",
+    "SinkService/SinkState", "SinkService/StageInbox", "ClusterService/Owners",
+))
+
+
+def _stream_of(request: object, path: tuple[int, ...]) -> str:
+    """The stream a request names: from its wire bytes, or a parsed message's field."""
+    if isinstance(request, Message):
+        value: Any = request
+        for number in path:
+            field = value.DESCRIPTOR.fields_by_number[number]
+            value = getattr(value, field.name)
+        return value if isinstance(value, str) else ""
+    raw: Any = request
+    for number in path:
+        raw = field_bytes(raw, number) if raw is not None else None
+    if raw is None:
+        return ""
+    try:
+        return bytes(raw).decode()
+    except UnicodeDecodeError:
+        return ""  # the servicer's parser refuses it
+
+
+def _from_member(details: grpc.HandlerCallDetails) -> bool:
+    return any(key == metadata_keys.CLUSTER_LOCAL
+               for key, _value in details.invocation_metadata or ())
+
+
+class RoutingInterceptor(grpc.ServerInterceptor):
+    """Wraps each handler as the module docstring says."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self._cluster = cluster
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        method = handler_call_details.method or ""
+        if handler is None or _from_member(handler_call_details):
+            return handler
+        if method in PER_STREAM:
+            return self._per_stream(handler, method)
+        if method in STREAMING:
+            return self._streaming(handler, method)
+        if method in FANOUT_METHODS:
+            return self._fan_out(handler, method)
+        return handler
+
+    def _route(self, stream: str, context: grpc.ServicerContext, method: str) -> None:
+        """Return when this member serves ``stream``; else end the call (redirect/error)."""
+        if not stream:
+            return
+        try:
+            self._cluster.route(stream, context)
+        except BrokerError as exc:
+            abort_with(context, exc, method.rpartition("/")[2])
+
+    def _per_stream(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        inner: Any = handler.unary_stream if handler.response_streaming else handler.unary_unary
+
+        def routed(request: object, context: grpc.ServicerContext) -> Any:
+            self._route(_stream_of(request, (1,)), context, method)
+            return inner(request, context)
+
+        make = (grpc.unary_stream_rpc_method_handler if handler.response_streaming
+                else grpc.unary_unary_rpc_method_handler)
+        return make(routed, request_deserializer=handler.request_deserializer,
+                    response_serializer=handler.response_serializer)
+
+    def _streaming(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        path, every = STREAMING[method]
+        inner: Any = (handler.stream_stream if handler.response_streaming
+                      else handler.stream_unary)
+        cluster = self._cluster
+
+        def checked(requests: Iterator[object],
+                    context: grpc.ServicerContext) -> Iterator[object]:
+            for index, request in enumerate(requests):
+                if every or index == 0:
+                    stream = _stream_of(request, path)
+                    if stream:
+                        cluster.route(stream, context)  # raised where the servicer reads
+                yield request
+
+        def routed(requests: Iterator[object], context: grpc.ServicerContext) -> Any:
+            return inner(checked(requests, context), context)
+
+        make = (grpc.stream_stream_rpc_method_handler if handler.response_streaming
+                else grpc.stream_unary_rpc_method_handler)
+        return make(routed, request_deserializer=handler.request_deserializer,
+                    response_serializer=handler.response_serializer)
+
+    def _fan_out(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        inner: Any = handler.unary_unary
+        message_type = request_type(method)
+        name = method.rpartition("/")[2]
+
+        def merged(request: Any, context: grpc.ServicerContext) -> Any:
+            raw = not isinstance(request, Message)
+            try:
+                parsed: Message = message_type.FromString(bytes(request)) if raw else request
+            except DecodeError:
+                return inner(request, context)  # the servicer refuses it as usual
+
+            def local(own: Message) -> Message:
+                reply: Message = inner(own.SerializeToString() if raw else own, context)
+                return reply
+
+            try:
+                return fan_out(self._cluster, method, parsed, context, local)
+            except PeerError as exc:
+                exc.abort(context)
+            except (BrokerError, InvalidArgumentError) as exc:
+                abort_with(context, exc, name)
+
+        return grpc.unary_unary_rpc_method_handler(
+            merged, request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)

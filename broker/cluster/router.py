@@ -1,0 +1,222 @@
+"""Which member owns a stream, and the redirect when it is not this one.
+
+A stream lives on exactly one member. This member knows only its own
+streams (its registry); for any other name it asks the other members which
+of them holds it (``ClusterService.Owners`` with ``x-npstream-cluster-local``)
+and remembers a holder for ``HOLDER_TTL_S``. A name no member holds belongs
+to the member rendezvous hashing places it on (placement.py). So:
+
+* a stream this member holds is served here, whatever placement says (a
+  stream created before members were added stays where it is);
+* a stream another member holds, or a new name placed on another member, is
+  answered with NOT_OWNER naming that member (the SDK follows it);
+* a new name placed here is served here (created, or NOT_FOUND as usual).
+
+When no member answering holds the name and some member did not answer,
+nobody can tell whether the silent one holds it: the call fails with
+MEMBER_UNAVAILABLE instead of creating a second stream of that name (a name
+has exactly one owner). A holder learnt from another member can go stale (the
+stream deleted and created elsewhere): the redirect then lands on a member
+that does not hold it, which looks again and redirects on; the TTL bounds
+how long a stale entry lives.
+
+The caller's rights matter: a stream the caller has no right on is never
+routed (served here, where the servicer refuses it with PERMISSION_DENIED),
+so a redirect does not tell who holds a stream the caller may not see.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
+
+import grpc
+
+from npstream.broker.auth.access import AccessControl, Right
+from npstream.broker.cluster.peers import Peers, forwarded_metadata
+from npstream.broker.cluster.placement import rendezvous_owner
+from npstream.broker.errors import MemberUnavailableError, NotOwnerError
+from npstream.proto import metadata_keys, pb
+
+__all__ = ["OWNERS_METHOD", "Cluster", "is_member_call"]
+
+# How long a holder learnt from another member is trusted without asking again.
+HOLDER_TTL_S = 10.0
+# Holders remembered at most (least recently used ones forgotten first).
+HOLDER_CACHE_MAX = 100_000
+OWNERS_METHOD = "/npstream.v1.ClusterService/Owners"
+
+T = TypeVar("T")
+
+
+def is_member_call(context: grpc.ServicerContext) -> bool:
+    """Whether another member made this call: answer from this member's own streams only."""
+    return any(key == metadata_keys.CLUSTER_LOCAL
+               for key, _value in context.invocation_metadata() or ())
+
+
+class Cluster:
+    """This member's view of the cluster: identity, members, placement, routing.
+
+    A broker without members gets a disabled one: every name is its own.
+    """
+
+    def __init__(self, identity: str, members: Sequence[str], holds: Callable[[str], bool],
+                 access: AccessControl, peers: Peers | None) -> None:
+        self.identity = identity
+        self.members = tuple(members)
+        self.others = tuple(m for m in self.members if m != identity)
+        self.enabled = bool(self.members)
+        self._holds = holds
+        self._access = access
+        self._peers = peers
+        self._holders: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def single(cls, holds: Callable[[str], bool] = lambda _name: True,
+               access: AccessControl | None = None) -> Cluster:
+        """The cluster of one: no routing at all."""
+        return cls("", (), holds, access or AccessControl(), None)
+
+    @property
+    def peers(self) -> Peers:
+        assert self._peers is not None, "a cluster of one has no peers"
+        return self._peers
+
+    def placement(self, stream: str) -> str:
+        """The member a new stream of this name is created on."""
+        return rendezvous_owner(stream, self.members) if self.enabled else self.identity
+
+    # ------------------------------------------------------------ rights
+
+    def may_see(self, context: grpc.ServicerContext, stream: str) -> bool:
+        """Whether the caller has any right on ``stream`` (else it is never routed)."""
+        if not self._access.enabled:
+            return True
+        grant = self._access.grant_of(context)
+        return grant is None or any(grant.allows(stream, right) for right in Right)
+
+    # ------------------------------------------------------------ owners
+
+    def route(self, stream: str, context: grpc.ServicerContext) -> None:
+        """Return when this member serves ``stream``; NotOwnerError (a redirect) otherwise."""
+        if not self.enabled or self._holds(stream) or not self.may_see(context, stream):
+            return
+        owner, exists = self.owner(stream, context)
+        if owner != self.identity:
+            raise NotOwnerError(stream, owner, exists)
+
+    def owned(self, context: grpc.ServicerContext,
+              target_of: Callable[[str], T]) -> Callable[[str], T]:
+        """``target_of`` that first routes its stream (the sink's Stage targets)."""
+        if not self.enabled:
+            return target_of
+
+        def routed(stream: str) -> T:
+            self.route(stream, context)
+            return target_of(stream)
+
+        return routed
+
+    def owner(self, stream: str, context: grpc.ServicerContext) -> tuple[str, bool]:
+        """(member, exists): the holder of ``stream``, else its placement (exists False).
+
+        MemberUnavailableError when no answering member holds it and some
+        member did not answer.
+        """
+        if self._holds(stream):
+            return self.identity, True
+        cached = self._cached(stream)
+        if cached is not None:
+            return cached, True
+        found = self.find_holders([stream], context)
+        if stream in found:
+            return found[stream], True
+        return self.placement(stream), False
+
+    def find_holders(self, streams: Iterable[str],
+                     context: grpc.ServicerContext) -> dict[str, str]:
+        """{stream: member} for the streams another member holds (asked now, all at once).
+
+        MemberUnavailableError naming the silent members when some of the
+        streams were found nowhere and a member did not answer.
+        """
+        wanted = list(dict.fromkeys(streams))
+        if not wanted or not self.others:
+            return {}
+        request = pb.OwnersRequest(streams=wanted).SerializeToString()
+        metadata = forwarded_metadata(context)
+
+        def ask(member: str) -> pb.OwnersResponse:
+            return pb.OwnersResponse.FromString(
+                self.peers.call(member, OWNERS_METHOD, request, metadata))
+
+        replies, failures = self.peers.each(self.others, ask)
+        found: dict[str, str] = {}
+        for member, reply in replies.items():
+            for entry in reply.owners:
+                if entry.exists and entry.stream in wanted:
+                    found.setdefault(entry.stream, member)
+        if failures and len(found) < len(wanted):
+            missing = [s for s in wanted if s not in found]
+            raise MemberUnavailableError(
+                ", ".join(f.member for f in failures),
+                f"it is unknown whether one of them holds stream(s) {', '.join(missing)}",
+                "; ".join(f"{f.member}: {f.detail}" for f in failures))
+        for stream, member in found.items():
+            self._remember(stream, member)
+        return found
+
+    def _cached(self, stream: str) -> str | None:
+        with self._lock:
+            entry = self._holders.get(stream)
+            if entry is None:
+                return None
+            member, expires = entry
+            if expires < time.monotonic():
+                del self._holders[stream]
+                return None
+            self._holders.move_to_end(stream)
+            return member
+
+    def _remember(self, stream: str, member: str) -> None:
+        with self._lock:
+            self._holders[stream] = (member, time.monotonic() + HOLDER_TTL_S)
+            self._holders.move_to_end(stream)
+            while len(self._holders) > HOLDER_CACHE_MAX:
+                self._holders.popitem(last=False)
+
+    # ------------------------------------------------------------ ClusterService.Owners
+
+    def owners_reply(self, request: pb.OwnersRequest,
+                     context: grpc.ServicerContext) -> pb.OwnersResponse:
+        """Owners: from another member, only the named streams held here; else each one's owner."""
+        reply = pb.OwnersResponse(self=self.identity, members=self.members)
+        names = list(request.streams)
+        if is_member_call(context):
+            reply.owners.extend(pb.StreamOwner(stream=name, owner=self.identity, exists=True)
+                                for name in names
+                                if self._holds(name) and self.may_see(context, name))
+            return reply
+        visible = [name for name in names if self.may_see(context, name)]
+        remote = [name for name in visible if not self._holds(name)
+                  and self._cached(name) is None]
+        found = self.find_holders(remote, context) if self.enabled else {}
+        for name in names:
+            if name in visible and self._holds(name):
+                reply.owners.add(stream=name, owner=self.identity, exists=True)
+                continue
+            holder = (found.get(name) or self._cached(name)) if name in visible else None
+            if holder is not None:
+                reply.owners.add(stream=name, owner=holder, exists=True)
+            else:
+                reply.owners.add(stream=name, owner=self.placement(name), exists=False)
+        return reply
+
+    def close(self) -> None:
+        if self._peers is not None:
+            self._peers.close()
