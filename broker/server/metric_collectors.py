@@ -140,13 +140,18 @@ class StreamCollector(Collector):
 
 
 class ResourceCollector(Collector):
-    """File handles against their cap, client connections, heap memory against its budget."""
+    """File handles against their cap, client connections, memory against its budgets.
+
+    The publish memory budget's use is rpc/budget.py's own gauge
+    (``npstream_publish_bytes_in_flight``); its limit is exported here.
+    """
 
     def __init__(self, storage: Storage, grpc_port: Callable[[], int],
-                 retain_freed_memory: int) -> None:
+                 retain_freed_memory: int, publish_bytes_limit: int = 0) -> None:
         self._storage = storage
         self._grpc_port = grpc_port
         self._retain = retain_freed_memory
+        self._publish_limit = publish_bytes_limit
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(
@@ -174,6 +179,10 @@ class ResourceCollector(Collector):
             "npstream_memory_heap_free_limit_bytes",
             "retain_freed_memory: how much freed heap the broker may keep (0: glibc default)",
             value=self._retain)
+        yield GaugeMetricFamily(
+            "npstream_publish_bytes_in_flight_limit",
+            "max_publish_bytes_in_flight: the publish memory budget (0: no limit)",
+            value=self._publish_limit)
 
     def describe(self) -> list[Metric]:
         return []

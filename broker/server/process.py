@@ -135,8 +135,9 @@ class BrokerServer:
         registry = StreamRegistry(metadata, storage, config, on_stream_deleted=listeners)
         metrics.registry.register(StreamCollector(registry, metrics,
                                                   config.metrics.metrics_stream_gauges_max))
-        metrics.registry.register(ResourceCollector(storage, lambda: self.port,
-                                                    config.server.retain_freed_memory))
+        metrics.registry.register(ResourceCollector(
+            storage, lambda: self.port, config.server.retain_freed_memory,
+            config.server.max_publish_bytes_in_flight))
         storage.set_sync_observer(metrics.observe_fsync)
         rpc_status.observe_errors(metrics.error_counter())
         budget = PublishBudget(config.server.max_publish_bytes_in_flight, metrics.registry)

@@ -179,6 +179,8 @@ def test_resource_gauges(broker, client):
     assert m["npstream_memory_heap_free_limit_bytes"] == 256 * 1024 * 1024
     assert m["npstream_memory_heap_used_bytes"] > 1024 * 1024
     assert m["npstream_memory_heap_free_bytes"] >= 0
+    assert m["npstream_publish_bytes_in_flight_limit"] == 256 * 1024 * 1024
+    assert m["npstream_publish_bytes_in_flight"] == 0     # nothing being published now
     assert m["process_open_fds"] > m["npstream_open_files"]
     assert m["process_resident_memory_bytes"] > 0
     # a channel of its own (gRPC shares one connection per target between channels)
