@@ -75,6 +75,6 @@ class Console:
                         outs={log.name: self._metrics.activity(log.name).messages_out
                               for log in logs})
         if self._groups is not None:
-            statuses = self._groups.statuses()[: self._series_max]
+            statuses = self._groups.statuses(limit=self._series_max)[: self._series_max]
             sample.groups = {(g.stream, g.group): g.lag for g in statuses}
         return sample

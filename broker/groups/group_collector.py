@@ -64,13 +64,14 @@ class GroupCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         since_ms = int(self._clock() * 1000)
         try:
+            total = self._manager.count()
+            yield GaugeMetricFamily("npstream_groups", "Consumer groups of all streams",
+                                    value=total)
+            if total > self._gauges_max:  # counted without loading a group
+                return
             statuses = self._manager.statuses()
         except BrokerError as exc:  # shutting down
             log.debug("no group metrics: %s", exc)
-            return
-        yield GaugeMetricFamily("npstream_groups", "Consumer groups of all streams",
-                                value=len(statuses))
-        if len(statuses) > self._gauges_max:
             return
         labels = ["stream", "group"]
 

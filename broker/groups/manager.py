@@ -291,14 +291,21 @@ class GroupManager:
         return GroupStatus(row.stream, row.group, row.kind, committed, end, 0,
                            row.dead_lettered, [], row.config)
 
-    def statuses(self, visible: Callable[[str], bool] | None = None) -> list[GroupStatus]:
+    def count(self) -> int:
+        """How many groups exist, all streams together (one SQL count, nothing loaded)."""
+        return self._store.count()
+
+    def statuses(self, visible: Callable[[str], bool] | None = None,
+                 limit: int | None = None) -> list[GroupStatus]:
         """Every group of every stream (``visible``: only streams it accepts), by stream, group.
 
         For the metrics and the web console; a stream deleted or broken
-        meanwhile is skipped.
+        meanwhile is skipped. ``limit``: stop after the stream that reaches it.
         """
         out: list[GroupStatus] = []
         for stream in sorted(self._store.streams()):
+            if limit is not None and len(out) >= limit:
+                break
             if visible is not None and not visible(stream):
                 continue
             try:

@@ -106,6 +106,10 @@ class GroupStore:
         )
         return [_row(r) for r in rows]
 
+    def count(self) -> int:
+        """How many groups exist (all streams): the metrics' cap check, without loading any."""
+        return int(self._metadata.execute("SELECT COUNT(*) AS n FROM consumer_groups")[0]["n"])
+
     def streams(self) -> builtins.list[str]:  # `list` here is the method above
         """Every stream that has at least one group row."""
         return [r["stream"] for r in self._metadata.execute(
