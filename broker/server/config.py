@@ -434,6 +434,17 @@ class BrokerConfig:
                     f"this broker's advertised address {identity} is not among [cluster] "
                     f"members ({', '.join(self.cluster.members)}): a broker's identity is its "
                     "advertised address, listed the same way on every member")
+        metrics = self.metrics
+        if (metrics.metrics_port is not None and metrics.console
+                and not (self.auth_enabled or self.server.tls_enabled
+                         or self.server.allow_insecure
+                         or is_loopback_host(metrics.metrics_host))):
+            problems.append(
+                f"refusing to serve the web console on metrics_host={metrics.metrics_host!r}, "
+                "which is not a loopback address, with neither authentication nor TLS: anyone "
+                "who can reach the port could read every stream's messages. Set auth_token or "
+                "[auth] tokens_file, or console = false (NPSTREAM_CONSOLE=false) to serve only "
+                "/metrics there, or allow_insecure = true (--allow-insecure) on a trusted network")
         if self.storage.data_dir != self.server.data_dir:
             problems.append(f"storage.data_dir={self.storage.data_dir} must be "
                             f"server.data_dir={self.server.data_dir}")

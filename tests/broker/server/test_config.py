@@ -268,6 +268,17 @@ def test_non_loopback_host_starts_with_auth_tls_or_allow_insecure(tmp_path):
     assert config.server.allow_insecure
 
 
+def test_an_open_console_on_a_non_loopback_metrics_host_is_refused():
+    with pytest.raises(ConfigError) as error:
+        load_config(None, env={}, cli={"metrics_host": "0.0.0.0"})
+    message = str(error.value)
+    assert "web console on metrics_host='0.0.0.0'" in message and "console = false" in message
+    for env in ({"NPSTREAM_CONSOLE": "false"}, {"NPSTREAM_AUTH_TOKEN": "t"},
+                {"NPSTREAM_ALLOW_INSECURE": "true"}, {"NPSTREAM_METRICS_PORT": "off"}):
+        assert load_config(None, env=env, cli={"metrics_host": "0.0.0.0"}).metrics.metrics_host \
+            == "0.0.0.0"
+
+
 def test_main_refuses_an_insecure_bind_with_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--data-dir", str(tmp_path / "d"), "--host", "0.0.0.0"])
