@@ -1,0 +1,131 @@
+"""The cluster's rules without processes: placement, configuration, which RPC is routed how.
+
+The brokers themselves, three of them on loopback, are exercised in
+tests/e2e/test_broker_cluster.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from npstream.broker.cluster.fanout import FANOUT_METHODS
+from npstream.broker.cluster.interceptor import MEMBER_METHODS, PER_STREAM, STREAMING
+from npstream.broker.cluster.placement import placement_weight, rendezvous_owner
+from npstream.broker.server.config import ConfigError, load_config
+from npstream.client.routing import PER_STREAM_RPCS
+from npstream.proto import pb
+from npstream.proto.wire import field_bytes
+
+MEMBERS = ["10.0.0.1:7070", "10.0.0.2:7070", "10.0.0.3:7070"]
+
+
+# ---------------------------------------------------------------- placement
+
+def test_placement_is_stable_across_processes_and_versions():
+    """The weights are BLAKE2b digests, never Python's salted hash(): pinned values."""
+    assert placement_weight("10.0.0.1:7070", "orders") == 3752216530745100468
+    assert [rendezvous_owner(name, MEMBERS) for name in ("orders", "payments", "ai_chat_42")] \
+        == [rendezvous_owner(name, list(reversed(MEMBERS)))
+            for name in ("orders", "payments", "ai_chat_42")]
+    pinned = {name: rendezvous_owner(name, MEMBERS) for name in ("orders", "payments", "a")}
+    assert pinned == {"orders": "10.0.0.3:7070", "payments": "10.0.0.1:7070",
+                      "a": "10.0.0.1:7070"}
+
+
+def test_placement_spreads_names_evenly():
+    counts = Counter(rendezvous_owner(f"sensor-{i}", MEMBERS) for i in range(6000))
+    assert set(counts) == set(MEMBERS)
+    assert all(1700 < count < 2300 for count in counts.values()), counts
+
+
+def test_adding_a_member_moves_only_names_to_the_new_member():
+    names = [f"chat-{i}" for i in range(4000)]
+    before = {name: rendezvous_owner(name, MEMBERS) for name in names}
+    grown = [*MEMBERS, "10.0.0.4:7070"]
+    after = {name: rendezvous_owner(name, grown) for name in names}
+    moved = [name for name in names if before[name] != after[name]]
+    assert all(after[name] == "10.0.0.4:7070" for name in moved)
+    assert 800 < len(moved) < 1200  # about a quarter
+
+
+# ---------------------------------------------------------------- configuration
+
+def test_members_from_toml_list_env_string_or_flag(tmp_path):
+    toml = tmp_path / "broker.toml"
+    toml.write_text('[server]\nport = 7071\n[cluster]\nmembers = ["127.0.0.1:7070", '
+                    '"127.0.0.1:7071"]\n')
+    config = load_config(toml, env={})
+    assert config.cluster.members == ("127.0.0.1:7070", "127.0.0.1:7071")
+    assert config.cluster_identity == "127.0.0.1:7071"
+    env = load_config(None, env={"NPSTREAM_MEMBERS": "127.0.0.1:7070, 127.0.0.1:7072"})
+    assert env.cluster.members == ("127.0.0.1:7070", "127.0.0.1:7072")
+    flag = load_config(None, env={}, cli={"members": "b:1,127.0.0.1:7070",
+                                          "advertised_address": "b:1"})
+    assert flag.cluster_identity == "b:1"
+
+
+def test_no_members_is_no_cluster():
+    config = load_config(None, env={})
+    assert not config.cluster.enabled and config.cluster_identity == ""
+
+
+@pytest.mark.parametrize(("cli", "expected"), [
+    ({"members": "127.0.0.1:7071,127.0.0.1:7072"}, "127.0.0.1:7070 is not among"),
+    ({"members": "127.0.0.1:7070", "host": "0.0.0.0", "allow_insecure": True},
+     "set advertised_address"),
+    ({"members": "127.0.0.1:7070", "port": 0}, "set advertised_address"),
+    ({"advertised_address": "127.0.0.1:7070"}, "members is empty"),
+    ({"members": "127.0.0.1:7070,127.0.0.1:7070"}, "more than once"),
+    ({"members": "127.0.0.1:7070,nohost"}, "'nohost' is not host:port"),
+    ({"members": "127.0.0.1:7070,0.0.0.0:7071"}, "wildcard"),
+    ({"members": "127.0.0.1:7070", "peer_timeout": "0s"}, "peer_timeout"),
+])
+def test_bad_cluster_settings_are_refused_saying_why(cli, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(None, env={}, cli=cli)
+
+
+# ---------------------------------------------------------------- which RPC is routed how
+
+def _all_methods() -> set[str]:
+    return {f"/npstream.v1.{service.name}/{method.name}"
+            for service in pb.DESCRIPTOR.services_by_name.values()
+            for method in service.methods}
+
+
+def test_every_rpc_is_routed_fanned_out_or_a_members_own():
+    """A new RPC must be put in one group, or it would skip routing unnoticed."""
+    groups = [PER_STREAM, set(STREAMING), FANOUT_METHODS, MEMBER_METHODS]
+    every = _all_methods()
+    for method in every:
+        assert sum(method in group for group in groups) == 1, method
+    assert set().union(*groups) == every
+
+
+def test_per_stream_requests_name_their_stream_in_field_1():
+    for method in PER_STREAM:
+        service, name = method.removeprefix("/npstream.v1.").split("/")
+        descriptor = pb.DESCRIPTOR.services_by_name[service].methods_by_name[name]
+        field = descriptor.input_type.fields_by_number[1]
+        assert field.name in ("stream", "name") and field.type == field.TYPE_STRING, method
+
+
+def test_the_client_routes_the_same_rpcs_as_the_broker():
+    client = {f"/npstream.v1.{rpc.replace('.', '/')}" for rpc in PER_STREAM_RPCS}
+    assert client == set(PER_STREAM)
+
+
+def test_the_stream_name_is_read_from_wire_bytes_without_parsing():
+    big = pb.PublishRequest(stream="orders", arrow_stream=b"x" * (1 << 20)).SerializeToString()
+    assert bytes(field_bytes(big, 1)) == b"orders"
+    opening = pb.SubscribeRequest(credits=5)
+    opening.open.stream = "payments"
+    inner = field_bytes(opening.SerializeToString(), 1)
+    assert inner is not None and bytes(field_bytes(inner, 1)) == b"payments"
+    assert field_bytes(b"\x0a\x05ab", 1) is None  # truncated: the parser reports it later
+    assert field_bytes(pb.FetchRequest(offset=3).SerializeToString(), 1) is None
+    twice = (pb.FetchRequest(stream="a").SerializeToString()
+             + pb.FetchRequest(stream="b").SerializeToString())
+    assert bytes(field_bytes(twice, 1)) == b"b"  # protobuf's rule: the last one wins
