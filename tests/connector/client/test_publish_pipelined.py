@@ -240,7 +240,7 @@ def test_publish_batch_falls_back_to_unary_on_a_broker_without_publish_stream(
     broker = broker_factory(env={HIDE_RPCS_ENV: "StreamService.PublishStream"})
     values = _values(20_000)
     with Client(broker.address) as client:
-        call = client._open_publish_stream(iter([_arrow_request(
+        call = client._open_publish_stream("old", iter([_arrow_request(
             "old", [b"x"]).SerializeToString()]), timeout=10)
         with pytest.raises(NpstreamError) as refused:
             list(call)
