@@ -162,9 +162,7 @@ class ConsoleApi:
         row["config"] = dataclasses.asdict(status.config)
         row["schemas"] = [{"version": v.version, "ddl": v.ddl, "created_ms": v.created_ms}
                           for v in status.schemas]
-        since_ms = int(self._clock() * 1000)
-        row["groups"] = [self._group_row(g, since_ms)
-                         for g in self._statuses(lambda s: s == name)]
+        row["groups"] = [self._group_row(g) for g in self._statuses(lambda s: s == name)]
         return row
 
     def messages(self, name: str, query: dict[str, str]) -> dict[str, object]:
@@ -202,11 +200,9 @@ class ConsoleApi:
     def _statuses(self, readable: Readable) -> list[GroupStatus]:
         return [] if self._groups is None else self._groups.statuses(readable)
 
-    def _group_row(self, status: GroupStatus, since_ms: int) -> dict[str, object]:
-        """``since_ms``: a time taken before the statuses were (connected_members)."""
+    def _group_row(self, status: GroupStatus) -> dict[str, object]:
         assert self._groups is not None
         now_ms = self._clock() * 1000
-        since = since_ms
         tally = self._groups.metrics.tally(status.stream, status.group)
         config = status.config
         return {
@@ -219,15 +215,14 @@ class ConsoleApi:
             "dead_letter_stream": config.dead_letter_stream if config is not None else "",
             "max_deliver": config.max_deliver if config is not None else 0,
             "members": [{"member_id": m.member_id, "last_seen_ms": m.last_seen_ms,
-                         "in_flight": m.in_flight, "connected": m.last_seen_ms >= since}
+                         "in_flight": m.in_flight, "connected": m.connections > 0}
                         for m in status.members],
-            "members_connected": connected_members(status, since),
+            "members_connected": connected_members(status),
             "delivered": tally.delivered, "redelivered": tally.redelivered,
             "acked": tally.acked, "nacked": tally.nacked, "pulled": tally.pulled,
         }
 
     def groups(self, readable: Readable, stream: str | None = None) -> dict[str, object]:
-        since_ms = int(self._clock() * 1000)
         statuses = self._statuses(
             readable if stream is None else (lambda s: s == stream and readable(s)))
-        return {"groups": [self._group_row(g, since_ms) for g in statuses]}
+        return {"groups": [self._group_row(g) for g in statuses]}

@@ -34,15 +34,9 @@ __all__ = ["GroupCollector", "connected_members", "lag_seconds"]
 log = logging.getLogger(__name__)
 
 
-def connected_members(status: GroupStatus, since_ms: int) -> int:
-    """Members with an open subscription (or seen at snapshot time).
-
-    A snapshot reports a connected subscriber's ``last_seen_ms`` as the time
-    of the snapshot, so members seen at or after ``since_ms`` (a time taken
-    just before the snapshot) are the connected ones; a member that only
-    called receive/ack within that millisecond is counted too.
-    """
-    return sum(1 for member in status.members if member.last_seen_ms >= since_ms)
+def connected_members(status: GroupStatus) -> int:
+    """Members with at least one open Subscribe call (the snapshot counts them)."""
+    return sum(1 for member in status.members if getattr(member, "connections", 0) > 0)
 
 
 def lag_seconds(oldest_unconsumed_ms: int, now_ms: float) -> float:
@@ -62,7 +56,6 @@ class GroupCollector(Collector):
         self._clock = clock
 
     def collect(self) -> Iterator[Metric]:
-        since_ms = int(self._clock() * 1000)
         try:
             total = self._manager.count()
             yield GaugeMetricFamily("npstream_groups", "Consumer groups of all streams",
@@ -111,7 +104,7 @@ class GroupCollector(Collector):
                 "committed": status.committed_offset, "lag": status.lag,
                 "lag_s": lag_seconds(self._manager.oldest_unconsumed_ms(status), now_ms),
                 "in_flight": status.in_flight, "members": len(status.members),
-                "connected": connected_members(status, since_ms),
+                "connected": connected_members(status),
             }
             for name, family in gauges.items():
                 family.add_metric(key, values[name])

@@ -91,6 +91,7 @@ class MemberInfo(NamedTuple):
     member_id: str
     last_seen_ms: int
     in_flight: int
+    connections: int = 0  # open Subscribe calls of the member
 
 
 class SharedSnapshot(NamedTuple):
@@ -523,7 +524,8 @@ class SharedGroup:
         with self._cond:
             now = self._clock()
             members = [
-                MemberInfo(m, now if s.connections else s.last_seen_ms, s.in_flight)
+                MemberInfo(m, now if s.connections else s.last_seen_ms, s.in_flight,
+                           s.connections)
                 for m, s in sorted(self._table.members.items())
             ]
             return SharedSnapshot(
