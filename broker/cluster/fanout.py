@@ -105,8 +105,8 @@ def _list_streams(parts: _Parts, request: pb.ListStreamsRequest,
     names = sorted(merged)
     page = names[:size]
     more = len(names) > size or any(reply.next_page_token for reply in (own, *others))
-    return pb.ListStreamsResponse(streams=[merged[name] for name in page],
-                                  next_page_token=next_page_token(page[-1]) if more and page else "")
+    token = next_page_token(page[-1]) if more and page else ""
+    return pb.ListStreamsResponse(streams=[merged[name] for name in page], next_page_token=token)
 
 
 def _by_owner(parts: _Parts, names: Sequence[str]) -> tuple[list[str], dict[str, list[str]]]:

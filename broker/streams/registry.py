@@ -72,8 +72,8 @@ from npstream.proto.value_schema import (
     to_ddl,
 )
 
-__all__ = ["SchemaVersion", "StreamRegistry", "StreamStatus", "check_stream_name", "next_page_token",
-           "page_after"]
+__all__ = ["SchemaVersion", "StreamRegistry", "StreamStatus", "check_stream_name",
+           "next_page_token", "page_after"]
 
 log = logging.getLogger(__name__)
 
