@@ -285,6 +285,8 @@ REQUESTS: dict[str, tuple[str, st.SearchStrategy]] = {
     "SinkService/SinkState": (UNARY, st.builds(
         pb.SinkStateRequest, sink_id=st.one_of(st.just(SINK), NAMES))),
     "SinkService/StageInbox": (UNARY, st.builds(pb.StageInboxRequest)),
+    "ClusterService/Owners": (UNARY, st.builds(
+        pb.OwnersRequest, streams=st.lists(NAMES, max_size=3))),
 }
 
 
