@@ -47,6 +47,10 @@ DRIVER_MEMORY = "512m"
 CONNECT_SERVER_MEMORY = "768m"
 # Master and Worker are small daemons; Spark's default heap for them is 1g.
 DAEMON_MEMORY = "256m"
+# The JVMs here live for seconds to a minute on 2 shared cores: the quick JIT
+# and one GC thread start them faster than the defaults (measured: a copy job
+# submit ~10-20% faster). Test settings only; not a recommendation for jobs.
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 START_TIMEOUT = 90.0
 
 
@@ -123,7 +127,9 @@ class StandaloneCluster:
         """spark-submit ``script`` to the cluster (client mode); fails the test if it fails."""
         settings = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
                     "spark.executor.memory": EXECUTOR_MEMORY, "spark.executor.cores": "1",
-                    "spark.sql.session.timeZone": "UTC", **(conf or {})}
+                    "spark.sql.session.timeZone": "UTC",
+                    "spark.driver.extraJavaOptions": QUICK_JVM,
+                    "spark.executor.extraJavaOptions": QUICK_JVM, **(conf or {})}
         cmd = [str(SPARK_SUBMIT), "--master", self.url, "--driver-memory", DRIVER_MEMORY]
         for key, value in settings.items():
             cmd += ["--conf", f"{key}={value}"]
@@ -150,7 +156,7 @@ def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sta
     conf_dir = root / "conf"  # empty: Spark's defaults, INFO logs into the daemons' files
     conf_dir.mkdir()
     env = spark_env(SPARK_CONF_DIR=str(conf_dir), SPARK_DAEMON_MEMORY=DAEMON_MEMORY,
-                    SPARK_LOCAL_DIRS=str(root / "local"),
+                    SPARK_DAEMON_JAVA_OPTS=QUICK_JVM, SPARK_LOCAL_DIRS=str(root / "local"),
                     # No REST submission server (it would take the fixed port 6066).
                     SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false")
     daemons: list[Daemon] = []
