@@ -478,21 +478,23 @@ def test_spark_reads_a_pattern_across_members_and_writes_exactly_once_to_two(
 # ---------------------------------------------------------------- TLS between members
 
 
-def test_members_call_each_other_over_mutual_tls(tmp_path, prefix, tls_files):
-    """With client certificates required, members present their own to each other."""
+def test_members_call_each_other_over_mutual_tls_with_the_callers_token(
+        tmp_path, prefix, tls_files):
+    """With client certificates required, members present their own to each other, and
+    forward the caller's token (every member knows the same tokens)."""
     ports = free_ports(2)
     members = [f"127.0.0.1:{port}" for port in ports]
     brokers = []
     try:
         for name, port in zip("ab", ports, strict=True):
             broker = BrokerProcess(tmp_path / name, args=["--cluster-members", ",".join(members)],
-                                   env={**tls_files.broker_env,
+                                   env={**tls_files.broker_env, "NPSTREAM_AUTH_TOKEN": "s3cret",
                                         "NPSTREAM_PEER_CA_FILE": str(tls_files.ca)})
             broker.port = port
             brokers.append(broker.start())
         cluster = Cluster(brokers)
         (far,) = cluster.names_on(brokers[1], prefix)
-        with Client(brokers[0].address, root_certificates=tls_files.ca.read_bytes(),
+        with Client(brokers[0].address, "s3cret", root_certificates=tls_files.ca.read_bytes(),
                     client_cert=tls_files.client_cert.read_bytes(),
                     client_key=tls_files.client_key.read_bytes()) as client:
             client.publish(far, b"over tls", id="t0")  # placed by asking the other member
