@@ -140,11 +140,11 @@ class StandaloneCluster:
                               env=spark_env(**(env or {})), timeout=timeout)
         assert proc.returncode == 0, (
             f"spark-submit {script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-            f"{proc.stderr[-6000:]}")
+            f"{proc.stderr[-6000:]}\nexecutors:\n{self.executor_logs()[-6000:]}")
         return proc
 
     def executor_logs(self) -> str:
-        """Every executor's stderr so far (for failure messages)."""
+        """The end of every executor's stderr so far (for failure messages)."""
         return "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-3000:]}"
                          for p in sorted(self.root.glob("worker-*/app-*/*/stderr")))
 

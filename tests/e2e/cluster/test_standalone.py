@@ -106,7 +106,7 @@ def test_copy_survives_a_replayed_batch_and_off_host_executors_use_grpc(
     on_host = _delta(before, _metrics(broker))
     assert run1["exception"] is None
     assert [b for b, rows in zip(run1["batches"], run1["rows"], strict=True) if rows] == [0, 1, 2]
-    assert on_host[LOCATED] == 60 and on_host[FETCHED] == 0, on_host  # segment files
+    assert on_host[FETCHED] == 0 and on_host[LOCATED] >= 60, on_host  # segment files
     assert on_host[BY_FILE] >= 3, on_host  # one inbox file per task with rows, at least
     assert _stored(client, target).column("id").to_pylist() == [f"id-{i}" for i in range(60)]
 
