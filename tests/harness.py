@@ -52,7 +52,7 @@ class BrokerProcess:
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self, timeout: float = 30.0) -> BrokerProcess:
+    def start(self, timeout: float = 60.0) -> BrokerProcess:
         ready = self.data_dir.parent / f"{self.data_dir.name}.ready"
         ready.unlink(missing_ok=True)
         cmd = [

@@ -141,11 +141,18 @@ def test_write_with_unknown_option_fails_naming_it(npstream_spark, broker, strea
             .option("stream", stream_name).option("sinkid2", "x").mode("append").save()
 
 
-def test_write_without_value_column_fails_at_start(npstream_spark, broker, stream_name):
+def test_write_without_value_column_fails_at_start(npstream_spark, broker, client,
+                                                  stream_name):
+    """Without a 'value' column the columns are a typed record: an untyped target refuses
+    them at start, naming the columns (typed writes: test_writer_typed.py)."""
+    client.create_stream(stream_name)
     frame = npstream_spark.range(1).selectExpr("CAST(id AS STRING) AS payload")
-    with pytest.raises(Exception, match=r"Column 'payload' \(string\) cannot be written"):
+    with pytest.raises(Exception, match=rf"Stream '{stream_name}' is untyped \(binary values\), "
+                                        r"but the data is written as a typed stream's record "
+                                        r"\(columns: payload STRING NOT NULL\)"):
         frame.write.format("npstream").option("broker", broker.address) \
             .option("stream", stream_name).mode("append").save()
+    assert client.stream_info(stream_name).end_offset == 0
 
 
 def test_streaming_complete_mode_appends_the_whole_result_every_batch(
