@@ -39,7 +39,7 @@ from npstream.broker.groups import service as group_service
 from npstream.broker.groups.manager import GroupManager
 from npstream.broker.metadata import Metadata
 from npstream.broker.rpc import status as rpc_status
-from npstream.broker.rpc.budget import PublishBudget
+from npstream.broker.rpc.budget import PublishAdmission, PublishBudget
 from npstream.broker.server.config import BrokerConfig, is_loopback_host
 from npstream.broker.server.context import BrokerContext
 from npstream.broker.server.http import HttpEndpoint
@@ -62,6 +62,13 @@ SERVICE_NAMES = tuple(
                  "ClusterService")
 )
 LOCK_FILE = "broker.lock"
+# The unary calls that carry publish data: admitted against the publish memory
+# budget before their requests are read (PublishStream's requests are admitted
+# one by one by the stream service).
+ADMITTED_METHODS = (
+    f"/{pb.DESCRIPTOR.services_by_name['StreamService'].full_name}/Publish",
+    f"/{pb.DESCRIPTOR.services_by_name['SinkService'].full_name}/Stage",
+)
 
 # HTTP/2 keepalive: clients with long-lived Subscribe streams may ping every
 # 10 s even when idle; stricter server defaults would answer with GOAWAY.
@@ -152,6 +159,8 @@ class BrokerServer:
             else [])
         # After auth: a member routes (redirects, asks the others) only known callers.
         interceptors += routing_interceptors(ctx.cluster)
+        if ctx.publish_budget.limit:  # first: admitted before anything reads the request
+            interceptors.insert(0, PublishAdmission(ctx.publish_budget, ADMITTED_METHODS))
         server = grpc.server(
             ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="rpc"),
             interceptors=interceptors,

@@ -154,12 +154,14 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
     def Stage(self, raw: bytes, context: grpc.ServicerContext) -> pb.StageResponse:
         """Store one task's rows; ``raw`` is the StageRequest's wire bytes (add_to_server).
 
-        Admitted against the publish memory budget (rpc/budget.py) first: the
-        request's bytes, plus the inbox file's that will be read into memory.
+        The call was admitted against the publish memory budget before it was
+        read (rpc/budget.py); the bytes of an inbox file, read into memory
+        here, are admitted too.
         """
         request, arrow_stream = _split_stage_request(raw)
-        size = len(raw) + min(request.inbox_length, self._max_message_bytes)
-        with self._budget.admitted(size, f"stage to stream '{request.stream}'"):
+        inbox_bytes = (min(request.inbox_length, self._max_message_bytes)
+                       if request.inbox_file else 0)
+        with self._budget.admitted(inbox_bytes, f"stage to stream '{request.stream}'"):
             return self._stage(request, arrow_stream, context)
 
     def _stage(self, request: pb.StageRequest, arrow_stream: memoryview | pa.Buffer,

@@ -154,6 +154,19 @@ def _empty_ids_to_null(table: pa.Table) -> pa.Table:
     return table.set_column(index, table.field(index), pc.if_else(empty, nulls, column))
 
 
+def _split_publish(raw: bytes, method: str) -> tuple[pb.PublishRequest, memoryview | None]:
+    """A PublishRequest's small fields, and its Arrow data as a view into ``raw`` (None: unset).
+
+    A request with ``messages`` is parsed whole (split_bytes_field bails out).
+    """
+    try:
+        request, arrow = split_bytes_field(raw, pb.PublishRequest, "arrow_stream",
+                                           bail_on="messages")
+    except DecodeError as exc:
+        raise InvalidArgumentError(f"malformed PublishRequest on {method}: {exc}") from None
+    return request, arrow[-1] if arrow else None
+
+
 def on_log(registry: StreamRegistry, stream: str, action: Callable[[], T]) -> T:
     """Run a log operation; corruption found now marks the stream as needing repair."""
     try:
@@ -306,18 +319,22 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         )
 
     @rpc_method
-    def Publish(self, request: pb.PublishRequest,
-                context: grpc.ServicerContext) -> pb.PublishResponse:
-        # Admitted against the publish memory budget (rpc/budget.py) before decoding.
-        with self._budget.admitted(request.ByteSize(),
-                                   f"publish to stream '{request.stream}'"):
-            stream, rows, ack = self._prepare_publish(request, context)
-            stream_log = self._registry.get(stream, create_if_missing=True)
-            if rows is None:
-                return pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
-            started = time.perf_counter()
-            result = self._on_log(stream, lambda: stream_log.append(rows, ack))
-            return self._published(stream, result, rows, ack, started)
+    def Publish(self, raw: bytes, context: grpc.ServicerContext) -> pb.PublishResponse:
+        """One publish; ``raw`` is the request's wire bytes (add_to_server).
+
+        Admitted against the publish memory budget before it was read
+        (rpc/budget.py). Its Arrow data is used in place, as PublishStream's:
+        parsing the message would copy it twice, which for a large request was
+        most of the memory it took.
+        """
+        request, arrow = _split_publish(raw, "Publish")
+        stream, rows, ack = self._prepare_publish(request, context, arrow)
+        stream_log = self._registry.get(stream, create_if_missing=True)
+        if rows is None:
+            return pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
+        started = time.perf_counter()
+        result = self._on_log(stream, lambda: stream_log.append(rows, ack))
+        return self._published(stream, result, rows, ack, started)
 
     @rpc_method
     def PublishStream(self, request_iterator: Iterator[bytes],
@@ -343,14 +360,8 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
             len(raw), "a PublishStream request", wait_s=None,
             should_stop=lambda: self._stopping.is_set() or not context.is_active())
         try:
-            try:
-                request, arrow = split_bytes_field(raw, pb.PublishRequest, "arrow_stream",
-                                                   bail_on="messages")
-            except DecodeError as exc:
-                raise InvalidArgumentError(
-                    f"malformed PublishRequest on PublishStream: {exc}") from None
-            stream, rows, ack = self._prepare_publish(request, context,
-                                                      arrow[-1] if arrow else None)
+            request, arrow = _split_publish(raw, "PublishStream")
+            stream, rows, ack = self._prepare_publish(request, context, arrow)
             stream_log = self._registry.get(stream, create_if_missing=True)
             if rows is None:
                 empty = pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
@@ -459,6 +470,6 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
 
 
 def add_to_server(server: grpc.Server, ctx: BrokerContext) -> None:
-    """Register the service; PublishStream takes raw requests (see _write_publish)."""
+    """Register the service; Publish and PublishStream take raw requests (_split_publish)."""
     add_service(server, "StreamService", StreamServicer(ctx),
-                raw_requests={"PublishStream"})
+                raw_requests={"Publish", "PublishStream"})

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from integrity import check_files, check_streams, read_back
 
 from harness import BrokerProcess
-from integrity import check_files, check_streams, read_back
 from npstream import Client, DiskFull
 
 FS_SIZE = "16m"
