@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from npstream import __version__
+from npstream.cli import cluster as cli_cluster
 from npstream.cli import consume as cli_consume
 from npstream.cli import groups as cli_groups
 from npstream.cli import produce as cli_produce
@@ -43,6 +44,7 @@ def build_parser() -> CliParser:
     cli_consume.register(subparsers)
     cli_groups.register(subparsers)
     cli_top.register(subparsers)
+    cli_cluster.register(subparsers)
     return parser
 
 
