@@ -131,17 +131,19 @@ def cursor_consumer(address: str, stop: threading.Event, ledger: Ledger) -> None
 def shared_consumer(address: str, member: str, stop: threading.Event, ledger: Ledger) -> None:
     with Client(address, retry_deadline=RETRY_S) as client:
         while not stop.is_set():
+            with ledger.lock:  # durable before this receive starts (another member may ack
+                known = ledger.shared_position  # while it runs: later positions prove nothing)
             leases = _retrying(stop, ledger, "receive", lambda: client.receive(
                 SHARED_STREAM, "shared", 100, wait=0.2, member_id=member))
             if not leases:
                 continue
             offsets = [lease.offset for lease in leases]  # type: ignore[attr-defined]
+            below = [o for o in offsets if o < known]
             with ledger.lock:
-                below = [o for o in offsets if o < ledger.shared_position]
                 ledger.shared_redelivered += sum(o in ledger.shared_acked for o in offsets)
             if below:
                 ledger.violation(f"shared group delivered {below[:5]} below its acknowledged "
-                                 f"committed position {ledger.shared_position}")
+                                 f"committed position {known}")
             response = _retrying(stop, ledger, "ack", lambda o=offsets: group_rpc.ack(
                 client, SHARED_STREAM, "shared", o, member_id=member))
             if response is not None:
