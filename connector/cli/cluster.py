@@ -187,12 +187,10 @@ def _size(value: int | None) -> str:
 # ---------------------------------------------------------------- local
 
 
-class _Stop(Exception):
-    """SIGTERM arrived: stop the brokers as Ctrl-C does."""
-
-
 def _on_sigterm(_signum: int, _frame: FrameType | None) -> None:
-    raise _Stop
+    """SIGTERM stops the brokers as Ctrl-C does (no exception class of its own: every
+    exception class of the package is an NpstreamError, and this one is control flow)."""
+    raise KeyboardInterrupt
 
 
 @dataclass
@@ -288,7 +286,7 @@ def _local(args: argparse.Namespace) -> int:
                                    f"{broker.proc.returncode}; stopping the others. Its log "
                                    f"({broker.log_path}) ends with:\n{broker.log_tail()}")
             time.sleep(0.5)
-    except (KeyboardInterrupt, _Stop):
+    except KeyboardInterrupt:
         print("stopping the brokers", file=sys.stderr, flush=True)
         return 0
     finally:
@@ -296,7 +294,7 @@ def _local(args: argparse.Namespace) -> int:
         # SIGTERM to this process alone does not: each gets its own.
         try:  # a second SIGTERM while stopping: kill
             _stop_all(brokers)
-        except _Stop:
+        except KeyboardInterrupt:
             for broker in brokers:
                 if broker.proc.poll() is None:
                     broker.proc.kill()
