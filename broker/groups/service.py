@@ -103,6 +103,20 @@ def _ranges(what: str, stream: str,
     return out
 
 
+def _metadata_safe_member(member_id: str) -> str:
+    """A Subscribe's member id, which goes back in initial metadata: printable ASCII only.
+
+    gRPC refuses any other character in a metadata value and would end the
+    call with INTERNAL ("Invalid metadata"); refuse it as a bad argument
+    instead (found by the hostile-input fuzzer).
+    """
+    if any(not " " <= ch <= "~" for ch in member_id):
+        raise InvalidArgumentError(
+            f"member_id {member_id!r} must be printable ASCII (it is sent back in the "
+            "Subscribe call's metadata)")
+    return member_id
+
+
 def _check_non_negative(what: str, stream: str, **values: int) -> None:
     for name, value in values.items():
         if value < 0:
@@ -344,7 +358,7 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
         self._shared_access(context, first.open.stream, first.open.config)
         group, config = self._manager.shared(first.open.stream, first.open.group,
                                              first.open.config)
-        member = first.open.member_id or context.peer()
+        member = _metadata_safe_member(first.open.member_id) or context.peer()
         session = _SubscribeSession(group, member, self._stopping,
                                     self._manager.metrics.subscribe_requests)
         session.apply(first)
