@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from npstream.client import group_rpc
 from npstream.errors import InvalidArgument
-from npstream.groups.leases import check_group, default_member_id, shared_group_config
+from npstream.groups.leases import check_receive, default_member_id, shared_group_config
 from npstream.proto.schema import DELIVERY_SCHEMA
 from npstream.proto.units import parse_duration_ms
 
@@ -135,11 +135,7 @@ def receive_batch(
     """
     config = shared_group_config(stream, ack_wait, max_deliver, backoff, dead_letter_stream,
                                  ordering)
-    check_group(group)
-    if max < 1:
-        raise InvalidArgument(f"max={max} must be >= 1")
-    if wait < 0:
-        raise InvalidArgument(f"wait={wait} must be >= 0 seconds")
+    check_receive(group, max, wait)
     if ack is not None and (ack.stream, ack.group) != (stream, group):
         raise InvalidArgument(f"ack= is a batch of group '{ack.group}' on stream "
                               f"'{ack.stream}', not of group '{group}' on '{stream}'")

@@ -31,6 +31,7 @@ __all__ = [
     "Settle",
     "ack_leases",
     "check_group",
+    "check_receive",
     "default_member_id",
     "shared_group_config",
     "unary_settler",
@@ -77,6 +78,15 @@ def shared_group_config(stream: str, ack_wait: object, max_deliver: int,
                                 backoff_ms=backoff_ms,
                                 dead_letter_stream=dead_letter_stream or "",
                                 ordering=ORDERINGS[ordering])
+
+
+def check_receive(group: str, max: int, wait: float) -> None:
+    """InvalidArgument for a bad group name, ``max`` or ``wait`` of receive/receive_batch."""
+    check_group(group)
+    if max < 1:
+        raise InvalidArgument(f"max={max} must be >= 1")
+    if wait < 0:
+        raise InvalidArgument(f"wait={wait} must be >= 0 seconds")
 
 
 def check_group(group: str) -> None:

@@ -13,10 +13,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from npstream.client import group_rpc
-from npstream.errors import InvalidArgument
 from npstream.groups.leases import (
     Lease,
-    check_group,
+    check_receive,
     default_member_id,
     shared_group_config,
     unary_settler,
@@ -49,11 +48,7 @@ def receive(
     """
     config = shared_group_config(stream, ack_wait, max_deliver, backoff, dead_letter_stream,
                                  ordering)
-    check_group(group)
-    if max < 1:
-        raise InvalidArgument(f"max={max} must be >= 1")
-    if wait < 0:
-        raise InvalidArgument(f"wait={wait} must be >= 0 seconds")
+    check_receive(group, max, wait)
     member = member_id or default_member_id()
     response = group_rpc.receive(client, stream, group, member_id=member, max_messages=max,
                                  wait=wait, config=config)
