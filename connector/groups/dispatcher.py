@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,14 @@ if TYPE_CHECKING:
 __all__ = ["Dispatcher", "Feed"]
 
 log = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------- tuning
+# Threads a subscription starts with: one reads the call while one runs handlers.
+INITIAL_THREADS = 2
+# How long queued work may wait with no thread taking any before the watchdog
+# adds a thread (all are in handlers that block): the most a blocked handler
+# holds up the leases behind it, per thread added.
+STALL_S = 0.002
 
 
 class Feed:
@@ -59,12 +68,19 @@ class Dispatcher:
     locks, and with a hundred leases per batch the subscription spent 2.5x the
     CPU per message: shared-group throughput fell from 56 k to 24 k msg/s.)
 
+    How many threads: as few as keep the queue moving. It starts with
+    INITIAL_THREADS (a reader and a handler); a watchdog thread adds one
+    whenever work has been queued for STALL_S with no thread taking any,
+    up to ``size`` (max_in_flight). So fast handlers run on one or two
+    threads (a thread per in-flight lease made every put wake a thread and
+    every thread fight for the GIL: with max_in_flight=1000 throughput fell
+    to half), while handlers that block still never hold up the leases
+    behind them for longer than STALL_S per added thread.
+
     What stays as it was: leases start in the order they arrived (one FIFO
-    queue); at most ``size`` threads (max_in_flight), started when the leases
-    queued or running plus one reader outnumber them, so a slow handler never
-    holds up the leases behind it: another thread reads and runs them. Daemon
-    threads: a handler still running at interpreter exit is abandoned and its
-    lease expires (at-least-once).
+    queue); a stuck handler's leases behind it are taken by another thread.
+    Daemon threads: a handler still running at interpreter exit is abandoned
+    and its lease expires (at-least-once).
     """
 
     def __init__(self, run: Callable[[Lease], None], size: int, name: str) -> None:
@@ -73,11 +89,13 @@ class Dispatcher:
         self._name = name
         # Work: a lease to run, a feed to read the next batch of, None to exit.
         self._items: queue.SimpleQueue[Lease | Feed | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()  # the counts below, thread starts vs close
+        self._lock = threading.Lock()  # thread starts vs close
         self._feed: Feed | None = None  # the call being read, None between calls
-        self._active = 0  # leases queued or running
         self._threads = 0
+        self._taken = 0  # items taken off the queue: the watchdog's sign of progress
+        self._queued = threading.Event()  # work was queued: wakes the watchdog
         self._closed = False
+        self._watchdog: threading.Thread | None = None
 
     def serve(self, feed: Feed) -> None:
         """Have the threads read and handle ``feed`` until it ends; raise what ended it."""
@@ -85,8 +103,13 @@ class Dispatcher:
             if self._closed:
                 return
             self._feed = feed
-            self._start_threads_locked()
-        self._items.put(feed)  # a reader
+            while self._threads < min(self._size, INITIAL_THREADS):
+                self._start_thread_locked()
+            if self._watchdog is None and self._size > self._threads:
+                self._watchdog = threading.Thread(target=self._watch, daemon=True,
+                                                  name=f"{self._name}-watchdog")
+                self._watchdog.start()
+        self._put(feed)  # a reader
         feed.done.wait()
         with self._lock:
             if self._feed is feed:
@@ -101,15 +124,33 @@ class Dispatcher:
         if feed is not None:
             feed.done.set()
 
-    def _start_threads_locked(self) -> None:
-        """Threads for every lease queued or running plus one reader, up to size."""
-        while self._threads < min(self._size, self._active + 1) and not self._closed:
-            self._threads += 1
-            threading.Thread(target=self._work, daemon=True,
-                             name=f"{self._name}-{self._threads}").start()
+    def _start_thread_locked(self) -> None:
+        self._threads += 1
+        threading.Thread(target=self._work, daemon=True,
+                         name=f"{self._name}-{self._threads}").start()
+
+    def _put(self, item: Lease | Feed) -> None:
+        self._items.put(item)
+        self._queued.set()
+
+    def _watch(self) -> None:
+        """Add a thread while queued work sees no thread take any for STALL_S."""
+        taken = -1
+        while not self._closed:
+            self._queued.clear()
+            if not self._items.qsize():
+                self._queued.wait()
+                taken = self._taken
+            time.sleep(STALL_S)
+            if self._items.qsize() and self._taken == taken:
+                with self._lock:
+                    if self._threads < self._size and not self._closed:
+                        self._start_thread_locked()
+            taken = self._taken
 
     def _work(self) -> None:
         while (item := self._items.get()) is not None:
+            self._taken += 1  # a lost update between threads still reads as progress
             lease = self._read(item) if isinstance(item, Feed) else item
             if lease is None:
                 continue
@@ -117,9 +158,6 @@ class Dispatcher:
                 self._run(lease)
             except Exception:  # a bug past _handle's guard: keep the thread (a reader)
                 log.exception("subscription thread failed on offset %d", lease.offset)
-            finally:
-                with self._lock:
-                    self._active -= 1
 
     def _read(self, feed: Feed) -> Lease | None:
         """Read one batch; queue the reading and its leases, return the oldest to run here."""
@@ -131,14 +169,11 @@ class Dispatcher:
         except BaseException as exc:  # the call's error: serve() raises it
             self._end(feed, exc)
             return None
-        with self._lock:
-            current = self._feed is feed
-            self._active += len(leases)
-            self._start_threads_locked()
-        if current:
+        if self._feed is feed:
             self._items.put(feed)  # the next batch, read by another thread
         for lease in leases[1:]:
             self._items.put(lease)
+        self._queued.set()
         return leases[0] if leases else None
 
     def _end(self, feed: Feed, error: BaseException | None) -> None:
@@ -158,3 +193,4 @@ class Dispatcher:
             threads = self._threads
         for _ in range(threads):
             self._items.put(None)
+        self._queued.set()  # the watchdog sees the flag and ends

@@ -136,7 +136,15 @@ class Outbox:
             if not self.open:
                 return False
             self._credits += credits
-            return self._add_locked()
+            self._add_locked()
+            due = self._credits >= self._credit_batch
+        if due:
+            # Hand the GIL to the woken sender now: a handler thread running a batch
+            # of fast handlers would otherwise keep it for the interpreter's switch
+            # interval (5 ms), and the broker would get the credits only after the
+            # whole batch (a stop-and-wait of one max_in_flight window per round trip).
+            time.sleep(0)
+        return True
 
     def close(self) -> None:
         """Send what is queued at once, then half-close."""
