@@ -35,6 +35,7 @@ __all__ = [
     "SchemaIncompatibleError",
     "SchemaInvalidError",
     "ShuttingDownError",
+    "StreamMovingError",
     "StreamNeedsRepairError",
     "StreamNotFoundError",
     "UnauthenticatedError",
@@ -224,6 +225,28 @@ class NotOwnerError(BrokerError):
 
     def trailing(self) -> list[tuple[str, str]]:
         return [(metadata_keys.OWNER, self.owner), (metadata_keys.STREAM, self.stream)]
+
+
+class StreamMovingError(BrokerError):
+    """The stream is being moved to another member and takes no writes meanwhile.
+
+    Nothing of the call was done, so any client may send it again after the
+    retry hint (trailing ``metadata_keys.RETRY_AFTER_MS``, like OVERLOADED);
+    once the move is done the old member redirects to the new one.
+    """
+
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    reason = pb.ERROR_REASON_STREAM_MOVING
+
+    def __init__(self, stream: str, target: str, retry_after_ms: int = 200) -> None:
+        super().__init__(f"stream '{stream}' is being moved to cluster member {target} and "
+                         "takes no writes until the move is done: send the call again")
+        self.stream = stream
+        self.retry_after_ms = retry_after_ms
+
+    def trailing(self) -> list[tuple[str, str]]:
+        return [(metadata_keys.RETRY_AFTER_MS, str(self.retry_after_ms)),
+                (metadata_keys.STREAM, self.stream)]
 
 
 class MemberUnavailableError(BrokerError):

@@ -30,6 +30,15 @@ Points, and the details their action is called with:
   more stream (``streams``: how many of that commit so far).
 * ``publish.written`` (): a PublishStream request is written, before its
   fsync and reply.
+* ``move.<step>`` (stream): the steps of a stream move (cluster/move.py,
+  move_in.py). On the source: ``move.paused`` (the move record is durable,
+  nothing copied), ``move.copied`` (every file sent, not yet switching),
+  ``move.switching`` (the record says switching, the target not yet told to
+  install), ``move.switched`` (the target holds the stream, the record says
+  removing, the source's copy not yet deleted), ``move.removed`` (the
+  source's copy deleted, the record not yet done). On the target:
+  ``move.file`` (a file chunk received and written), ``move.installed``
+  (the install is durable, its reply not yet sent).
 
 The environment of a broker process (``arm_from_env``, at start; ValueError
 when malformed), never to be set in production:
@@ -41,6 +50,8 @@ when malformed), never to be set in production:
   ``renaming:K`` and ``adopted:K`` at the K-th hit of that storage point.
 * ``NPSTREAM_PUBLISH_FAULT=exit_after_write:N``: exits at the N-th
   ``publish.written``.
+* ``NPSTREAM_MOVE_FAULT=<step>[:N]``: exits at the N-th (default first) hit
+  of ``move.<step>``.
 
 ``NPSTREAM_TEST_HIDE_RPCS`` is no fault but lives here for the same reason: a
 comma list of ``Service.Method`` names the broker does not register, so
@@ -63,6 +74,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FAULT_EXIT_CODE",
     "HIDE_RPCS_ENV",
+    "MOVE_FAULT_ENV",
     "POINTS",
     "PUBLISH_FAULT_ENV",
     "SINK_FAULT_ENV",
@@ -79,12 +91,16 @@ log = logging.getLogger(__name__)
 HIDE_RPCS_ENV = "NPSTREAM_TEST_HIDE_RPCS"
 SINK_FAULT_ENV = "NPSTREAM_SINK_FAULT"
 PUBLISH_FAULT_ENV = "NPSTREAM_PUBLISH_FAULT"
+MOVE_FAULT_ENV = "NPSTREAM_MOVE_FAULT"
 FAULT_EXIT_CODE = 87
 
 POINTS = frozenset({
     "storage.write", "storage.fsync", "storage.stamped", "storage.renaming", "storage.adopted",
     "sink.marker", "sink.appended", "sink.stream_done", "publish.written",
+    "move.paused", "move.copied", "move.switching", "move.switched", "move.removed",
+    "move.file", "move.installed",
 })
+MOVE_STEPS = ("paused", "copied", "switching", "switched", "removed", "file", "installed")
 # Sink crash points counted in staged files: the storage point each one names.
 _FILE_POINTS = {"stamped": "storage.stamped", "renaming": "storage.renaming",
                 "adopted": "storage.adopted"}
@@ -125,7 +141,8 @@ def arm_from_env(env: Mapping[str, str] = os.environ) -> None:
     Services call it while the broker starts; a value already armed is not
     armed again, so its hit counts go on.
     """
-    for variable, parse in ((SINK_FAULT_ENV, _sink_faults), (PUBLISH_FAULT_ENV, _publish_faults)):
+    for variable, parse in ((SINK_FAULT_ENV, _sink_faults), (PUBLISH_FAULT_ENV, _publish_faults),
+                            (MOVE_FAULT_ENV, _move_faults)):
         text = env.get(variable, "")
         with _env_lock:
             if not text or _armed_from_env.get(variable) == text:
@@ -250,3 +267,12 @@ def _publish_faults(text: str) -> dict[str, Action]:
     return {"publish.written": _ExitAtHit(
         PUBLISH_FAULT_ENV, int(count),
         lambda hits, _details: f"after writing PublishStream request {hits}")}
+
+
+def _move_faults(text: str) -> dict[str, Action]:
+    step, _, count = text.partition(":")
+    if step not in MOVE_STEPS or (count and (not count.isdigit() or int(count) < 1)):
+        raise ValueError(f"invalid {MOVE_FAULT_ENV}={text!r}: use <step>[:<N>], N >= 1, "
+                         f"step one of {', '.join(MOVE_STEPS)}")
+    point = f"move.{step}"
+    return {point: _ExitAtHit(MOVE_FAULT_ENV, int(count or 1), _now(point))}

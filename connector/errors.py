@@ -43,6 +43,7 @@ __all__ = [
     "InvalidArgumentType",
     "InvalidSchema",
     "MessageTooLarge",
+    "MoveFailed",
     "NotOwner",
     "NpstreamError",
     "OffsetOutOfRange",
@@ -50,6 +51,7 @@ __all__ = [
     "PermissionDenied",
     "SinkConflict",
     "StagingNotFound",
+    "StreamMoving",
     "StreamNeedsRepair",
     "StreamNotFound",
     "Unauthenticated",
@@ -245,6 +247,29 @@ class NotOwner(BrokerUnavailable):
         self.owner = owner
 
 
+class StreamMoving(BrokerUnavailable):
+    """The stream is being moved to another broker of the cluster; nothing of the call was done.
+
+    The client sends such a call again by itself (at least ``retry_after``
+    seconds apart, whether or not the call is idempotent) until its
+    ``retry_deadline``; once the move is done the old broker redirects to the
+    new one and the client follows. Raised when a move outlasted the deadline.
+    """
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+    def __init__(self, message: str, *, retry_after: float = 0.0, stream: str = "") -> None:
+        super().__init__(message)
+        self.retry_after = retry_after  # seconds the broker asked the client to wait
+        self.stream = stream
+
+
+class MoveFailed(NpstreamError):
+    """A stream move cannot go on now (details say why and what to do; see docs/cli.md)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
 class BrokerInternalError(NpstreamError):
     """The broker failed with a bug (INTERNAL); its log holds the traceback."""
 
@@ -277,6 +302,8 @@ REASON_CLASSES: Mapping[pb.ErrorReason, type[NpstreamError]] = {
     pb.ERROR_REASON_OVERLOADED: Overloaded,
     pb.ERROR_REASON_NOT_OWNER: NotOwner,
     pb.ERROR_REASON_MEMBER_UNAVAILABLE: BrokerUnavailable,
+    pb.ERROR_REASON_STREAM_MOVING: StreamMoving,
+    pb.ERROR_REASON_MOVE_FAILED: MoveFailed,
 }
 
 # The class when no reason came with the error: gRPC's own failures
@@ -354,7 +381,7 @@ def from_rpc_error(exc: grpc.RpcError, address: str) -> NpstreamError:
             start_offset=num(metadata_keys.START_OFFSET),
             end_offset=num(metadata_keys.END_OFFSET),
         )
-    elif issubclass(cls, Overloaded):
+    elif issubclass(cls, (Overloaded, StreamMoving)):
         try:
             retry_after = max(0.0, int(meta.get(metadata_keys.RETRY_AFTER_MS, 0)) / 1000)
         except (TypeError, ValueError):

@@ -20,6 +20,11 @@ cluster. For each method it decides from the proto's shape:
 A call another member makes (``x-npstream-cluster-local``) is never routed:
 it asks for this member's own part.
 
+Every per-stream call this member serves is counted while it runs (for a
+streaming call: each request, from when it is handed to the servicer until
+the servicer asks for the next), so that a stream move (move.py) can refuse
+new calls and wait for the running ones before it copies the stream.
+
 ``tests/broker/cluster`` checks that every method of the proto is in exactly
 one of these groups, so a new RPC cannot skip routing unnoticed.
 """
@@ -56,7 +61,7 @@ PER_STREAM = frozenset(_PACKAGE + name for name in (
     "GroupService/OpenConsumer", "GroupService/Pull", "GroupService/Commit",
     "GroupService/Seek", "GroupService/ListGroups", "GroupService/DescribeGroup",
     "GroupService/DeleteGroup", "GroupService/Receive", "GroupService/ReceiveBatch",
-    "GroupService/Ack", "GroupService/Nack",
+    "GroupService/Ack", "GroupService/Nack", "ClusterService/MoveStream",
 ))
 # Request-streaming methods: (field path of the stream, route every request or the first).
 STREAMING: dict[str, tuple[tuple[int, ...], bool]] = {
@@ -68,7 +73,11 @@ STREAMING: dict[str, tuple[tuple[int, ...], bool]] = {
 MEMBER_METHODS = frozenset(_PACKAGE + name for name in (
     "SinkService/Stage", "SinkService/CommitBatch", "SinkService/AbortBatch",
     "SinkService/SinkState", "SinkService/StageInbox", "ClusterService/Owners",
+    "ClusterService/MoveIn",
 ))
+# Not counted as a call on its stream: a move waits for the calls on its
+# stream, and MoveStream of a stream waits for its own move.
+_UNCOUNTED = frozenset({_PACKAGE + "ClusterService/MoveStream"})
 
 
 def _stream_of(request: object, path: tuple[int, ...]) -> str:
@@ -123,16 +132,29 @@ class RoutingInterceptor(grpc.ServerInterceptor):
         if not stream:
             return
         try:
-            self._cluster.route(stream, context)
+            self._cluster.route(stream, context, paused_ok=method in _UNCOUNTED)
         except BrokerError as exc:
             abort_with(context, exc, method.rpartition("/")[2])
 
     def _per_stream(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         inner: Any = handler.unary_stream if handler.response_streaming else handler.unary_unary
 
+        moves = self._cluster.moves
+        counted = method not in _UNCOUNTED
+
         def routed(request: object, context: grpc.ServicerContext) -> Any:
-            self._route(_stream_of(request, (1,)), context, method)
-            return inner(request, context)
+            stream = _stream_of(request, (1,))
+            self._route(stream, context, method)
+            if not stream or moves is None or not counted:
+                return inner(request, context)
+            try:
+                moves.enter(stream)
+            except BrokerError as exc:
+                abort_with(context, exc, method.rpartition("/")[2])
+            try:
+                return inner(request, context)
+            finally:
+                moves.leave(stream)
 
         make = (grpc.unary_stream_rpc_method_handler if handler.response_streaming
                 else grpc.unary_unary_rpc_method_handler)
@@ -147,12 +169,21 @@ class RoutingInterceptor(grpc.ServerInterceptor):
 
         def checked(requests: Iterator[object],
                     context: grpc.ServicerContext) -> Iterator[object]:
+            moves = cluster.moves
+            stream = ""
             for index, request in enumerate(requests):
                 if every or index == 0:
-                    stream = _stream_of(request, path)
+                    stream = _stream_of(request, path) or stream
                     if stream:
                         cluster.route(stream, context)  # raised where the servicer reads
-                yield request
+                if not stream or moves is None:
+                    yield request
+                    continue
+                moves.enter(stream)  # StreamMovingError: a move paused the stream
+                try:
+                    yield request
+                finally:
+                    moves.leave(stream)
 
         def routed(requests: Iterator[object], context: grpc.ServicerContext) -> Any:
             return inner(checked(requests, context), context)

@@ -20,6 +20,11 @@ stream deleted and created elsewhere): the redirect then lands on a member
 that does not hold it, which looks again and redirects on; the TTL bounds
 how long a stale entry lives.
 
+A stream being moved (move.py, move_state.py) is special: while it is
+copied its holder refuses its calls with STREAM_MOVING (clients send them
+again), and once the target holds it the old holder redirects to the target
+and stops reporting it as its own, before it deletes its copy.
+
 The caller's rights matter: a stream the caller has no right on is never
 routed (served here, where the servicer refuses it with PERMISSION_DENIED),
 so a redirect does not tell who holds a stream the caller may not see.
@@ -36,6 +41,7 @@ from typing import TypeVar
 import grpc
 
 from npstream.broker.auth.access import AccessControl, Right
+from npstream.broker.cluster.move_state import MoveBook
 from npstream.broker.cluster.peers import Peers, forwarded_metadata
 from npstream.broker.cluster.placement import rendezvous_owner
 from npstream.broker.errors import MemberUnavailableError, NotOwnerError
@@ -75,6 +81,8 @@ class Cluster:
         self._peers = peers
         self._holders: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._lock = threading.Lock()
+        # This member's stream moves (cluster/service.py sets it; None: no moves).
+        self.moves: MoveBook | None = None
 
     @classmethod
     def single(cls, holds: Callable[[str], bool] = lambda _name: True,
@@ -102,9 +110,29 @@ class Cluster:
 
     # ------------------------------------------------------------ owners
 
-    def route(self, stream: str, context: grpc.ServicerContext) -> None:
-        """Return when this member serves ``stream``; NotOwnerError (a redirect) otherwise."""
-        if not self.enabled or self._holds(stream) or not self.may_see(context, stream):
+    def holds(self, stream: str) -> bool:
+        """Whether this member holds ``stream`` as its owner (not one it is handing over)."""
+        if not self._holds(stream):
+            return False
+        record = self.moves.active(stream) if self.moves is not None else None
+        return record is None or record.state != "removing"
+
+    def route(self, stream: str, context: grpc.ServicerContext, *,
+              paused_ok: bool = False) -> None:
+        """Return when this member serves ``stream``; NotOwnerError (a redirect) otherwise.
+
+        StreamMovingError while the stream is paused for a move, unless
+        ``paused_ok`` (MoveStream itself, which finishes that move).
+        """
+        if not self.enabled or not self.may_see(context, stream):
+            return
+        record = self.moves.active(stream) if self.moves is not None else None
+        if record is not None:
+            if record.state == "removing":
+                raise NotOwnerError(stream, record.target, True)
+            if not paused_ok:
+                self.moves.check(stream)  # type: ignore[union-attr]
+        if self._holds(stream):
             return
         owner, exists = self.owner(stream, context)
         if owner != self.identity:
@@ -128,7 +156,7 @@ class Cluster:
         MemberUnavailableError when no answering member holds it and some
         member did not answer.
         """
-        if self._holds(stream):
+        if self.holds(stream):
             return self.identity, True
         cached = self._cached(stream)
         if cached is not None:
@@ -200,15 +228,19 @@ class Cluster:
         if is_member_call(context):
             reply.owners.extend(pb.StreamOwner(stream=name, owner=self.identity, exists=True)
                                 for name in names
-                                if self._holds(name) and self.may_see(context, name))
+                                if self.holds(name) and self.may_see(context, name))
             return reply
         visible = [name for name in names if self.may_see(context, name)]
-        remote = [name for name in visible if not self._holds(name)
+        remote = [name for name in visible if not self.holds(name)
                   and self._cached(name) is None]
         found = self.find_holders(remote, context) if self.enabled else {}
         for name in names:
-            if name in visible and self._holds(name):
+            if name in visible and self.holds(name):
                 reply.owners.add(stream=name, owner=self.identity, exists=True)
+                continue
+            handing = self.moves.active(name) if self.moves is not None else None
+            if name in visible and handing is not None and handing.state == "removing":
+                reply.owners.add(stream=name, owner=handing.target, exists=True)
                 continue
             holder = (found.get(name) or self._cached(name)) if name in visible else None
             if holder is not None:
@@ -216,6 +248,20 @@ class Cluster:
             else:
                 reply.owners.add(stream=name, owner=self.placement(name), exists=False)
         return reply
+
+    def check_local_write(self, stream: str) -> None:
+        """Raise unless rows may be appended to ``stream`` here now (the sink's commits).
+
+        StreamMovingError while it is being moved; NotOwnerError once it moved
+        away and this member does not hold it (a commit of rows staged before
+        the move must not create it here again: stage them again at the owner).
+        """
+        if self.moves is None:
+            return
+        self.moves.check(stream)
+        target = self.moves.moved_away(stream)
+        if target is not None and not self.holds(stream):
+            raise NotOwnerError(stream, target, True)
 
     def close(self) -> None:
         if self._peers is not None:

@@ -6,6 +6,10 @@ splits its rows by the broker that owns each target stream. Members ask it
 of each other (with ``x-npstream-cluster-local``) to find a stream's holder.
 A broker without members answers too (every name its own, ``self`` empty),
 so clients need not know whether they talk to a cluster.
+
+``MoveStream`` moves a stream to another member (move.py, on the holder) and
+``MoveIn`` is the target's side of it (move_in.py); both need the admin
+right on the stream.
 """
 
 from __future__ import annotations
@@ -14,6 +18,11 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from npstream.broker import faults
+from npstream.broker.auth.access import Right
+from npstream.broker.cluster.move import Mover
+from npstream.broker.cluster.move_in import MoveReceiver
+from npstream.broker.cluster.move_state import MoveBook
 from npstream.broker.errors import InvalidArgumentError
 from npstream.broker.rpc.registration import add_service
 from npstream.broker.rpc.status import rpc_method
@@ -30,8 +39,11 @@ MAX_OWNERS_NAMES = 10_000
 
 
 class ClusterServicer(pb_grpc.ClusterServiceServicer):
-    def __init__(self, ctx: BrokerContext) -> None:
+    def __init__(self, ctx: BrokerContext, mover: Mover, receiver: MoveReceiver) -> None:
         self._cluster = ctx.cluster
+        self._access = ctx.access
+        self._mover = mover
+        self._receiver = receiver
 
     @rpc_method
     def Owners(self, request: pb.OwnersRequest,
@@ -43,6 +55,43 @@ class ClusterServicer(pb_grpc.ClusterServiceServicer):
             check_stream_name(name)
         return self._cluster.owners_reply(request, context)
 
+    def _check_move(self, stream: str, context: grpc.ServicerContext) -> None:
+        check_stream_name(stream)
+        self._access.require(context, stream, Right.ADMIN)
+        if not self._cluster.enabled:
+            raise InvalidArgumentError("this broker is no member of a cluster: a stream can "
+                                       "only move between members ([cluster] members)")
 
-def add_to_server(server: grpc.Server, ctx: BrokerContext) -> None:
-    add_service(server, "ClusterService", ClusterServicer(ctx))
+    @rpc_method
+    def MoveStream(self, request: pb.MoveStreamRequest,
+                   context: grpc.ServicerContext) -> pb.MoveStreamResponse:
+        self._check_move(request.stream, context)
+        return self._mover.move(request.stream, request.to, context)
+
+    @rpc_method
+    def MoveIn(self, request: pb.MoveInRequest,
+               context: grpc.ServicerContext) -> pb.MoveInResponse:
+        self._check_move(request.stream, context)
+        return self._receiver.step(request)
+
+
+class _Moves:
+    """What add_to_server hands back to be closed at stop: the resuming thread."""
+
+    def __init__(self, mover: Mover) -> None:
+        self._mover = mover
+
+    def close(self) -> None:
+        self._mover.close()
+
+
+def add_to_server(server: grpc.Server, ctx: BrokerContext) -> _Moves:
+    """Register the service; a member also resumes its unfinished moves (move.py)."""
+    faults.arm_from_env()
+    book = MoveBook(ctx.metadata)
+    mover = Mover(ctx, book)
+    if ctx.cluster.enabled:
+        ctx.cluster.moves = book
+        mover.start()
+    add_service(server, "ClusterService", ClusterServicer(ctx, mover, MoveReceiver(ctx, book)))
+    return _Moves(mover)

@@ -29,6 +29,7 @@ from npstream.broker.errors import (
     InvalidArgumentError,
     OffsetOutOfRangeError,
     ShuttingDownError,
+    StreamMovingError,
     StreamNotFoundError,
 )
 from npstream.broker.groups.cursor import CursorGroup
@@ -109,6 +110,7 @@ class GroupManager:
         self._stop = threading.Event()
         self._drop_orphans()
         ctx.on_stream_deleted.append(self.on_stream_deleted)
+        ctx.on_stream_leaving.append(self.release_stream)
         self._ticker = threading.Thread(target=self._tick_loop, name="npstream-group-upkeep",
                                         daemon=True)
         self._ticker.start()
@@ -365,6 +367,19 @@ class GroupManager:
             self.metrics.forget(stream)
         if count:
             log.info("dropped %d group(s) of deleted stream '%s'", count, stream)
+
+    def release_stream(self, stream: str) -> None:
+        """Listener: a stream paused for a move; its groups leave memory, positions durable.
+
+        Calls waiting on them (Receive, Subscribe) end with STREAM_MOVING and
+        their leases are dropped (delivered again, as after a restart); the
+        rows stay and are copied. The stream takes no calls until the move
+        ends, so nothing loads them again meanwhile.
+        """
+        with self._lock:
+            for key in [k for k in self._groups if k[0] == stream]:
+                self._groups.pop(key).close(StreamMovingError(stream, "another cluster member"))
+            self._writer.flush()
 
     # ------------------------------------------------------------ shared groups
 

@@ -32,6 +32,10 @@ class BrokerContext:
     registry: StreamRegistry
     metrics: BrokerMetrics
     on_stream_deleted: list[Callable[[str], None]] = field(default_factory=list)
+    # Called when a stream is paused to be moved to another member (cluster/move.py):
+    # drop its in-memory state (groups end their waiting calls, positions are flushed)
+    # so that what is copied is everything, and nothing changes until the move is done.
+    on_stream_leaving: list[Callable[[str], None]] = field(default_factory=list)
     # Set when a graceful stop begins, so long-lived calls (Subscribe, long polls)
     # end at once instead of holding the drain for the whole shutdown grace.
     stopping: threading.Event = field(default_factory=threading.Event)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -147,11 +148,15 @@ class SinkCommitter:
         staging: StagingArea,
         *,
         adopt_min_bytes: int = DEFAULT_ADOPT_MIN_BYTES,
+        check_target: Callable[[str], None] = lambda _stream: None,
     ) -> None:
+        """``check_target(stream)`` raises when rows may not be appended to ``stream`` here
+        now: it is being moved to another member, or it moved away (cluster/move.py)."""
         self.markers = markers
         self._streams = streams
         self.staging = staging
         self._adopt_min_bytes = adopt_min_bytes
+        self._check_target = check_target
 
     # ------------------------------------------------------------ queries
 
@@ -225,6 +230,7 @@ class SinkCommitter:
         staged = [self.staging.open_frames(sink_id, batch_id, s) for s in staging_ids]
         streams = sorted({stream for item in staged for stream in item.streams})
         for stream in streams:  # NOT_FOUND or a schema refusal here, before anything is recorded
+            self._check_target(stream)
             framed = {item.staging_id: item.schema_for(stream)
                       for item in staged if stream in item.streams}
             typed = any(version for version, _schema in framed.values())
@@ -273,7 +279,16 @@ class SinkCommitter:
         marker = self.markers.marker(pending, stream)
         if marker is not None and marker.state == "done":
             return marker.first_offset, marker.first_offset + marker.row_count
+        self._check_target(stream)
         stream_log = self._streams.get(stream, create_if_missing=True)
+        floor = self.markers.floor(pending.sink_id, stream)
+        if marker is None and floor is not None and pending.batch_id <= floor:
+            # The stream moved here from a member that had committed this batch into it.
+            log.info("sink '%s' batch %d: its rows for '%s' are there from before the stream "
+                     "moved to this member; nothing appended", pending.sink_id,
+                     pending.batch_id, stream)
+            self.markers.record(pending, stream, stream_log.end_offset, 0, "done")
+            return stream_log.end_offset, stream_log.end_offset
         resume = 0  # stagings already in the log (a crash interrupted this append)
         if marker is not None:
             resume = settle(self.markers, pending, stream, stream_log, marker, counts)

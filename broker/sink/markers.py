@@ -15,6 +15,10 @@ leaves these records (through ``ctx.metadata``):
                   'committing' while the append may be incomplete, 'done' once
                   it returned (fsynced), and the append's timestamp (reused
                   when recovery resumes the append).
+``sink_floors``   per (sink, stream) the last batch whose rows for that stream
+                  are in it already, written when the stream moved here from
+                  another member of a cluster (cluster/move.py): a replayed
+                  batch up to the floor appends nothing to that stream.
 
 Markers and the pending row must be durable before the log bytes they
 describe. With ``metadata_sync = "normal"`` SQLite does not fsync its WAL on
@@ -62,6 +66,12 @@ CREATE TABLE IF NOT EXISTS sink_markers (
     state        TEXT NOT NULL CHECK (state IN ('committing', 'done')),
     timestamp_ms INTEGER,           -- the append's timestamp, reused if it is resumed
     PRIMARY KEY (sink_id, batch_id, stream)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sink_floors (
+    sink_id       TEXT NOT NULL,
+    stream        TEXT NOT NULL,
+    last_batch_id INTEGER NOT NULL,
+    PRIMARY KEY (sink_id, stream)
 ) WITHOUT ROWID;
 """
 
@@ -121,6 +131,13 @@ class SinkMarkers:
         """True when the batch is committed: staging for it would never be appended."""
         last = self.last_batch_id(sink_id)
         return last is not None and batch_id <= last
+
+    def floor(self, sink_id: str, stream: str) -> int | None:
+        """The last batch of this sink already in ``stream`` from before it moved here."""
+        rows = self._metadata.execute(
+            "SELECT last_batch_id FROM sink_floors WHERE sink_id = ? AND stream = ?",
+            (sink_id, stream))
+        return int(rows[0][0]) if rows else None
 
     def pending(self, sink_id: str) -> Pending | None:
         rows = self._metadata.execute(
@@ -205,6 +222,7 @@ class SinkMarkers:
                         "UPDATE sink_pending SET streams = ? WHERE sink_id = ?",
                         (json.dumps(remaining), pending.sink_id))
         self._metadata.execute("DELETE FROM sink_markers WHERE stream = ?", (stream,))
+        self._metadata.execute("DELETE FROM sink_floors WHERE stream = ?", (stream,))
 
     def _sync(self) -> None:
         """Make what was just committed to SQLite survive a power loss (module doc)."""

@@ -23,6 +23,11 @@ Everything that crosses the wire goes through ``Connection.call`` (unary; also
   or not, because the broker stored nothing of it; each wait is at least the
   ``x-npstream-retry-after-ms`` the broker sent. After ``retry_deadline`` the
   ``Overloaded`` error is raised.
+* ``UNAVAILABLE`` with reason STREAM_MOVING (the stream is being moved to
+  another broker of the cluster and takes no writes meanwhile) is retried
+  like OVERLOADED, idempotent or not: the broker did nothing of it. Once the
+  move is done the old broker redirects, which the client follows
+  (npstream.client.routing).
 * Every other status goes through ``npstream.errors.from_rpc_error``.
 """
 
@@ -42,6 +47,7 @@ from npstream.errors import (
     InvalidArgument,
     NpstreamError,
     Overloaded,
+    StreamMoving,
     from_rpc_error,
 )
 from npstream.proto import metadata_keys, pb_grpc
@@ -224,6 +230,10 @@ class Connection:
                     continue
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise from_rpc_error(exc, self.address) from None
+                moving = from_rpc_error(exc, self.address)
+                if isinstance(moving, StreamMoving):
+                    backoff = self._wait_overloaded(rpc, moving, deadline, attempt, backoff)
+                    continue
                 detail = exc.details() or ""
                 if not idempotent and not never_reached_broker(exc):
                     error = from_rpc_error(exc, self.address)
@@ -246,17 +256,21 @@ class Connection:
                 time.sleep(sleep)
                 backoff = min(backoff * RETRY_BACKOFF_MULTIPLIER, RETRY_MAX_BACKOFF_S)
 
-    def _wait_overloaded(self, rpc: str, error: Overloaded, deadline: float, attempt: int,
-                         backoff: float) -> float:
-        """Sleep before resending a call the broker refused as overloaded; the next backoff.
+    def _wait_overloaded(self, rpc: str, error: Overloaded | StreamMoving, deadline: float,
+                         attempt: int, backoff: float) -> float:
+        """Sleep before resending a call the broker refused (overloaded, stream moving).
+
+        Returns the next backoff.
 
         Raises ``error`` (noting the attempts) when the retry deadline would pass.
         """
         remaining = deadline - time.monotonic()
         sleep = max(error.retry_after, random.uniform(0, backoff))
         if sleep >= remaining:
+            why = ("the broker stayed overloaded" if isinstance(error, Overloaded)
+                   else "the stream was being moved")
             error.add_note(f"gave up after {attempt} attempt(s) over {self.retry_deadline:g}s "
-                           "while the broker stayed overloaded")
+                           f"while {why}")
             raise error from None
         log.debug("%s to %s refused as overloaded (attempt %d), retrying in %.3fs",
                   rpc, self.address, attempt, sleep)

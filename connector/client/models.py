@@ -219,6 +219,25 @@ class RepairResult:
 
 
 @dataclass(frozen=True)
+class MoveResult:
+    """Outcome of ``move_stream``: where the stream was and is, and what went with it."""
+
+    stream: str
+    source: str  # the broker that held it
+    target: str  # the broker that holds it now
+    end_offset: int
+    groups: int  # groups that moved with it
+    bytes: int  # bytes of message data copied
+    already_there: bool  # it was on the target already: nothing was done
+    paused_ms: int  # how long it took no writes
+
+    @classmethod
+    def from_pb(cls, message: pb.MoveStreamResponse) -> MoveResult:
+        return cls(message.stream, message.source, message.target, message.end_offset,
+                   message.groups, message.bytes, message.already_there, message.paused_ms)
+
+
+@dataclass(frozen=True)
 class PublishResult:
     """Offset of a published message; ``duplicate`` means it was already stored there."""
 

@@ -61,6 +61,7 @@ PER_STREAM_RPCS: dict[str, str] = {
     **{f"GroupService.{m}": "stream" for m in (
         "OpenConsumer", "Pull", "Commit", "Seek", "ListGroups", "DescribeGroup", "DeleteGroup",
         "Receive", "ReceiveBatch", "Ack", "Nack")},
+    "ClusterService.MoveStream": "stream",
 }
 
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from npstream.client.checks import Duration, Size, checked_offset, checked_stream, parsed
 from npstream.client.core import ClientCore
-from npstream.client.models import RepairResult, StreamInfo, StreamStats
+from npstream.client.models import MoveResult, RepairResult, StreamInfo, StreamStats
 from npstream.errors import InvalidArgumentType, InvalidSchema
 from npstream.proto import pb
 from npstream.proto.defaults import DEFAULT_LIST_PAGE_SIZE
@@ -27,6 +27,8 @@ __all__ = ["LIST_PAGE_SIZE", "StreamAdmin"]
 log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- tuning
+# How long move_stream waits for the broker's answer: a move copies the whole stream.
+MOVE_TIMEOUT_S = 600.0
 # Page size for ListStreams: the broker's default (its maximum is MAX_LIST_PAGE_SIZE).
 LIST_PAGE_SIZE = DEFAULT_LIST_PAGE_SIZE
 
@@ -181,6 +183,26 @@ class StreamAdmin(ClientCore):
                  name, "end" if before_offset is None else before_offset,
                  info.start_offset, info.end_offset)
         return info
+
+    def move_stream(self, name: str, to: str, *, timeout: float = MOVE_TIMEOUT_S) -> MoveResult:
+        """Move a stream to another broker of the cluster, ``to`` (its advertised host:port).
+
+        The stream takes no writes while it is copied with its groups, dedup
+        state and sink records (other clients' calls wait and go on at the new
+        broker by themselves); returns once the new broker holds it. A move
+        cut off by a crash is finished by the old broker when it runs again,
+        or by calling this again (docs/broker.md "Moving a stream").
+        """
+        if not isinstance(to, str) or not to:
+            raise InvalidArgumentType(f"to must be a broker address (host:port), got {to!r}")
+        request = pb.MoveStreamRequest(stream=checked_stream(name), to=to)
+        result = MoveResult.from_pb(self.call("ClusterService.MoveStream", request,
+                                              timeout=timeout))
+        self.forget_brokers([name])
+        log.info("moved stream '%s' from %s to %s (%d bytes, %d group(s), paused %d ms)%s",
+                 name, result.source, result.target, result.bytes, result.groups,
+                 result.paused_ms, " (it was there already)" if result.already_there else "")
+        return result
 
     def repair_stream(self, name: str) -> RepairResult:
         request = pb.RepairStreamRequest(name=checked_stream(name))

@@ -31,6 +31,8 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_OVERLOADED: _ClassVar[ErrorReason]
     ERROR_REASON_NOT_OWNER: _ClassVar[ErrorReason]
     ERROR_REASON_MEMBER_UNAVAILABLE: _ClassVar[ErrorReason]
+    ERROR_REASON_STREAM_MOVING: _ClassVar[ErrorReason]
+    ERROR_REASON_MOVE_FAILED: _ClassVar[ErrorReason]
 
 class Ack(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -43,6 +45,14 @@ class Ordering(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ORDERING_UNSPECIFIED: _ClassVar[Ordering]
     ORDERING_NONE: _ClassVar[Ordering]
     ORDERING_KEY: _ClassVar[Ordering]
+
+class MoveStep(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MOVE_STEP_UNSPECIFIED: _ClassVar[MoveStep]
+    MOVE_STEP_BEGIN: _ClassVar[MoveStep]
+    MOVE_STEP_FILE: _ClassVar[MoveStep]
+    MOVE_STEP_INSTALL: _ClassVar[MoveStep]
+    MOVE_STEP_ABORT: _ClassVar[MoveStep]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 ERROR_REASON_INVALID_ARGUMENT: ErrorReason
 ERROR_REASON_MESSAGE_TOO_LARGE: ErrorReason
@@ -65,12 +75,19 @@ ERROR_REASON_DISK_FULL: ErrorReason
 ERROR_REASON_OVERLOADED: ErrorReason
 ERROR_REASON_NOT_OWNER: ErrorReason
 ERROR_REASON_MEMBER_UNAVAILABLE: ErrorReason
+ERROR_REASON_STREAM_MOVING: ErrorReason
+ERROR_REASON_MOVE_FAILED: ErrorReason
 ACK_UNSPECIFIED: Ack
 ACK_FSYNC: Ack
 ACK_WRITE: Ack
 ORDERING_UNSPECIFIED: Ordering
 ORDERING_NONE: Ordering
 ORDERING_KEY: Ordering
+MOVE_STEP_UNSPECIFIED: MoveStep
+MOVE_STEP_BEGIN: MoveStep
+MOVE_STEP_FILE: MoveStep
+MOVE_STEP_INSTALL: MoveStep
+MOVE_STEP_ABORT: MoveStep
 
 class StreamConfig(_message.Message):
     __slots__ = ("max_age_ms", "max_bytes", "dedup_window_ms", "max_message_bytes")
@@ -693,16 +710,18 @@ class NackResponse(_message.Message):
 class SubscribeRequest(_message.Message):
     __slots__ = ("open", "credits", "ack_offsets", "nack_offsets", "nack_delay_ms", "ack_ranges", "nack_ranges")
     class Open(_message.Message):
-        __slots__ = ("stream", "group", "member_id", "config")
+        __slots__ = ("stream", "group", "member_id", "config", "arrow_deliveries")
         STREAM_FIELD_NUMBER: _ClassVar[int]
         GROUP_FIELD_NUMBER: _ClassVar[int]
         MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
         CONFIG_FIELD_NUMBER: _ClassVar[int]
+        ARROW_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
         stream: str
         group: str
         member_id: str
         config: SharedGroupConfig
-        def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., member_id: _Optional[str] = ..., config: _Optional[_Union[SharedGroupConfig, _Mapping]] = ...) -> None: ...
+        arrow_deliveries: bool
+        def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., member_id: _Optional[str] = ..., config: _Optional[_Union[SharedGroupConfig, _Mapping]] = ..., arrow_deliveries: _Optional[bool] = ...) -> None: ...
     OPEN_FIELD_NUMBER: _ClassVar[int]
     CREDITS_FIELD_NUMBER: _ClassVar[int]
     ACK_OFFSETS_FIELD_NUMBER: _ClassVar[int]
@@ -720,10 +739,14 @@ class SubscribeRequest(_message.Message):
     def __init__(self, open: _Optional[_Union[SubscribeRequest.Open, _Mapping]] = ..., credits: _Optional[int] = ..., ack_offsets: _Optional[_Iterable[int]] = ..., nack_offsets: _Optional[_Iterable[int]] = ..., nack_delay_ms: _Optional[int] = ..., ack_ranges: _Optional[_Iterable[_Union[OffsetRange, _Mapping]]] = ..., nack_ranges: _Optional[_Iterable[_Union[OffsetRange, _Mapping]]] = ...) -> None: ...
 
 class DeliveryBatch(_message.Message):
-    __slots__ = ("deliveries",)
+    __slots__ = ("deliveries", "arrow_stream", "count")
     DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    ARROW_STREAM_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
     deliveries: _containers.RepeatedCompositeFieldContainer[Delivery]
-    def __init__(self, deliveries: _Optional[_Iterable[_Union[Delivery, _Mapping]]] = ...) -> None: ...
+    arrow_stream: bytes
+    count: int
+    def __init__(self, deliveries: _Optional[_Iterable[_Union[Delivery, _Mapping]]] = ..., arrow_stream: _Optional[bytes] = ..., count: _Optional[int] = ...) -> None: ...
 
 class StageRequest(_message.Message):
     __slots__ = ("sink_id", "batch_id", "staging_id", "stream", "arrow_stream", "inbox_file", "inbox_inode", "inbox_length")
@@ -844,3 +867,57 @@ class OwnersResponse(_message.Message):
     self: str
     members: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self_, owners: _Optional[_Iterable[_Union[StreamOwner, _Mapping]]] = ..., self: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class MoveStreamRequest(_message.Message):
+    __slots__ = ("stream", "to")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    to: str
+    def __init__(self, stream: _Optional[str] = ..., to: _Optional[str] = ...) -> None: ...
+
+class MoveStreamResponse(_message.Message):
+    __slots__ = ("stream", "source", "target", "end_offset", "groups", "bytes", "already_there", "paused_ms")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_THERE_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_MS_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    source: str
+    target: str
+    end_offset: int
+    groups: int
+    bytes: int
+    already_there: bool
+    paused_ms: int
+    def __init__(self, stream: _Optional[str] = ..., source: _Optional[str] = ..., target: _Optional[str] = ..., end_offset: _Optional[int] = ..., groups: _Optional[int] = ..., bytes: _Optional[int] = ..., already_there: _Optional[bool] = ..., paused_ms: _Optional[int] = ...) -> None: ...
+
+class MoveInRequest(_message.Message):
+    __slots__ = ("stream", "move_id", "source", "step", "file", "position", "data", "state_json")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    MOVE_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    STATE_JSON_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    move_id: str
+    source: str
+    step: MoveStep
+    file: str
+    position: int
+    data: bytes
+    state_json: bytes
+    def __init__(self, stream: _Optional[str] = ..., move_id: _Optional[str] = ..., source: _Optional[str] = ..., step: _Optional[_Union[MoveStep, str]] = ..., file: _Optional[str] = ..., position: _Optional[int] = ..., data: _Optional[bytes] = ..., state_json: _Optional[bytes] = ...) -> None: ...
+
+class MoveInResponse(_message.Message):
+    __slots__ = ("installed",)
+    INSTALLED_FIELD_NUMBER: _ClassVar[int]
+    installed: bool
+    def __init__(self, installed: _Optional[bool] = ...) -> None: ...

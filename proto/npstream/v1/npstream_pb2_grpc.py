@@ -1595,6 +1595,16 @@ class ClusterServiceStub:
                 request_serializer=npstream_dot_v1_dot_npstream__pb2.OwnersRequest.SerializeToString,
                 response_deserializer=npstream_dot_v1_dot_npstream__pb2.OwnersResponse.FromString,
                 _registered_method=True)
+        self.MoveStream = channel.unary_unary(
+                '/npstream.v1.ClusterService/MoveStream',
+                request_serializer=npstream_dot_v1_dot_npstream__pb2.MoveStreamRequest.SerializeToString,
+                response_deserializer=npstream_dot_v1_dot_npstream__pb2.MoveStreamResponse.FromString,
+                _registered_method=True)
+        self.MoveIn = channel.unary_unary(
+                '/npstream.v1.ClusterService/MoveIn',
+                request_serializer=npstream_dot_v1_dot_npstream__pb2.MoveInRequest.SerializeToString,
+                response_deserializer=npstream_dot_v1_dot_npstream__pb2.MoveInResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -1611,6 +1621,22 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MoveStream(self, request, context):
+        """Move a stream to another member; admin right on the stream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MoveIn(self, request, context):
+        """One step of a move, called by the holder on the target (member to
+        member, with `x-npstream-cluster-local` and the caller's token; admin
+        right on the stream).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1618,6 +1644,16 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.Owners,
                     request_deserializer=npstream_dot_v1_dot_npstream__pb2.OwnersRequest.FromString,
                     response_serializer=npstream_dot_v1_dot_npstream__pb2.OwnersResponse.SerializeToString,
+            ),
+            'MoveStream': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveStream,
+                    request_deserializer=npstream_dot_v1_dot_npstream__pb2.MoveStreamRequest.FromString,
+                    response_serializer=npstream_dot_v1_dot_npstream__pb2.MoveStreamResponse.SerializeToString,
+            ),
+            'MoveIn': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveIn,
+                    request_deserializer=npstream_dot_v1_dot_npstream__pb2.MoveInRequest.FromString,
+                    response_serializer=npstream_dot_v1_dot_npstream__pb2.MoveInResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1647,6 +1683,60 @@ class ClusterService:
             '/npstream.v1.ClusterService/Owners',
             npstream_dot_v1_dot_npstream__pb2.OwnersRequest.SerializeToString,
             npstream_dot_v1_dot_npstream__pb2.OwnersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/npstream.v1.ClusterService/MoveStream',
+            npstream_dot_v1_dot_npstream__pb2.MoveStreamRequest.SerializeToString,
+            npstream_dot_v1_dot_npstream__pb2.MoveStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveIn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/npstream.v1.ClusterService/MoveIn',
+            npstream_dot_v1_dot_npstream__pb2.MoveInRequest.SerializeToString,
+            npstream_dot_v1_dot_npstream__pb2.MoveInResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -287,6 +287,14 @@ REQUESTS: dict[str, tuple[str, st.SearchStrategy]] = {
     "SinkService/StageInbox": (UNARY, st.builds(pb.StageInboxRequest)),
     "ClusterService/Owners": (UNARY, st.builds(
         pb.OwnersRequest, streams=st.lists(NAMES, max_size=3))),
+    # A broker of its own: no cluster, so every move is refused (INVALID_ARGUMENT).
+    "ClusterService/MoveStream": (UNARY, st.builds(
+        pb.MoveStreamRequest, stream=NAMES, to=st.text(max_size=30))),
+    "ClusterService/MoveIn": (UNARY, st.builds(
+        pb.MoveInRequest, stream=NAMES, move_id=st.text(max_size=40),
+        source=st.text(max_size=30), step=st.integers(-1, 6),
+        file=st.one_of(st.sampled_from(BOUNDARY_NAMES), st.just("../x")),
+        position=I64, data=st.binary(max_size=64), state_json=st.binary(max_size=64))),
 }
 
 

@@ -30,6 +30,7 @@ from npstream.errors import (
     InvalidArgument,
     InvalidSchema,
     MessageTooLarge,
+    MoveFailed,
     NotOwner,
     NpstreamError,
     OffsetOutOfRange,
@@ -37,6 +38,7 @@ from npstream.errors import (
     PermissionDenied,
     SinkConflict,
     StagingNotFound,
+    StreamMoving,
     StreamNeedsRepair,
     StreamNotFound,
     Unauthenticated,
@@ -71,6 +73,8 @@ EXPECTED = {
     "ERROR_REASON_PERMISSION_DENIED": PermissionDenied,
     "ERROR_REASON_NOT_OWNER": NotOwner,
     "ERROR_REASON_MEMBER_UNAVAILABLE": BrokerUnavailable,
+    "ERROR_REASON_STREAM_MOVING": StreamMoving,
+    "ERROR_REASON_MOVE_FAILED": MoveFailed,
 }
 
 # Text that would fool a text-reading classifier: it reads like another error.

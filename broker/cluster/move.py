@@ -1,0 +1,320 @@
+"""Moving a stream to another member: pause, copy, switch, remove; resumable after any crash.
+
+``npstream streams move NAME --to MEMBER`` calls ``ClusterService.MoveStream``
+on the stream's holder (any other member redirects there), which runs the
+move as a state machine whose state is a row of its metadata SQLite
+(move_state.py), in the spirit of Kafka's partition reassignment: every step
+is durable before the next one relies on it, and every step can be repeated.
+
+1. **pause** (state ``copying``, recorded first): the stream's calls are
+   refused with STREAM_MOVING (clients send them again), running ones are
+   waited for, groups leave memory with their positions written, and the
+   log is closed, so its files are complete and still.
+2. **copy**: the target forgets any earlier attempt (``MOVE_STEP_BEGIN``),
+   then receives every file of the stream's directory (``MOVE_STEP_FILE``):
+   segments, indexes, start offset. Offsets, timestamps and producer ids
+   travel byte for byte, so the dedup window the target rebuilds from the
+   log is the same.
+3. **switch** (state ``switching`` first, then ``MOVE_STEP_INSTALL``): the
+   target installs the stream in one SQLite transaction: its registry row and
+   value schemas, its groups (cursor positions, shared groups' committed
+   offsets, settings and dead-letter counts; leases do not survive, as over a
+   restart), the sink floors (per sink, the last batch already in the stream)
+   and a ``moves_in`` row for this move id. From ``switching`` on the move
+   never goes back: the target may own the stream already.
+4. **remove** (state ``removing``): this member redirects every call to the
+   target and deletes its copy (files, rows, groups), then records ``done``.
+
+Who owns the stream at each point, whatever crashed: this member until the
+target's install transaction commits; the target from then on. In between,
+between the target's commit and this member learning of it, the stream is
+paused here (``switching``), so at most one member takes writes at any time,
+and once this member resumes (at start, or on its next retry) exactly one
+holds it. A move that cannot reach its target stays paused and is retried
+every ``RESUME_INTERVAL_S``; one still ``copying`` can be cancelled by moving
+the stream to its holder. With auth on, the target checks the caller's
+token (admin), which a restart forgets: the move then resumes when an admin
+runs the command again.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from npstream.broker import faults
+from npstream.broker.cluster.move_state import MoveBook, MoveRecord
+from npstream.broker.cluster.peers import forwarded_metadata
+from npstream.broker.errors import (
+    AlreadyExistsError,
+    BrokerError,
+    InvalidArgumentError,
+    MemberUnavailableError,
+    StreamNotFoundError,
+)
+from npstream.broker.log_events import event_fields
+from npstream.broker.storage.files import stream_dir
+from npstream.proto import metadata_keys, pb
+
+if TYPE_CHECKING:
+    from npstream.broker.server.context import BrokerContext
+
+__all__ = ["MOVE_IN_METHOD", "MoveFailedError", "Mover"]
+
+log = logging.getLogger(__name__)
+
+MOVE_IN_METHOD = "/npstream.v1.ClusterService/MoveIn"
+# Bytes of a file sent in one MoveIn call.
+CHUNK_BYTES = 1 << 20
+# How long a pause waits for the stream's running calls (a long poll ends
+# sooner: its group is closed; a Fetch long poll runs out by its wait).
+PAUSE_WAIT_S = 30.0
+# How often unfinished moves are tried again (a target that was down).
+RESUME_INTERVAL_S = 2.0
+# Per MoveIn call (a chunk, an install).
+STEP_TIMEOUT_S = 60.0
+# A resumed move's calls when no caller's token is known (after a restart).
+_MEMBER_ONLY = ((metadata_keys.CLUSTER_LOCAL, "1"),)
+
+
+class MoveFailedError(BrokerError):
+    """The move cannot go on (the target holds another stream of that name, ...)."""
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = pb.ERROR_REASON_MOVE_FAILED
+
+
+class Mover:
+    """This member's side of moving its streams away (module doc). Thread-safe."""
+
+    def __init__(self, ctx: BrokerContext, book: MoveBook) -> None:
+        self._ctx = ctx
+        self._book = book
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+        # The last caller's metadata per move (its token), for retries after a failure.
+        self._callers: dict[str, tuple[tuple[str, str], ...]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Resume unfinished moves now and keep retrying them (a thread)."""
+        self._thread = threading.Thread(target=self._resume_loop, name="npstream-moves",
+                                        daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _lock(self, stream: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(stream, threading.Lock())
+
+    # ------------------------------------------------------------ MoveStream
+
+    def move(self, stream: str, target: str,
+             context: grpc.ServicerContext) -> pb.MoveStreamResponse:
+        """Move ``stream`` to ``target`` now (or finish its unfinished move); see module doc."""
+        cluster = self._ctx.cluster
+        if target not in cluster.members:
+            raise InvalidArgumentError(
+                f"'{target}' is not a member of the cluster ({', '.join(cluster.members)})")
+        metadata = forwarded_metadata(context)
+        with self._lock(stream):
+            record = self._book.active(stream)
+            if target == cluster.identity:
+                if record is not None and record.state == "copying":
+                    self._cancel(record, metadata)
+                    return pb.MoveStreamResponse(stream=stream, source=cluster.identity,
+                                                 target=target, already_there=True)
+                if record is None:
+                    if stream not in self._ctx.registry:
+                        raise StreamNotFoundError(stream)
+                    return pb.MoveStreamResponse(stream=stream, source=cluster.identity,
+                                                 target=target, already_there=True)
+            if record is not None and record.target != target:
+                raise MoveFailedError(f"stream '{stream}' is being moved to {record.target} "
+                                      f"already; run the move to {record.target} again to "
+                                      "finish it first")
+            if record is None:
+                if stream not in self._ctx.registry:
+                    raise StreamNotFoundError(stream)
+                self._check_no_pending_sink(stream)
+                record = self._book.begin(stream, target)
+                log.info("moving stream '%s' to %s (move %s)", stream, target, record.move_id,
+                         extra=event_fields(stream=stream))
+                faults.hit("move.paused", stream)
+            self._callers[stream] = metadata
+            return self._run(record, metadata)
+
+    def _check_no_pending_sink(self, stream: str) -> None:
+        for row in self._ctx.metadata.execute("SELECT sink_id, streams FROM sink_pending"):
+            if stream in json.loads(row[1]):
+                raise MoveFailedError(
+                    f"stream '{stream}' is a target of sink '{row[0]}''s unfinished commit; "
+                    "the move starts once that commit is finished (retried by its writer)")
+
+    def _cancel(self, record: MoveRecord, metadata: Sequence[tuple[str, str]]) -> None:
+        """Cancel a move still copying: the target drops what it got; served here again."""
+        try:
+            self._step(record, metadata, pb.MoveInRequest(step=pb.MOVE_STEP_ABORT))
+        except MemberUnavailableError as exc:
+            log.warning("move of '%s' cancelled; %s keeps the files it received until the "
+                        "next move there (%s)", record.stream, record.target, exc)
+        self._book.cancel(record)
+        log.info("move of stream '%s' to %s cancelled; served here again", record.stream,
+                 record.target, extra=event_fields(stream=record.stream))
+
+    # ------------------------------------------------------------ the steps
+
+    def _run(self, record: MoveRecord, metadata: Sequence[tuple[str, str]],
+             ) -> pb.MoveStreamResponse:
+        """Take ``record`` from its state to ``done``; the caller holds the stream's lock."""
+        stream, started = record.stream, time.monotonic()
+        reply = pb.MoveStreamResponse(stream=stream, source=self._ctx.cluster.identity,
+                                      target=record.target)
+        if record.state in ("copying", "switching"):
+            end_offset = self._pause(stream)
+            begun = self._step(record, metadata, pb.MoveInRequest(step=pb.MOVE_STEP_BEGIN))
+            if not begun.installed:
+                state, sent = self._copy(record, metadata, end_offset)
+                reply.bytes, reply.groups = sent, len(state["groups"])
+                faults.hit("move.copied", stream)
+                if record.state == "copying":
+                    record = self._book.advance(record, "switching")
+                    faults.hit("move.switching", stream)
+                self._step(record, metadata, pb.MoveInRequest(
+                    step=pb.MOVE_STEP_INSTALL, state_json=json.dumps(state).encode()))
+            reply.end_offset = end_offset
+            record = self._book.advance(record, "removing")
+            faults.hit("move.switched", stream)
+        if record.state == "removing":
+            self._ctx.registry.delete(stream)  # files, rows, groups and sink records
+            faults.hit("move.removed", stream)
+            record = self._book.advance(record, "done")
+        self._callers.pop(stream, None)
+        reply.paused_ms = int((time.monotonic() - started) * 1000)
+        log.info("moved stream '%s' to %s (move %s): %d bytes, %d group(s), end offset %d",
+                 stream, record.target, record.move_id, reply.bytes, reply.groups,
+                 reply.end_offset, extra=event_fields(stream=stream))
+        return reply
+
+    def _pause(self, stream: str) -> int:
+        """Quiesce a paused stream (module doc, step 1); its end offset."""
+        for listener in list(self._ctx.on_stream_leaving):
+            listener(stream)
+        if not self._book.wait_idle(stream, PAUSE_WAIT_S):
+            raise MoveFailedError(f"calls on stream '{stream}' did not end within "
+                                  f"{PAUSE_WAIT_S:g}s of its pause; the move goes on when "
+                                  "they have (run it again)")
+        end_offset = self._ctx.registry.get(stream).end_offset
+        self._ctx.registry.close_log(stream)
+        return end_offset
+
+    def _copy(self, record: MoveRecord, metadata: Sequence[tuple[str, str]],
+              end_offset: int) -> tuple[dict[str, Any], int]:
+        """Send every file of the stream; (its metadata for the install, bytes sent)."""
+        directory = stream_dir(self._ctx.config.server.data_dir, record.stream)
+        names = sorted(p.name for p in directory.iterdir()
+                       if p.is_file() and not p.name.endswith(".tmp")) if directory.is_dir() else []
+        sizes: dict[str, int] = {}
+        for name in names:
+            position = 0
+            with open(directory / name, "rb") as handle:
+                while True:
+                    data = handle.read(CHUNK_BYTES)
+                    if data or position == 0:
+                        self._step(record, metadata, pb.MoveInRequest(
+                            step=pb.MOVE_STEP_FILE, file=name, position=position, data=data))
+                    position += len(data)
+                    if len(data) < CHUNK_BYTES:
+                        break
+            sizes[name] = position
+        state = self._state(record.stream, sizes, end_offset)
+        return state, sum(sizes.values())
+
+    def _state(self, stream: str, files: dict[str, int], end_offset: int) -> dict[str, Any]:
+        """The stream's rows for the target's install: config, schemas, groups, sink floors."""
+        metadata = self._ctx.metadata
+        rows = metadata.execute("SELECT config_json, created_ms FROM streams WHERE name = ?",
+                                (stream,))
+        if not rows:
+            raise StreamNotFoundError(stream)
+        schemas = [{"version": r["version"], "ddl": r["ddl"], "created_ms": r["created_ms"],
+                    "arrow_schema": base64.b64encode(bytes(r["arrow_schema"])).decode()}
+                   for r in metadata.execute(
+                       "SELECT version, arrow_schema, ddl, created_ms FROM stream_schemas "
+                       "WHERE stream = ? ORDER BY version", (stream,))]
+        groups = [dict(r) for r in metadata.execute(
+            "SELECT * FROM consumer_groups WHERE stream = ?", (stream,))]
+        floors: dict[str, int] = {
+            str(r[0]): int(r[1]) for r in metadata.execute(
+                "SELECT sink_id, last_batch_id FROM sink_state")}
+        for r in metadata.execute(
+                "SELECT sink_id, last_batch_id FROM sink_floors WHERE stream = ?", (stream,)):
+            floors[str(r[0])] = max(floors.get(str(r[0]), -1), int(r[1]))
+        return {"config_json": rows[0]["config_json"], "created_ms": rows[0]["created_ms"],
+                "schemas": schemas, "groups": groups, "sink_floors": floors, "files": files,
+                "end_offset": end_offset}
+
+    def _step(self, record: MoveRecord, metadata: Sequence[tuple[str, str]],
+              request: pb.MoveInRequest) -> pb.MoveInResponse:
+        """One MoveIn call to the target; MemberUnavailableError when it does not answer."""
+        request.stream = record.stream
+        request.move_id = record.move_id
+        request.source = self._ctx.cluster.identity
+        try:
+            raw = self._ctx.cluster.peers.call(record.target, MOVE_IN_METHOD,
+                                               request.SerializeToString(), metadata,
+                                               timeout_s=STEP_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            detail = exc.details() if hasattr(exc, "details") else str(exc)
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, None):
+                raise MemberUnavailableError(
+                    record.target, f"the move of stream '{record.stream}' waits (it goes on "
+                    "when the member answers)", str(detail)) from None
+            if code == grpc.StatusCode.ALREADY_EXISTS and record.state == "copying":
+                self._book.cancel(record)  # nothing installed: the stream is served here again
+                raise AlreadyExistsError(
+                    f"cannot move stream '{record.stream}' to {record.target}: {detail}; "
+                    "the move is cancelled") from None
+            raise MoveFailedError(f"the move of stream '{record.stream}' to {record.target} "
+                                  f"failed: {code.name if code else 'error'}: {detail} "
+                                  "(run it again)") from None
+        return pb.MoveInResponse.FromString(raw)
+
+    # ------------------------------------------------------------ resuming
+
+    def _resume_loop(self) -> None:
+        while True:
+            for record in self._book.unfinished():
+                if self._stop.is_set():
+                    return
+                lock = self._lock(record.stream)
+                if not lock.acquire(blocking=False):
+                    continue  # a MoveStream call is running it
+                try:
+                    current = self._book.active(record.stream)
+                    if current is not None:
+                        log.info("resuming the move of stream '%s' to %s (state %s)",
+                                 current.stream, current.target, current.state)
+                        self._run(current, self._callers.get(current.stream, _MEMBER_ONLY))
+                except BrokerError as exc:
+                    log.warning("the move of stream '%s' to %s is unfinished: %s",
+                                record.stream, record.target, exc)
+                except Exception:
+                    log.exception("resuming the move of stream '%s' failed", record.stream)
+                finally:
+                    lock.release()
+            if self._stop.wait(RESUME_INTERVAL_S):
+                return

@@ -1,0 +1,254 @@
+"""Moving a stream between two real brokers of a cluster (issue 19): `streams move`.
+
+A stream with messages (producer ids), a cursor group, a shared group with
+acks and a sink commit moves from one member to the other; what was
+acknowledged is there exactly once and in order, the groups continue from
+their positions, the dedup window and the sink's committed batches went
+along, and a client that knew the old member reaches the new one. Publishers
+that keep writing through the move lose and duplicate nothing. Then each
+step of the move is cut off by the broker's fault hook (NPSTREAM_MOVE_FAULT,
+the process exits as kill -9 would leave it), on the source and on the
+target: after the restart, exactly one member holds the stream and all of
+the above holds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pyarrow as pa
+import pytest
+
+from harness import BrokerProcess
+from npstream import Client, NpstreamError
+from npstream.broker.cluster.placement import rendezvous_owner
+from npstream.broker.faults import FAULT_EXIT_CODE, MOVE_FAULT_ENV
+from npstream.proto import metadata_keys, pb, pb_grpc
+from npstream.proto.schema import MESSAGE_SCHEMA
+
+pytestmark = pytest.mark.slow
+
+LOCAL = ((metadata_keys.CLUSTER_LOCAL, "1"),)
+MESSAGES = 40
+
+
+def _free_ports(count: int) -> list[int]:
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@pytest.fixture(scope="module")
+def members(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[BrokerProcess]]:
+    root = tmp_path_factory.mktemp("move")
+    ports = _free_ports(2)
+    addresses = [f"127.0.0.1:{port}" for port in ports]
+    brokers = []
+    for name, port in zip(("a", "b"), ports, strict=True):
+        broker = BrokerProcess(root / name, args=["--cluster-members", ",".join(addresses)])
+        broker.port = port
+        brokers.append(broker.start())
+    yield brokers
+    for broker in brokers:
+        broker.stop()
+
+
+@pytest.fixture(autouse=True)
+def both_up(members: list[BrokerProcess]) -> Iterator[None]:
+    yield
+    for broker in members:
+        if broker.extra_env.pop(MOVE_FAULT_ENV, None) is not None or (
+                broker.proc is None or broker.proc.poll() is not None):
+            broker.kill()
+            broker.start()
+
+
+def name_on(members: list[BrokerProcess], broker: BrokerProcess, prefix: str) -> str:
+    addresses = [b.address for b in members]
+    return next(f"{prefix}-{i}" for i in range(1000)
+                if rendezvous_owner(f"{prefix}-{i}", addresses) == broker.address)
+
+
+def held(broker: BrokerProcess) -> set[str]:
+    with grpc.insecure_channel(broker.address) as channel:
+        reply = pb_grpc.StreamServiceStub(channel).ListStreams(
+            pb.ListStreamsRequest(page_size=10_000), metadata=LOCAL, timeout=10)
+    return {info.name for info in reply.streams}
+
+
+def local_groups(broker: BrokerProcess, stream: str) -> dict[str, int]:
+    with grpc.insecure_channel(broker.address) as channel:
+        try:
+            reply = pb_grpc.GroupServiceStub(channel).ListGroups(
+                pb.ListGroupsRequest(stream=stream), metadata=LOCAL, timeout=10)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            return {}
+    return {group.group: group.committed_offset for group in reply.groups}
+
+
+def read_ids(client: Client, stream: str) -> list[str]:
+    info = client.stream_info(stream)
+    batches = list(client.read_range(stream, info.start_offset, info.end_offset))
+    return pa.Table.from_batches(batches, schema=MESSAGE_SCHEMA).column("id").to_pylist()
+
+
+def move_raw(broker: BrokerProcess, stream: str, to: str) -> grpc.StatusCode:
+    """MoveStream sent once, without the SDK's retries: OK or the status it ended with."""
+    with grpc.insecure_channel(broker.address) as channel:
+        try:
+            pb_grpc.ClusterServiceStub(channel).MoveStream(
+                pb.MoveStreamRequest(stream=stream, to=to), timeout=60)
+        except grpc.RpcError as exc:
+            return exc.code()
+    return grpc.StatusCode.OK
+
+
+def fill(client: Client, stream: str, sink_id: str) -> None:
+    """Messages with ids, a cursor group at 15, a shared group with 0..9 acked, a sink batch."""
+    client.create_stream(stream, dedup_window="1h")
+    client.publish_batch(stream, [{"value": f"{i}".encode(), "id": f"m{i}"}
+                                  for i in range(MESSAGES - 5)])
+    cursor = client.consumer(stream, "cursor")
+    assert len(cursor.pull(15)) == 15
+    cursor.commit()
+    leases = client.receive(stream, "shared", 10, ack_wait=30)
+    for lease in leases:
+        lease.ack()
+    sink = client.sink()
+    rows = pa.table({"value": [f"{i}".encode() for i in range(MESSAGES - 5, MESSAGES)],
+                     "id": [f"m{i}" for i in range(MESSAGES - 5, MESSAGES)]})
+    staged = sink.stage(sink_id, 0, "s0", stream, rows)
+    sink.commit_all(sink_id, 0, {b: ["s0"] for b in staged.brokers})
+
+
+def check_moved(members: list[BrokerProcess], stream: str, sink_id: str,
+                source: BrokerProcess, target: BrokerProcess) -> None:
+    """Exactly one owner (the target) and everything that went with the stream."""
+    assert stream in held(target) and stream not in held(source)
+    assert local_groups(target, stream) == {"cursor": 15, "shared": 10}
+    assert local_groups(source, stream) == {}
+    expected = [f"m{i}" for i in range(MESSAGES)]
+    with Client(source.address) as client:  # a client of the old owner is redirected
+        assert client.broker_of(stream) == target.address
+        assert read_ids(client, stream) == expected
+        again = client.publish(stream, b"again", id="m3")  # the dedup window came along
+        assert (again.duplicate, again.offset) == (True, 3)
+        assert client.publish(stream, b"new", id="new").offset == MESSAGES
+        assert [m.offset for m in client.consumer(stream, "cursor").pull(2)] == [15, 16]
+        leases = client.receive(stream, "shared", 3, ack_wait=30)
+        assert [lease.offset for lease in leases] == [10, 11, 12]
+        sink = client.sink()  # batch 0 replayed: committed already for this stream
+        rows = pa.table({"value": [b"dup"], "id": ["dup"]})
+        staged = sink.stage(sink_id, 0, "s1", stream, rows)
+        assert staged.brokers == (target.address,)
+        result = sink.commit_all(sink_id, 0, {b: ["s1"] for b in staged.brokers})
+        assert result.written[stream] == (MESSAGES + 1, MESSAGES + 1)  # nothing appended
+        assert read_ids(client, stream) == [*expected, "new"]
+
+
+def test_a_moved_stream_takes_its_messages_groups_dedup_and_sink_state(members):
+    source, target = members
+    stream = name_on(members, source, f"mv{uuid.uuid4().hex[:6]}")
+    sink_id = f"sink-{stream}"
+    with Client(target.address) as client:
+        fill(client, stream, sink_id)
+        result = client.move_stream(stream, target.address)
+        assert (result.source, result.target, result.end_offset, result.groups) == (
+            source.address, target.address, MESSAGES, 2)
+        assert result.bytes > 0 and not result.already_there
+        assert client.move_stream(stream, target.address).already_there
+    check_moved(members, stream, sink_id, source, target)
+
+
+def test_publishers_writing_through_a_move_lose_and_duplicate_nothing(members):
+    source, target = members
+    stream = name_on(members, source, f"mvp{uuid.uuid4().hex[:6]}")
+    acked: dict[int, list[str]] = {0: [], 1: []}
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def publish(worker: int) -> None:
+        try:
+            with Client(source.address, retry_deadline=60) as client:
+                n = 0
+                while not stop.is_set():
+                    message_id = f"w{worker}-{n}"
+                    client.publish(stream, message_id.encode(), id=message_id)
+                    acked[worker].append(message_id)
+                    n += 1
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    with Client(source.address) as admin:
+        admin.create_stream(stream, dedup_window="1h")
+        threads = [threading.Thread(target=publish, args=(w,)) for w in (0, 1)]
+        for thread in threads:
+            thread.start()
+        time.sleep(1.0)
+        result = admin.move_stream(stream, target.address)
+        time.sleep(1.0)
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        assert not errors, errors
+        ids = read_ids(admin, stream)
+    assert result.end_offset > 0
+    assert len(ids) == len(set(ids))
+    for worker in (0, 1):
+        mine = [i for i in ids if i.startswith(f"w{worker}-")]
+        assert mine == acked[worker]  # every acknowledged one, once, in order
+    assert stream in held(target) and stream not in held(source)
+
+
+# (broker that dies, fault step): every step of the move on the source, and the
+# target's receiving of a file and its install.
+CRASHES = [("source", "paused"), ("source", "copied"), ("source", "switching"),
+           ("source", "switched"), ("source", "removed"), ("target", "file"),
+           ("target", "installed")]
+
+
+def wait_until(predicate: object, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():  # type: ignore[operator]
+                return
+        except (grpc.RpcError, NpstreamError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.parametrize(("who", "step"), CRASHES, ids=[f"{w}-{s}" for w, s in CRASHES])
+def test_a_crash_at_any_step_of_a_move_leaves_exactly_one_owner(members, who, step):
+    source, target = members
+    stream = name_on(members, source, f"mvc{step}{uuid.uuid4().hex[:6]}")
+    sink_id = f"sink-{stream}"
+    with Client(target.address) as client:
+        fill(client, stream, sink_id)
+    dying = source if who == "source" else target
+    dying.extra_env[MOVE_FAULT_ENV] = step
+    dying.restart()
+    status = move_raw(source, stream, target.address)
+    assert status != grpc.StatusCode.OK
+    assert dying.proc is not None and dying.proc.wait(30) == FAULT_EXIT_CODE
+    dying.extra_env.pop(MOVE_FAULT_ENV)
+    dying.start()
+    # The source resumes the move by itself (at its start, or on its next retry).
+    wait_until(lambda: stream in held(target) and stream not in held(source))
+    check_moved(members, stream, sink_id, source, target)
+    assert Path(source.data_dir / "streams" / stream).exists() is False
