@@ -1,4 +1,4 @@
-"""``npstream streams create|update|list|describe|delete|truncate|repair``."""
+"""``npstream streams create|update|list|describe|delete|truncate|repair|move``."""
 
 from __future__ import annotations
 
@@ -79,6 +79,17 @@ def register(subparsers: Any) -> None:
     repair.add_argument("name", type=stream_arg)
     add_client_options(repair)
     repair.set_defaults(handler=_repair)
+
+    move = commands.add_parser(
+        "move", help="move a stream, with its groups, to another broker of the cluster")
+    move.add_argument("name", type=stream_arg)
+    move.add_argument("--to", required=True, metavar="MEMBER",
+                      help="the broker to move it to: its advertised host:port, as listed "
+                           "by 'npstream cluster status' (the broker holding it cancels an "
+                           "unfinished move)")
+    move.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_client_options(move)
+    move.set_defaults(handler=_move)
 
 
 def _add_settings(parser: argparse.ArgumentParser, absent: str) -> None:
@@ -237,4 +248,21 @@ def _repair(args: argparse.Namespace) -> int:
     else:
         print(f"stream '{args.name}' needed no repair: offsets [{result.stream.start_offset}, "
               f"{result.stream.end_offset})")
+    return 0
+
+
+def _move(args: argparse.Namespace) -> int:
+    with client_from_args(args) as client:
+        result = client.move_stream(args.name, args.to)
+    if args.json:
+        _print_json({"stream": result.stream, "source": result.source, "target": result.target,
+                     "end_offset": result.end_offset, "groups": result.groups,
+                     "bytes": result.bytes, "already_there": result.already_there,
+                     "paused_ms": result.paused_ms})
+    elif result.already_there:
+        print(f"stream '{args.name}' is on {result.target} already; nothing moved")
+    else:
+        print(f"moved stream '{args.name}' from {result.source} to {result.target}: "
+              f"{result.end_offset} offsets, {result.bytes} bytes, {result.groups} group(s); "
+              f"writes paused {result.paused_ms} ms")
     return 0

@@ -14,6 +14,9 @@ the above holds.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -252,3 +255,34 @@ def test_a_crash_at_any_step_of_a_move_leaves_exactly_one_owner(members, who, st
     wait_until(lambda: stream in held(target) and stream not in held(source))
     check_moved(members, stream, sink_id, source, target)
     assert Path(source.data_dir / "streams" / stream).exists() is False
+
+
+def npstream(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "npstream.cli", *args], capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+def test_the_cli_moves_a_stream_and_back(members):
+    source, target = members
+    stream = name_on(members, source, f"mvcli{uuid.uuid4().hex[:6]}")
+    with Client(source.address) as client:
+        client.publish_batch(stream, [{"value": b"x", "id": f"c{i}"} for i in range(5)])
+    done = npstream("streams", "move", stream, "--to", target.address, "--json",
+                    "--broker", target.address)
+    assert done.returncode == 0, done.stderr
+    reply = json.loads(done.stdout)
+    assert (reply["source"], reply["target"], reply["end_offset"], reply["already_there"]) == (
+        source.address, target.address, 5, False)
+    again = npstream("streams", "move", stream, "--to", target.address, "--broker",
+                     source.address)
+    assert again.returncode == 0 and "already" in again.stdout
+    back = npstream("streams", "move", stream, "--to", source.address, "--broker",
+                    source.address)
+    assert back.returncode == 0, back.stderr
+    assert f"from {target.address} to {source.address}: 5 offsets" in back.stdout
+    assert stream in held(source) and stream not in held(target)
+    with Client(target.address) as client:
+        assert read_ids(client, stream) == [f"c{i}" for i in range(5)]
+    wrong = npstream("streams", "move", stream, "--to", "127.0.0.1:1", "--broker",
+                     source.address)
+    assert wrong.returncode != 0 and "not a member of the cluster" in wrong.stderr
