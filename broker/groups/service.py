@@ -36,8 +36,9 @@ from prometheus_client import Counter
 
 from npstream.broker.auth.access import AccessControl, Right
 from npstream.broker.errors import BrokerError, InvalidArgumentError, ShuttingDownError
+from npstream.broker.groups.deliveries import Delivered, Grant, delivery_table, grants
 from npstream.broker.groups.manager import GroupManager, GroupStatus
-from npstream.broker.groups.shared import Grant, SharedGroup
+from npstream.broker.groups.shared import SharedGroup
 from npstream.broker.groups.shared_config import DEAD_LETTER_SUFFIX
 from npstream.broker.groups.tuning import (
     DEFAULT_PULL_LIMIT,
@@ -326,28 +327,39 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
         """The unbatched form: one stream message per delivery (clients before batching)."""
         sent = self._manager.metrics.subscribe_messages
         with contextlib.closing(self._subscribe(request_iterator, context)) as ready:
-            for grants in ready:
+            for _first, delivered in ready:
                 batch = pb.DeliveryBatch()
-                _add_deliveries(batch.deliveries, grants)
+                _add_deliveries(batch.deliveries, grants(delivered))
                 for delivery in batch.deliveries:
                     sent.inc()
                     yield delivery
 
     @rpc_method
     def SubscribeBatches(self, request_iterator: Iterator[pb.SubscribeRequest],
-                         context: grpc.ServicerContext) -> Iterator[pb.DeliveryBatch]:
-        """Everything ready that fits the credits in one stream message."""
+                         context: grpc.ServicerContext) -> Iterator[bytes]:
+        """Everything ready that fits the credits in one stream message (wire bytes).
+
+        With ``open.arrow_deliveries`` the batch is one Arrow IPC stream
+        (DELIVERY_SCHEMA), appended to the message without a copy into it:
+        no protobuf message per delivery on either side.
+        """
         sent = self._manager.metrics.subscribe_messages
         with contextlib.closing(self._subscribe(request_iterator, context)) as ready:
-            for grants in ready:
-                batch = pb.DeliveryBatch()
-                _add_deliveries(batch.deliveries, grants)
+            for first, delivered in ready:
                 sent.inc()
-                yield batch
+                if first.open.arrow_deliveries:
+                    table = delivery_table(delivered)
+                    yield encode_with_bytes(pb.DeliveryBatch(count=table.num_rows),
+                                            "arrow_stream", [arrow_stream_buffer(table)])
+                else:
+                    batch = pb.DeliveryBatch()
+                    _add_deliveries(batch.deliveries, grants(delivered))
+                    yield batch.SerializeToString()
 
     def _subscribe(self, request_iterator: Iterator[pb.SubscribeRequest],
-                   context: grpc.ServicerContext) -> Generator[list[Grant], None, None]:
-        """The grants of one Subscribe call, as they become ready (never an empty list)."""
+                   context: grpc.ServicerContext,
+                   ) -> Generator[tuple[pb.SubscribeRequest, list[Delivered]], None, None]:
+        """The leases of one Subscribe call as they become ready (never empty), with its opening."""
         first = next(request_iterator, None)
         if first is None:
             return
@@ -386,11 +398,12 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
                     continue
                 # receive returns as soon as anything is deliverable, with everything
                 # that is (up to the credits): low latency when idle, big batches when busy.
-                grants = group.receive(member, min(credits, MAX_RECEIVE_MAX), SUBSCRIBE_POLL_S,
-                                       config.ack_wait_ms, should_stop=session.stopping)
-                if grants:
-                    session.spend(len(grants))
-                    yield grants
+                delivered = group.lease(member, min(credits, MAX_RECEIVE_MAX),
+                                        SUBSCRIBE_POLL_S, config.ack_wait_ms,
+                                        should_stop=session.stopping)
+                if delivered:
+                    session.spend(sum(span.end - span.start for span in delivered))
+                    yield first, delivered
         finally:
             session.end()
             group.disconnect(member)
@@ -472,5 +485,5 @@ def add_to_server(server: grpc.Server, ctx: BrokerContext) -> GroupManager:
     """Register GroupService on ``server``; the returned manager is closed at shutdown."""
     manager = GroupManager(ctx)
     add_service(server, "GroupService", GroupServicer(manager, ctx),
-                raw_responses={"ReceiveBatch"})
+                raw_responses={"ReceiveBatch", "SubscribeBatches"})
     return manager

@@ -342,7 +342,7 @@ class SharedGroup:
         should_stop: Callable[[], bool] | None = None,
     ) -> list[Grant]:
         """Lease up to max_messages (redeliveries first), waiting up to wait_s for any."""
-        return grants(self._receive(member, max_messages, wait_s, ack_wait_ms, should_stop))
+        return grants(self.lease(member, max_messages, wait_s, ack_wait_ms, should_stop))
 
     def receive_batch(
         self,
@@ -353,11 +353,12 @@ class SharedGroup:
         should_stop: Callable[[], bool] | None = None,
     ) -> pa.Table:
         """``receive`` as one DELIVERY_SCHEMA table (ReceiveBatch): no Python object per row."""
-        return delivery_table(self._receive(member, max_messages, wait_s, ack_wait_ms,
-                                            should_stop))
+        return delivery_table(self.lease(member, max_messages, wait_s, ack_wait_ms,
+                                         should_stop))
 
-    def _receive(self, member: str, max_messages: int, wait_s: float, ack_wait_ms: int,
-                 should_stop: Callable[[], bool] | None) -> list[Delivered]:
+    def lease(self, member: str, max_messages: int, wait_s: float, ack_wait_ms: int,
+              should_stop: Callable[[], bool] | None = None) -> list[Delivered]:
+        """``receive`` as leased spans and their stored rows, for the caller to shape."""
         deadline = time.monotonic() + wait_s
         while True:
             with self._cond:

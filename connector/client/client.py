@@ -56,7 +56,7 @@ class Client(StreamAdmin, Publisher, Reader):
         handler: Callable[[Lease], object],
         *,
         ack_wait: float = 30.0,
-        max_in_flight: int = 100,
+        max_in_flight: int = 1000,
         max_deliver: int = 0,
         backoff: Sequence[float] | None = None,
         dead_letter_stream: str | None = None,

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from npstream.client import group_rpc
 from npstream.errors import InvalidArgument
 from npstream.proto import pb
@@ -124,6 +126,19 @@ class Lease:
         return cls(stream, group, d.offset, d.id, d.key if d.HasField("key") else None,
                    d.value, dict(d.headers) if d.headers else {}, d.timestamp_ms, d.attempt,
                    d.lease_expires_ms, settle)
+
+    @classmethod
+    def from_table(cls, stream: str, group: str, table: pa.Table, settle: Settle) -> list[Lease]:
+        """The leases of a DELIVERY_SCHEMA table (Arrow deliveries), one column at a time."""
+        headers = [dict(h) if h else {} for h in table.column("headers").to_pylist()]
+        return [cls(stream, group, offset, id_, key, value, header, timestamp, attempt,
+                    expires, settle)
+                for offset, id_, key, value, header, timestamp, attempt, expires in zip(
+                    table.column("offset").to_pylist(), table.column("id").to_pylist(),
+                    table.column("key").to_pylist(), table.column("value").to_pylist(),
+                    headers, table.column("timestamp").cast(pa.int64()).to_pylist(),
+                    table.column("attempt").to_pylist(),
+                    table.column("lease_expires").cast(pa.int64()).to_pylist(), strict=True)]
 
     @property
     def timestamp(self) -> dt.datetime:

@@ -18,6 +18,9 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from npstream.groups.batch import offset_ranges
 from npstream.proto import pb
 
 if TYPE_CHECKING:
@@ -76,7 +79,11 @@ class Outbox:
             self._opening = None
         nacks = list(self._nacks.items())
         if self._acks or self._credits or nacks:
-            request = pb.SubscribeRequest(ack_offsets=self._acks, credits=self._credits)
+            # As ranges: a window of handlers acks runs of consecutive offsets,
+            # which the broker settles a span at a time instead of offset by offset.
+            request = pb.SubscribeRequest(credits=self._credits, ack_ranges=[
+                pb.OffsetRange(start=start, end=end)
+                for start, end in offset_ranges(np.array(self._acks, dtype=np.int64))])
             if nacks:  # the first nack delay rides along, further ones need a request each
                 delay_ms, offsets = nacks.pop(0)
                 request.nack_offsets.extend(offsets)

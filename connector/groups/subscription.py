@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from npstream.client import group_rpc
 from npstream.errors import BrokerUnavailable, InvalidArgument, NpstreamError
 from npstream.groups.dispatcher import Dispatcher, Feed
@@ -64,7 +66,7 @@ def subscribe(
     handler: Callable[[Lease], object],
     *,
     ack_wait: float = 30.0,
-    max_in_flight: int = 100,
+    max_in_flight: int = 1000,
     max_deliver: int = 0,
     backoff: Sequence[float] | None = None,
     dead_letter_stream: str | None = None,
@@ -269,7 +271,7 @@ class Subscription:
             opening = pb.SubscribeRequest(credits=credits)
             opening.open.CopyFrom(pb.SubscribeRequest.Open(
                 stream=self.stream, group=self.group, member_id=self.member_id,
-                config=self._config))
+                config=self._config, arrow_deliveries=True))
             connection = Outbox(opening, self._credit_batch, self._counters)
             self._connection = connection
         if self._stopping.is_set():
@@ -290,8 +292,12 @@ class Subscription:
 
     def _leases(self, batch: pb.DeliveryBatch) -> list[Lease]:
         """The leases of a batch, counted as running; none (all nacked) while stopping."""
-        leases = [Lease.from_pb(self.stream, self.group, delivery, self._settle)
-                  for delivery in batch.deliveries]
+        if batch.count:  # Arrow deliveries (a broker that predates them sends protobuf)
+            table = pa.ipc.open_stream(pa.py_buffer(batch.arrow_stream)).read_all()
+            leases = Lease.from_table(self.stream, self.group, table, self._settle)
+        else:
+            leases = [Lease.from_pb(self.stream, self.group, delivery, self._settle)
+                      for delivery in batch.deliveries]
         self._counters.add(batches=1, deliveries=len(leases))
         if self._stopping.is_set():
             for lease in leases:

@@ -7,11 +7,14 @@ import threading
 import time
 
 import grpc
+import pyarrow as pa
+import pytest
 
 from npstream import Client
 from npstream.groups.outbox import ACK_FLUSH_INTERVAL_S, Outbox
 from npstream.groups.subscription import SubscriptionCounters, SubscriptionStats
 from npstream.proto import pb, pb_grpc
+from npstream.proto.schema import DELIVERY_SCHEMA
 
 
 def wait_until(predicate, timeout: float = 20.0, what: str = "condition") -> None:
@@ -81,14 +84,31 @@ def test_subscribe_lone_message_is_delivered_and_acked_promptly(client, stream_n
     assert (stats.deliveries, stats.batches, stats.acks) == (1, 1, 1)
 
 
-def test_subscribe_batches_never_exceed_credits_and_take_all_ready(client, stream_name):
-    """Raw SubscribeBatches: one message holds every ready delivery that fits the credits."""
+def delivered(batch: pb.DeliveryBatch) -> list[tuple[int, str, int]]:
+    """(offset, value, attempt) of a DeliveryBatch, from whichever form it carries."""
+    if not batch.count:
+        return [(d.offset, d.value.decode(), d.attempt) for d in batch.deliveries]
+    assert not batch.deliveries
+    table = pa.ipc.open_stream(pa.py_buffer(batch.arrow_stream)).read_all()
+    assert table.schema == DELIVERY_SCHEMA and table.num_rows == batch.count
+    return list(zip(table.column("offset").to_pylist(),
+                    [v.decode() for v in table.column("value").to_pylist()],
+                    table.column("attempt").to_pylist(), strict=True))
+
+
+@pytest.mark.parametrize("arrow", [False, True], ids=["protobuf", "arrow"])
+def test_subscribe_batches_never_exceed_credits_and_take_all_ready(client, stream_name, arrow):
+    """Raw SubscribeBatches: one message holds every ready delivery that fits the credits.
+
+    In either form: repeated Delivery messages (what older clients ask for)
+    or one Arrow batch (``Open.arrow_deliveries``, what the SDK asks for).
+    """
     client.create_stream(stream_name)
     client.publish_batch(stream_name, [{"value": f"m{i}"} for i in range(10)])
     requests: queue.SimpleQueue = queue.SimpleQueue()
     opening = pb.SubscribeRequest(credits=3)
     opening.open.CopyFrom(pb.SubscribeRequest.Open(stream=stream_name, group="fc",
-                                                   member_id="raw"))
+                                                   member_id="raw", arrow_deliveries=arrow))
     requests.put(opening)
 
     def request_iter():
@@ -102,21 +122,26 @@ def test_subscribe_batches_never_exceed_credits_and_take_all_ready(client, strea
     def read() -> None:
         try:
             for batch in call:
-                batches.put([d.offset for d in batch.deliveries])
+                batches.put(delivered(batch))
         except grpc.RpcError as exc:
             assert exc.code() == grpc.StatusCode.CANCELLED  # by the finally below
 
     threading.Thread(target=read, daemon=True).start()
     try:
-        assert batches.get(timeout=10) == [0, 1, 2]
+        assert batches.get(timeout=10) == [(i, f"m{i}", 1) for i in range(3)]
         time.sleep(0.4)
         assert batches.empty()  # no credit, no delivery, although 7 are waiting
         requests.put(pb.SubscribeRequest(ack_offsets=[0, 1, 2], credits=5))
-        assert batches.get(timeout=10) == [3, 4, 5, 6, 7]
+        assert batches.get(timeout=10) == [(i, f"m{i}", 1) for i in range(3, 8)]
         time.sleep(0.4)
         assert batches.empty()
         info = client.describe_group(stream_name, "fc")
         assert (info.in_flight, info.committed_offset) == (5, 3)
+        # A nacked range comes back first, as its second attempt.
+        requests.put(pb.SubscribeRequest(nack_ranges=[pb.OffsetRange(start=3, end=5)],
+                                         ack_ranges=[pb.OffsetRange(start=5, end=8)],
+                                         credits=3))
+        assert batches.get(timeout=10) == [(3, "m3", 2), (4, "m4", 2), (8, "m8", 1)]
     finally:
         requests.put(None)
         call.cancel()
@@ -124,6 +149,24 @@ def test_subscribe_batches_never_exceed_credits_and_take_all_ready(client, strea
 
 
 # ---------------------------------------------------------------- the client's outbox
+
+
+def acked(request: pb.SubscribeRequest) -> list[tuple[int, int]]:
+    """The acks of a request: the outbox sends them as [start, end) ranges."""
+    assert not request.ack_offsets
+    return [(r.start, r.end) for r in request.ack_ranges]
+
+
+def test_outbox_acks_travel_as_ranges_of_consecutive_offsets():
+    connection = opened()
+    out = sent_by(connection)
+    out.get(timeout=5)  # the opening
+    for offset in (12, 10, 11, 15, 13, 20):  # handlers finish out of order
+        assert connection.ack(offset)
+    connection.close()
+    _t, request = out.get(timeout=5)
+    assert acked(request) == [(10, 14), (15, 16), (20, 21)]
+    assert out.get(timeout=5) is None
 
 
 def opened(credits: int = 4) -> Outbox:
@@ -155,7 +198,7 @@ def test_outbox_sends_opening_at_once_and_coalesces_acks_until_the_interval():
         assert connection.ack(offset)
     connection.grant(3)  # below credit_batch (4): waits for the interval
     sent_at, request = out.get(timeout=5)
-    assert list(request.ack_offsets) == [0, 1, 2] and request.credits == 3
+    assert acked(request) == [(0, 3)] and request.credits == 3
     assert sent_at - added_at >= ACK_FLUSH_INTERVAL_S * 0.9
     assert out.empty()
     connection.close()
@@ -170,7 +213,7 @@ def test_outbox_sends_at_once_when_a_credit_batch_is_free():
     connection.ack(7)
     connection.grant(4)
     _t, request = out.get(timeout=5)
-    assert (list(request.ack_offsets), request.credits) == ([7], 4)
+    assert (acked(request), request.credits) == ([(7, 8)], 4)
     connection.close()
     assert out.get(timeout=5) is None
 
@@ -189,8 +232,8 @@ def test_outbox_nacks_per_delay_and_close_flushes_everything_before_half_close()
     sent = []
     while (item := out.get(timeout=5)) is not None:
         sent.append(item[1])
-    assert [(list(r.ack_offsets), list(r.nack_offsets), r.nack_delay_ms, r.credits)
-            for r in sent] == [([1], [2, 3], 0, 0), ([], [4], 5000, 0)]
+    assert [(acked(r), list(r.nack_offsets), r.nack_delay_ms, r.credits)
+            for r in sent] == [([(1, 2)], [2, 3], 0, 0), ([], [4], 5000, 0)]
     assert not connection.ack(9)  # closed: the caller settles with a unary call instead
     assert connection._counters.snapshot() == SubscriptionStats(
         requests=3, acks=1, nacks=3, credits=4)
