@@ -25,6 +25,11 @@ is durable before the next one relies on it, and every step can be repeated.
 4. **remove** (state ``removing``): this member redirects every call to the
    target and deletes its copy (files, rows, groups), then records ``done``.
 
+A dead-letter stream lives with its group's stream (docs/groups.md), so the
+stream's shared groups' dead-letter streams held here move with it, each as
+a move of its own right after it, unless a group of another stream here
+uses them too.
+
 Who owns the stream at each point, whatever crashed: this member until the
 target's install transaction commits; the target from then on. In between,
 between the target's commit and this member learning of it, the stream is
@@ -153,8 +158,34 @@ class Mover:
                 log.info("moving stream '%s' to %s (move %s)", stream, target, record.move_id,
                          extra=event_fields(stream=stream))
                 faults.hit("move.paused", stream)
+            dead_letters = self._dead_letter_streams(stream)
             self._callers[stream] = metadata
-            return self._run(record, metadata)
+            reply = self._run(record, metadata)
+        for name in dead_letters:  # each one its own move, after the stream's
+            with self._lock(name):
+                if name not in self._ctx.registry or self._book.active(name) is not None:
+                    continue
+                self._check_no_pending_sink(name)
+                moved = self._book.begin(name, target)
+                log.info("moving dead-letter stream '%s' with '%s' to %s", name, stream, target,
+                         extra=event_fields(stream=name))
+                self._run(moved, metadata)
+                reply.dead_letter_streams.append(name)
+        return reply
+
+    def _dead_letter_streams(self, stream: str) -> list[str]:
+        """The dead-letter streams of ``stream``'s shared groups that go with it (module doc)."""
+        used_by: dict[str, set[str]] = {}
+        for row in self._ctx.metadata.execute(
+                "SELECT stream, config_json FROM consumer_groups WHERE kind = 'shared'"):
+            try:
+                name = str(json.loads(row[1] or "{}").get("dead_letter_stream", ""))
+            except ValueError:
+                continue
+            if name:
+                used_by.setdefault(name, set()).add(str(row[0]))
+        return sorted(name for name, users in used_by.items()
+                      if users == {stream} and name != stream and name in self._ctx.registry)
 
     def _check_no_pending_sink(self, stream: str) -> None:
         for row in self._ctx.metadata.execute("SELECT sink_id, streams FROM sink_pending"):

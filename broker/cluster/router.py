@@ -44,10 +44,10 @@ from npstream.broker.auth.access import AccessControl, Right
 from npstream.broker.cluster.move_state import MoveBook
 from npstream.broker.cluster.peers import Peers, forwarded_metadata
 from npstream.broker.cluster.placement import rendezvous_owner
-from npstream.broker.errors import MemberUnavailableError, NotOwnerError
+from npstream.broker.errors import BrokerError, MemberUnavailableError, NotOwnerError
 from npstream.proto import metadata_keys, pb
 
-__all__ = ["OWNERS_METHOD", "Cluster", "is_member_call"]
+__all__ = ["OWNERS_METHOD", "Cluster", "DeadLetterElsewhereError", "is_member_call"]
 
 # How long a holder learnt from another member is trusted without asking again.
 HOLDER_TTL_S = 10.0
@@ -56,6 +56,25 @@ HOLDER_CACHE_MAX = 100_000
 OWNERS_METHOD = "/npstream.v1.ClusterService/Owners"
 
 T = TypeVar("T")
+
+
+class DeadLetterElsewhereError(BrokerError):
+    """A dead-letter stream that another member holds: it must live with its group's stream."""
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = pb.ERROR_REASON_NOT_OWNER
+
+    def __init__(self, name: str, holder: str, here: str) -> None:
+        super().__init__(
+            f"dead-letter stream '{name}' is held by cluster member {holder}, but a shared "
+            f"group's dead-letter stream lives with its group's stream, on {here}: move it "
+            f"here (npstream streams move {name} --to {here}) or give the group another "
+            "dead_letter_stream")
+        self.stream = name
+        self.owner = holder
+
+    def trailing(self) -> list[tuple[str, str]]:
+        return [(metadata_keys.OWNER, self.owner), (metadata_keys.STREAM, self.stream)]
 
 
 def is_member_call(context: grpc.ServicerContext) -> bool:
@@ -173,17 +192,25 @@ class Cluster:
         MemberUnavailableError naming the silent members when some of the
         streams were found nowhere and a member did not answer.
         """
+        return self._find_holders(streams, forwarded_metadata(context))
+
+    def _find_holders(self, streams: Iterable[str], metadata: Sequence[tuple[str, str]],
+                      refusals_ok: bool = False) -> dict[str, str]:
+        """``find_holders`` with this metadata; ``refusals_ok``: a member refusing the
+        call (UNAUTHENTICATED: asked without a token) counts as not holding them."""
         wanted = list(dict.fromkeys(streams))
         if not wanted or not self.others:
             return {}
         request = pb.OwnersRequest(streams=wanted).SerializeToString()
-        metadata = forwarded_metadata(context)
 
         def ask(member: str) -> pb.OwnersResponse:
             return pb.OwnersResponse.FromString(
                 self.peers.call(member, OWNERS_METHOD, request, metadata))
 
         replies, failures = self.peers.each(self.others, ask)
+        if refusals_ok:
+            failures = [f for f in failures if f.error is None
+                        or f.error.code() != grpc.StatusCode.UNAUTHENTICATED]
         found: dict[str, str] = {}
         for member, reply in replies.items():
             for entry in reply.owners:
@@ -248,6 +275,25 @@ class Cluster:
             else:
                 reply.owners.add(stream=name, owner=self.placement(name), exists=False)
         return reply
+
+    def check_dead_letter_create(self, name: str) -> None:
+        """Return when a shared group's dead-letter stream ``name`` may be created here.
+
+        A dead-letter stream lives with its group's stream (docs/groups.md), so
+        the group's member creates it on first use, but never a second stream of
+        a name another member holds: then this raises (the dead-lettering is
+        retried later, its messages delivered again meanwhile) naming the member,
+        so that an operator moves one of them. The upkeep thread that
+        dead-letters has no caller, so the members are asked without a token:
+        with auth on they refuse, and the stream is created here as before.
+        """
+        if not self.enabled:
+            return
+        found = self._find_holders([name], ((metadata_keys.CLUSTER_LOCAL, "1"),),
+                                   refusals_ok=True)
+        holder = found.get(name)
+        if holder is not None:
+            raise DeadLetterElsewhereError(name, holder, self.identity)
 
     def check_local_write(self, stream: str) -> None:
         """Raise unless rows may be appended to ``stream`` here now (the sink's commits).

@@ -11,6 +11,7 @@ appearing twice.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
@@ -56,8 +57,12 @@ def dead_letter_id(stream: str, group: str, offset: int) -> str:
 class DeadLetterWriter:
     """Appends dead-letter copies, creating the dead-letter stream on first use."""
 
-    def __init__(self, registry: StreamRegistry) -> None:
+    def __init__(self, registry: StreamRegistry,
+                 check_create: Callable[[str], None] = lambda _name: None) -> None:
+        """``check_create(name)`` raises when the dead-letter stream may not be created here
+        (in a cluster: another member holds that name; docs/groups.md)."""
         self._registry = registry
+        self._check_create = check_create
 
     def write(self, stream: str, group: str, target: str, entries: list[DeadLetter]) -> None:
         """Store copies of entries in target (fsynced); raises BrokerError on failure."""
@@ -65,7 +70,9 @@ class DeadLetterWriter:
             return
         from npstream.broker.storage import AckMode
 
-        self._registry.create(target, {}, exist_ok=True)
+        if target not in self._registry:
+            self._check_create(target)
+            self._registry.create(target, {}, exist_ok=True)
         target_log = self._registry.get(target)
         headers = []
         for e in entries:

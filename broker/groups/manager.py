@@ -103,7 +103,7 @@ class GroupManager:
         self._clock = clock
         self._store = GroupStore(ctx.metadata, clock)
         self._writer = PositionWriter(self._store)
-        self._dead_letters = DeadLetterWriter(ctx.registry)
+        self._dead_letters = DeadLetterWriter(ctx.registry, ctx.cluster.check_dead_letter_create)
         self.metrics = GroupMetrics(ctx.metrics.registry, count_out=ctx.metrics.count_out)
         self._lock = threading.RLock()
         self._groups: dict[tuple[str, str], Group] = {}

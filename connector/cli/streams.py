@@ -258,11 +258,14 @@ def _move(args: argparse.Namespace) -> int:
         _print_json({"stream": result.stream, "source": result.source, "target": result.target,
                      "end_offset": result.end_offset, "groups": result.groups,
                      "bytes": result.bytes, "already_there": result.already_there,
-                     "paused_ms": result.paused_ms})
+                     "paused_ms": result.paused_ms,
+                     "dead_letter_streams": list(result.dead_letter_streams)})
     elif result.already_there:
         print(f"stream '{args.name}' is on {result.target} already; nothing moved")
     else:
         print(f"moved stream '{args.name}' from {result.source} to {result.target}: "
               f"{result.end_offset} offsets, {result.bytes} bytes, {result.groups} group(s); "
               f"writes paused {result.paused_ms} ms")
+        for name in result.dead_letter_streams:
+            print(f"moved its dead-letter stream '{name}' along")
     return 0

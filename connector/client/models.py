@@ -230,11 +230,14 @@ class MoveResult:
     bytes: int  # bytes of message data copied
     already_there: bool  # it was on the target already: nothing was done
     paused_ms: int  # how long it took no writes
+    # Dead-letter streams of its shared groups that moved with it.
+    dead_letter_streams: tuple[str, ...] = ()
 
     @classmethod
     def from_pb(cls, message: pb.MoveStreamResponse) -> MoveResult:
         return cls(message.stream, message.source, message.target, message.end_offset,
-                   message.groups, message.bytes, message.already_there, message.paused_ms)
+                   message.groups, message.bytes, message.already_there, message.paused_ms,
+                   tuple(message.dead_letter_streams))
 
 
 @dataclass(frozen=True)

@@ -286,3 +286,52 @@ def test_the_cli_moves_a_stream_and_back(members):
     wrong = npstream("streams", "move", stream, "--to", "127.0.0.1:1", "--broker",
                      source.address)
     assert wrong.returncode != 0 and "not a member of the cluster" in wrong.stderr
+
+
+def dead_letter_ids(client: Client, stream: str) -> list[str]:
+    return client.fetch(stream, 0).column("id").to_pylist()
+
+
+def test_dead_letter_streams_move_with_their_group_stream(members):
+    source, target = members
+    stream = name_on(members, source, f"mvd{uuid.uuid4().hex[:6]}")
+    dlq = f"{stream}.dlq"
+    with Client(source.address) as client:
+        client.publish_batch(stream, [{"value": b"x", "id": f"d{i}"} for i in range(3)])
+        (lease,) = client.receive(stream, "g", 1, max_deliver=1, ack_wait=30)
+        lease.nack()
+        wait_until(lambda: dlq in held(source), 10)  # created with its group's stream
+        result = client.move_stream(stream, target.address)
+        assert result.dead_letter_streams == (dlq,)
+        assert {stream, dlq} <= held(target) and not {stream, dlq} & held(source)
+        (lease,) = client.receive(stream, "g", 1, max_deliver=1, ack_wait=30)
+        assert lease.offset == 1
+        lease.nack()
+        wait_until(lambda: len(dead_letter_ids(client, dlq)) == 2, 10)
+        assert dead_letter_ids(client, dlq) == [f"dlq:{stream}:g:0", f"dlq:{stream}:g:1"]
+        assert dlq not in held(source)
+
+
+def test_a_dead_letter_stream_another_member_holds_is_never_created_twice(members):
+    source, target = members
+    addresses = [b.address for b in members]
+    tag = uuid.uuid4().hex[:6]
+    stream = next(name for name in (f"mve{tag}-{i}" for i in range(1000))
+                  if rendezvous_owner(name, addresses) == source.address
+                  and rendezvous_owner(f"{name}.dlq", addresses) == target.address)
+    dlq = f"{stream}.dlq"
+    with Client(source.address) as client:
+        client.create_stream(dlq)  # placed on the target
+        assert dlq in held(target)
+        client.publish(stream, b"x", id="e0")
+        (lease,) = client.receive(stream, "g", 1, max_deliver=1, ack_wait=30)
+        lease.nack()
+        wait_until(lambda: "dead-letter stream" in source.log_text()
+                   and "is held by cluster member" in source.log_text(), 10)
+        assert dlq not in held(source) and dead_letter_ids(client, dlq) == []
+        # Co-located again (moved to its group's member), dead-lettering goes on.
+        assert client.move_stream(dlq, source.address).target == source.address
+        (lease,) = client.receive(stream, "g", 1, wait=15, max_deliver=1, ack_wait=30)
+        lease.nack()
+        wait_until(lambda: dead_letter_ids(client, dlq) == [f"dlq:{stream}:g:0"], 10)
+    assert dlq in held(source) and dlq not in held(target)

@@ -877,7 +877,7 @@ class MoveStreamRequest(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., to: _Optional[str] = ...) -> None: ...
 
 class MoveStreamResponse(_message.Message):
-    __slots__ = ("stream", "source", "target", "end_offset", "groups", "bytes", "already_there", "paused_ms")
+    __slots__ = ("stream", "source", "target", "end_offset", "groups", "bytes", "already_there", "paused_ms", "dead_letter_streams")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -886,6 +886,7 @@ class MoveStreamResponse(_message.Message):
     BYTES_FIELD_NUMBER: _ClassVar[int]
     ALREADY_THERE_FIELD_NUMBER: _ClassVar[int]
     PAUSED_MS_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_STREAMS_FIELD_NUMBER: _ClassVar[int]
     stream: str
     source: str
     target: str
@@ -894,7 +895,8 @@ class MoveStreamResponse(_message.Message):
     bytes: int
     already_there: bool
     paused_ms: int
-    def __init__(self, stream: _Optional[str] = ..., source: _Optional[str] = ..., target: _Optional[str] = ..., end_offset: _Optional[int] = ..., groups: _Optional[int] = ..., bytes: _Optional[int] = ..., already_there: _Optional[bool] = ..., paused_ms: _Optional[int] = ...) -> None: ...
+    dead_letter_streams: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, stream: _Optional[str] = ..., source: _Optional[str] = ..., target: _Optional[str] = ..., end_offset: _Optional[int] = ..., groups: _Optional[int] = ..., bytes: _Optional[int] = ..., already_there: _Optional[bool] = ..., paused_ms: _Optional[int] = ..., dead_letter_streams: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class MoveInRequest(_message.Message):
     __slots__ = ("stream", "move_id", "source", "step", "file", "position", "data", "state_json")
