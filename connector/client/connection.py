@@ -182,6 +182,7 @@ class Connection:
         self._stubs = {name: make(self._channel) for name, make in _SERVICES.items()}
         self._raw_streams: dict[str, Any] = {}
         self._raw_unaries: dict[str, Any] = {}
+        self._raw_replies: dict[str, Any] = {}
         self._closed = False
 
     # ------------------------------------------------------------ calls
@@ -320,6 +321,27 @@ class Connection:
         per_call = self.timeout if timeout is None else timeout
         return self._retrying(
             rpc, lambda: unary(request, timeout=per_call, metadata=self._metadata), idempotent)
+
+    def call_raw_reply(
+        self, rpc: str, request: Any, *, timeout: float | None = None, idempotent: bool = True,
+    ) -> bytes:
+        """Like ``call``, but the reply is left as its protobuf wire bytes (same retries).
+
+        For unary hot paths whose reply carries a big bytes field
+        (ReceiveBatch's Arrow deliveries): ``npstream.proto.wire.split_bytes_field``
+        hands it out as a view, where parsing a message would copy it twice.
+        """
+        self._method(rpc)  # same checks: known rpc, open client
+        unary = self._raw_replies.get(rpc)
+        if unary is None:
+            unary = self._channel.unary_unary(
+                self._path(rpc), request_serializer=type(request).SerializeToString,
+                response_deserializer=None)
+            self._raw_replies[rpc] = unary
+        per_call = self.timeout if timeout is None else timeout
+        reply: bytes = self._retrying(
+            rpc, lambda: unary(request, timeout=per_call, metadata=self._metadata), idempotent)
+        return reply
 
     def stream_serialized(
         self, rpc: str, request_iterator: Iterator[bytes], response_type: Any, *,

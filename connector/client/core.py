@@ -75,6 +75,17 @@ class ClientCore:
         return self._brokers.routed(stream, lambda conn: conn.call(
             rpc, request, timeout=timeout, idempotent=idempotent))
 
+    def call_raw_reply(
+        self, rpc: str, request: Any, *, timeout: float | None = None, idempotent: bool = True,
+    ) -> bytes:
+        """``call`` (routed the same way) whose reply stays protobuf wire bytes."""
+        stream = stream_of(rpc, request)
+        if stream is None:
+            return self._conn.call_raw_reply(rpc, request, timeout=timeout,
+                                             idempotent=idempotent)
+        return self._brokers.routed(stream, lambda conn: conn.call_raw_reply(
+            rpc, request, timeout=timeout, idempotent=idempotent))
+
     def call_serialized(
         self, rpc: str, request: bytes, response_type: Any, *,
         timeout: float | None = None, idempotent: bool = True, broker: str | None = None,

@@ -16,7 +16,11 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from google.protobuf.message import DecodeError
+
+from npstream.errors import NpstreamError
 from npstream.proto import pb
+from npstream.proto.wire import split_bytes_field
 
 if TYPE_CHECKING:
     from npstream.client.connection import StreamingCall
@@ -125,20 +129,26 @@ def receive(client: ClientCore, stream: str, group: str, *, member_id: str, max_
 
 def receive_batch(client: ClientCore, stream: str, group: str, *, member_id: str,
                   max_messages: int, wait: float, config: pb.SharedGroupConfig,
-                  ack_ranges: Sequence[tuple[int, int]] = ()) -> pb.ReceiveBatchResponse:
+                  ack_ranges: Sequence[tuple[int, int]] = ()) -> memoryview | None:
     """``receive`` with the deliveries as one Arrow IPC stream (DELIVERY_SCHEMA).
 
-    ``ack_ranges`` are acked first, in the same round trip (and durable when
-    it replies; acks are idempotent, so a retried call acks nothing twice).
+    Returns the stream as a view into the reply's bytes (not copied out of a
+    parsed message), None when nothing was leased. ``ack_ranges`` are acked
+    first, in the same round trip (and durable when it replies; acks are
+    idempotent, so a retried call acks nothing twice).
     """
-    response: pb.ReceiveBatchResponse = client.call(
+    reply = client.call_raw_reply(
         "GroupService.ReceiveBatch",
         pb.ReceiveRequest(stream=stream, group=group, member_id=member_id,
                           max_messages=max_messages, wait_ms=int(wait * 1000), config=config,
                           ack_ranges=_ranges(ack_ranges)),
         timeout=client.timeout + wait,
     )
-    return response
+    try:
+        _head, streams = split_bytes_field(reply, pb.ReceiveBatchResponse, "arrow_stream")
+    except DecodeError as exc:
+        raise NpstreamError(f"malformed ReceiveBatch reply from the broker: {exc}") from None
+    return streams[-1] if streams else None
 
 
 def _ranges(ranges: Sequence[tuple[int, int]]) -> list[pb.OffsetRange]:

@@ -140,11 +140,11 @@ def receive_batch(
         raise InvalidArgument(f"ack= is a batch of group '{ack.group}' on stream "
                               f"'{ack.stream}', not of group '{group}' on '{stream}'")
     member = member_id or (ack.member_id if ack is not None else default_member_id())
-    response = group_rpc.receive_batch(client, stream, group, member_id=member,
-                                       max_messages=max, wait=wait, config=config,
-                                       ack_ranges=ack._take(None) if ack is not None else ())
-    if response.arrow_stream:
-        table = pa.ipc.open_stream(pa.py_buffer(response.arrow_stream)).read_all()
+    arrow_stream = group_rpc.receive_batch(
+        client, stream, group, member_id=member, max_messages=max, wait=wait, config=config,
+        ack_ranges=ack._take(None) if ack is not None else ())
+    if arrow_stream is not None:  # the table's buffers point into the reply: no copy
+        table = pa.ipc.open_stream(pa.py_buffer(arrow_stream)).read_all()
     else:
         table = DELIVERY_SCHEMA.empty_table()
     return LeaseBatch(client, stream, group, member, table)
