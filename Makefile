@@ -17,7 +17,7 @@ TYPECHECK_TREE := build/typecheck
 .PHONY: demo test setup java chromium lint typecheck-tree proto clean
 
 demo: setup
-	$(PY) examples/sensor_pipeline/run_demo.py
+	$(PY) examples/sensor_pipeline/run_demo.py --brokers $(or $(BROKERS),1)
 
 test: setup lint
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest $(PYTEST_ARGS)

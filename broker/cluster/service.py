@@ -20,6 +20,7 @@ import grpc
 
 from npstream.broker import faults
 from npstream.broker.auth.access import Right
+from npstream.broker.cluster.metrics import ClusterCollector
 from npstream.broker.cluster.move import Mover
 from npstream.broker.cluster.move_in import MoveReceiver
 from npstream.broker.cluster.move_state import MoveBook
@@ -93,5 +94,6 @@ def add_to_server(server: grpc.Server, ctx: BrokerContext) -> _Moves:
     if ctx.cluster.enabled:
         ctx.cluster.moves = book
         mover.start()
+    ctx.metrics.registry.register(ClusterCollector(ctx.cluster, book))
     add_service(server, "ClusterService", ClusterServicer(ctx, mover, MoveReceiver(ctx, book)))
     return _Moves(mover)

@@ -19,6 +19,7 @@ from npstream.broker.console.api import ConsoleApi
 from npstream.broker.console.history import History, Sample
 
 if TYPE_CHECKING:
+    from npstream.broker.cluster.console_view import ClusterView
     from npstream.broker.groups.manager import GroupManager
     from npstream.broker.server.metrics import BrokerMetrics
     from npstream.broker.streams.registry import StreamRegistry
@@ -45,14 +46,17 @@ class Console:
 
     def __init__(self, registry: StreamRegistry, groups: GroupManager | None,
                  metrics: BrokerMetrics, *, history_ms: int, series_max: int, auth: bool,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 cluster: ClusterView | None = None) -> None:
+        """``cluster``: this member's view of the others (None: a broker of its own)."""
         self._registry = registry
         self._groups = groups
         self._metrics = metrics
         self._series_max = series_max
         self._files = _load_static()
         self.history = History(self._sample, history_ms / 1000, clock)
-        self._api = ConsoleApi(registry, groups, metrics, self.history, auth=auth, clock=clock)
+        self._api = ConsoleApi(registry, groups, metrics, self.history, auth=auth, clock=clock,
+                               cluster=cluster)
 
     def start(self) -> Console:
         self.history.start()
@@ -65,8 +69,8 @@ class Console:
         return self._files.get(path)
 
     def api(self, path: str, query: dict[str, str],
-            readable: Callable[[str], bool]) -> tuple[int, object]:
-        return self._api(path, query, readable)
+            readable: Callable[[str], bool], token: bytes | None = None) -> tuple[int, object]:
+        return self._api(path, query, readable, token)
 
     def _sample(self) -> Sample:
         """End offsets and reads of open streams, lags of groups (each up to the cap)."""

@@ -5,8 +5,11 @@ manager, metric tallies), never over gRPC, and holds only streams the
 caller's token may read (``readable``). The console is read-only: no route
 changes anything. The routes (all GET):
 
-- ``/api/overview``: broker-wide numbers (streams, groups, uptime, auth)
-- ``/api/streams``: every readable stream: offsets, sizes, rates in and out
+- ``/api/overview``: broker-wide numbers (streams, groups, uptime, auth), and
+  in a cluster this broker's member address and the members
+- ``/api/streams``: every readable stream: offsets, sizes, rates in and out;
+  in a cluster the other members' streams too, each row naming its member
+  (asked over gRPC with the caller's token: npstream.broker.cluster.console_view)
 - ``/api/streams/<name>``: config, stats, value schema versions, groups
 - ``/api/streams/<name>/messages?limit=N[&offset=O | &time=T]``: the last N
   messages, or N messages from offset O or from time T (ISO-8601 or epoch
@@ -32,6 +35,7 @@ from npstream.proto.schema import MESSAGE_SCHEMA
 from npstream.proto.units import parse_timestamp_ms
 
 if TYPE_CHECKING:
+    from npstream.broker.cluster.console_view import ClusterView
     from npstream.broker.console.history import History
     from npstream.broker.groups.manager import GroupManager, GroupStatus
     from npstream.broker.server.metrics import BrokerMetrics
@@ -79,7 +83,9 @@ class ConsoleApi:
 
     def __init__(self, registry: StreamRegistry, groups: GroupManager | None,
                  metrics: BrokerMetrics, history: History, *, auth: bool,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 cluster: ClusterView | None = None) -> None:
+        self._cluster = cluster
         self._registry = registry
         self._groups = groups
         self._metrics = metrics
@@ -87,13 +93,14 @@ class ConsoleApi:
         self._auth = auth
         self._clock = clock
 
-    def __call__(self, path: str, query: dict[str, str], readable: Readable) -> Reply:
+    def __call__(self, path: str, query: dict[str, str], readable: Readable,
+                 token: bytes | None = None) -> Reply:
         parts = [p for p in path.split("/") if p][1:]  # after "api"
         try:
             if parts == ["overview"]:
                 return 200, self.overview(readable)
             if parts == ["streams"]:
-                return 200, self.streams(readable, query.get("prefix", ""))
+                return 200, self.streams(readable, query.get("prefix", ""), token)
             if len(parts) in (2, 3) and parts[0] == "streams":
                 if not readable(parts[1]):  # as for a missing one: names are not disclosed
                     return 404, {"error": "not_found", "message": f"no stream '{parts[1]}'"}
@@ -123,6 +130,8 @@ class ConsoleApi:
             "lag_messages": sum(g.lag for g in groups),
             "started_ms": self._metrics.started_ms, "now_ms": int(self._clock() * 1000),
             "auth": self._auth, "history_interval_s": self._history.interval_s,
+            "member": self._cluster.member if self._cluster is not None else "",
+            "members": self._cluster.members if self._cluster is not None else [],
         }
 
     # ------------------------------------------------------------ streams
@@ -136,6 +145,7 @@ class ConsoleApi:
             "rate_in": self._history.recent_rate(status.name, "in"),
             "rate_out": self._history.recent_rate(status.name, "out"),
             "created_ms": status.created_ms,
+            "member": self._cluster.member if self._cluster is not None else "",
         }
         if status.stats is not None:
             stats = status.stats
@@ -146,7 +156,8 @@ class ConsoleApi:
                        last_timestamp_ms=stats.last_timestamp_ms)
         return row
 
-    def streams(self, readable: Readable, prefix: str = "") -> dict[str, object]:
+    def streams(self, readable: Readable, prefix: str = "",
+                token: bytes | None = None) -> dict[str, object]:
         names = [n for n in self._registry.matching(prefix=prefix) if readable(n)]
         rows = []
         for name in names[:MAX_STREAMS]:
@@ -154,7 +165,14 @@ class ConsoleApi:
                 rows.append(self._stream_row(self._registry.describe(name)))
             except StreamNotFoundError:  # deleted while listing
                 continue
-        return {"streams": rows, "total": len(names), "truncated": len(names) > MAX_STREAMS}
+        total, unavailable = len(names), []
+        if self._cluster is not None:
+            others = self._cluster.other_streams(token, prefix)
+            total += len(others.rows)
+            rows = sorted([*rows, *others.rows], key=lambda row: str(row["name"]))
+            unavailable = others.unavailable
+        return {"streams": rows[:MAX_STREAMS], "total": total,
+                "truncated": total > MAX_STREAMS, "unavailable_members": unavailable}
 
     def stream(self, name: str) -> dict[str, object]:
         status = self._registry.describe(name)

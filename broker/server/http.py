@@ -68,8 +68,10 @@ class ConsoleApp(Protocol):
         """(content type, bytes) of a page or asset; None when there is no such file."""
 
     def api(self, path: str, query: dict[str, str],
-            readable: Readable) -> tuple[int, object]:
-        """(HTTP status, JSON-ready body) of an ``/api/...`` request."""
+            readable: Readable, token: bytes | None = None) -> tuple[int, object]:
+        """(HTTP status, JSON-ready body) of an ``/api/...`` request.
+
+        ``token``: the caller's, for what the console asks other cluster members."""
 
 
 def request_token(header: str | None) -> bytes | None:
@@ -188,7 +190,7 @@ class HttpEndpoint:
                                  "message": "this broker needs a token: enter one"}
         else:
             query = {k: v[-1] for k, v in parse_qs(query_string).items()}
-            status, body = self._console.api(path, query, readable)
+            status, body = self._console.api(path, query, readable, token)
         data = json.dumps(body, separators=(",", ":"), default=str).encode()
         return _reply(start_response, HTTPStatus(status), "application/json", data,
                       [("Cache-Control", "no-store"), *CONSOLE_HEADERS])

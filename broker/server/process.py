@@ -33,6 +33,7 @@ from grpc_reflection.v1alpha import reflection
 from npstream.broker.auth.access import AccessControl
 from npstream.broker.auth.tokens import TokensFileError
 from npstream.broker.cluster import service as cluster_service
+from npstream.broker.cluster.console_view import ClusterView
 from npstream.broker.cluster.wiring import build_cluster, routing_interceptors
 from npstream.broker.console import Console
 from npstream.broker.groups import service as group_service
@@ -269,7 +270,8 @@ class BrokerServer:
                 ctx.registry, groups, ctx.metrics, history_ms=config.console_history_ms,
                 series_max=max(config.metrics_stream_gauges_max,
                                config.metrics_group_gauges_max),
-                auth=ctx.access.enabled).start()
+                auth=ctx.access.enabled,
+                cluster=ClusterView(ctx.cluster) if ctx.cluster.enabled else None).start()
         tls = ((server_config.tls_cert_file, server_config.tls_key_file)
                if server_config.tls_enabled else None)
         self._http = HttpEndpoint(ctx.metrics, ctx.access, self._console, tls)

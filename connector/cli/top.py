@@ -9,6 +9,12 @@ messages in and out per second for streams, the committed offset's progress
 per second for groups (how fast the group consumes). The first screen has
 no rates yet ("-").
 
+Against a cluster of brokers StreamStats answers for every member (the
+member asked gathers the others' streams), so every stream of the cluster is
+shown, with a BROKER column naming the member that holds each one (one
+``ClusterService.Owners`` call per refresh, so a moved stream shows its new
+member) and the members in the header.
+
 Keys: ``q`` quits, ``s`` sorts by the next column (in, out, end offset,
 size, name, lag), ``r`` reverses the order, ``g`` hides or shows the groups.
 When stdout is not a terminal, or with ``--once``, it prints one screen
@@ -34,12 +40,15 @@ from npstream.cli.common import CliError, add_client_options, client_from_args
 from npstream.client.models import StreamActivity, StreamStats
 from npstream.errors import NpstreamError
 from npstream.groups.admin import GroupInfo, list_groups
+from npstream.proto import pb
 
 __all__ = ["SORT_KEYS", "Screen", "register", "render"]
 
 SORT_KEYS = ("in", "out", "end", "size", "name", "lag")
 # Streams whose groups are listed per refresh (one ListGroups call each).
 MAX_GROUP_STREAMS = 50
+# Streams whose member is asked per refresh (one Owners call; the broker's limit).
+MAX_OWNERS = 10_000
 
 _HOME, _CLEAR_EOL, _CLEAR_EOS = "\x1b[H", "\x1b[K", "\x1b[J"
 _ALT_ON, _ALT_OFF = "\x1b[?1049h\x1b[?25l", "\x1b[?25h\x1b[?1049l"
@@ -78,6 +87,7 @@ class StreamRow:
     size: int
     groups: int
     error: str = ""
+    broker: str = ""  # the cluster member holding it ("" without a cluster)
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,8 @@ class Sample:
 
     stats: StreamStats
     groups: list[GroupInfo] = field(default_factory=list)
+    owners: dict[str, str] = field(default_factory=dict)  # stream -> member (a cluster)
+    members: list[str] = field(default_factory=list)  # the cluster's members (none: one broker)
 
 
 def _rate(before: int | None, after: int, seconds: float | None) -> float | None:
@@ -127,7 +139,7 @@ def rows(previous: Sample | None, current: Sample) -> tuple[list[StreamRow], lis
             _rate(old.messages_in if old else None, activity.messages_in, seconds),
             _rate(old.messages_out if old else None, activity.messages_out, seconds),
             info.end_offset, info.message_count, info.bytes_on_disk,
-            counts.get(info.name, 0), info.error))
+            counts.get(info.name, 0), info.error, current.owners.get(info.name, "")))
     groups = [GroupRow(g.stream, g.group, g.kind or "-", g.lag,
                        _rate(old_groups.get((g.stream, g.group)), g.committed_offset, seconds),
                        g.in_flight, g.dead_lettered, len(g.members))
@@ -138,6 +150,12 @@ def rows(previous: Sample | None, current: Sample) -> tuple[list[StreamRow], lis
 def take_sample(client: Any, pattern: str, with_groups: bool) -> Sample:
     stats: StreamStats = client.stream_stats(pattern=pattern)
     sample = Sample(stats)
+    names = [activity.info.name for activity in stats.streams][:MAX_OWNERS]
+    with contextlib.suppress(NpstreamError):  # an older broker: no owners, one broker
+        reply = client.call("ClusterService.Owners", pb.OwnersRequest(streams=names))
+        sample.members = list(reply.members)
+        if sample.members:
+            sample.owners = {entry.stream: entry.owner for entry in reply.owners}
     if with_groups:
         for activity in stats.streams[:MAX_GROUP_STREAMS]:
             with contextlib.suppress(NpstreamError):  # deleted meanwhile, or not readable
@@ -197,6 +215,7 @@ class Screen:
     reverse: bool = False
     show_groups: bool = True
     status: str = ""
+    members: list[str] = field(default_factory=list)  # a cluster's members (header)
 
 
 def render(screen: Screen, streams: list[StreamRow], groups: list[GroupRow],
@@ -205,17 +224,26 @@ def render(screen: Screen, streams: list[StreamRow], groups: list[GroupRow],
     key = _STREAM_SORT.get(screen.sort, _STREAM_SORT["name"])  # lag: groups by lag
     ordered = sorted(streams, key=key, reverse=screen.reverse)
     arrow = "^" if screen.reverse else "v"
+    cluster = (f" (cluster of {len(screen.members)}: {', '.join(screen.members)})"
+               if screen.members else "")
     out = [
-        f"npstream top - {screen.address} - {len(streams)} streams, {len(groups)} groups - "
+        f"npstream top - {screen.address}{cluster} - {len(streams)} streams, "
+        f"{len(groups)} groups - "
         f"every {screen.interval:g}s - sort: {screen.sort} {arrow}"
         f"{'  ' + screen.status if screen.status else ''}",
         "keys: q quit  s sort  r reverse  g groups",
         "",
     ]
-    out += _table(("STREAM", "IN/s", "OUT/s", "END OFFSET", "MESSAGES", "SIZE", "GROUPS"),
-                  [(r.name + (" (needs repair)" if r.error else ""), _per_s(r.rate_in),
-                    _per_s(r.rate_out), _num(r.end_offset), _num(r.messages), _size(r.size),
-                    str(r.groups)) for r in ordered], right={1, 2, 3, 4, 5, 6})
+    header: tuple[str, ...] = ("STREAM", "IN/s", "OUT/s", "END OFFSET", "MESSAGES", "SIZE",
+                               "GROUPS")
+    body: list[tuple[str, ...]] = [
+        (r.name + (" (needs repair)" if r.error else ""), _per_s(r.rate_in),
+         _per_s(r.rate_out), _num(r.end_offset), _num(r.messages), _size(r.size),
+         str(r.groups)) for r in ordered]
+    if screen.members:
+        header = (*header, "BROKER")
+        body = [(*cells, r.broker) for cells, r in zip(body, ordered, strict=True)]
+    out += _table(header, body, right={1, 2, 3, 4, 5, 6})
     if screen.show_groups:
         if screen.sort == "lag":
             ordered_groups = sorted(groups, key=lambda g: (-g.lag, g.stream, g.group),
@@ -289,6 +317,7 @@ def _run(args: argparse.Namespace) -> int:
             first = take_sample(client, args.pattern, screen.show_groups)
             time.sleep(args.interval)
             second = take_sample(client, args.pattern, screen.show_groups)
+            screen.members = second.members
             for line in render(screen, *rows(first, second)):
                 print(line)
             return 0
@@ -303,6 +332,7 @@ def _live(client: Any, args: argparse.Namespace, screen: Screen) -> int:
             started = time.monotonic()
             try:
                 current = take_sample(client, args.pattern, screen.show_groups)
+                screen.members = current.members
                 shown = rows(previous, current)
                 previous = current
                 screen.status = ""

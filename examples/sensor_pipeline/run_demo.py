@@ -5,6 +5,12 @@ else starts one on the embedded default data dir ./data and stops it at the
 end. Publishes simulated readings for --seconds, runs the Spark job with
 tumbling and sliding windows, prints every finished window on the console and
 finishes with a summary of what reached each sink.
+
+``--brokers N`` (``make demo BROKERS=2``) runs it on a cluster of N brokers
+on consecutive ports from --broker's (data dirs DATA_DIR/broker-0..N-1), as
+``npstream cluster local`` would, and names its two streams so that they
+live on different members: the producer, Spark's reads and Spark's
+exactly-once writes reach them through whichever member they ask.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import producer  # noqa: E402
 from webhook import WebhookReceiver  # noqa: E402
 
 from npstream import Client  # noqa: E402
-from npstream.errors import BrokerUnavailable  # noqa: E402
+from npstream.errors import BrokerUnavailable, StreamNotFound  # noqa: E402
 
 log = logging.getLogger("demo")
 
@@ -43,13 +49,17 @@ def broker_answers(address: str) -> bool:
         return False
 
 
-def start_broker(address: str, data_dir: Path) -> subprocess.Popen:
+def start_broker(address: str, data_dir: Path,
+                 members: list[str] | None = None) -> subprocess.Popen:
+    """A broker on ``address``; a member of the cluster ``members`` when given."""
     host, port = address.rsplit(":", 1)
     ready = Path(tempfile.mkdtemp()) / "ready"
+    cluster = (["--cluster-members", ",".join(members), "--metrics-port", "0"]
+               if members else [])
     proc = subprocess.Popen([
         sys.executable, "-m", "npstream.broker", "--data-dir", str(data_dir),
         "--host", "127.0.0.1" if host == "localhost" else host, "--port", port,
-        "--ready-file", str(ready),
+        "--ready-file", str(ready), *cluster,
     ])
     deadline = time.monotonic() + 30
     while not ready.exists() or not ready.read_text().strip():
@@ -60,6 +70,27 @@ def start_broker(address: str, data_dir: Path) -> subprocess.Popen:
     return proc
 
 
+def start_cluster(address: str, count: int, data_dir: Path) -> list[subprocess.Popen]:
+    """``count`` brokers on consecutive ports from ``address``'s, one cluster."""
+    host, port = address.rsplit(":", 1)
+    host = "127.0.0.1" if host == "localhost" else host
+    members = [f"{host}:{int(port) + i}" for i in range(count)]
+    return [start_broker(member, data_dir / f"broker-{i}", members)
+            for i, member in enumerate(members)]
+
+
+def spread_names(address: str, run_tag: str) -> tuple[str, str]:
+    """The demo's source and results stream names, on two different members if there are."""
+    with Client(address) as client:
+        for attempt in range(100):
+            suffix = f"{run_tag}-{attempt}" if attempt else run_tag
+            source, results = f"sensor-readings-{suffix}", f"sensor-windows-{suffix}"
+            owners = client.brokers_of([source, results])
+            if owners[source] != owners[results]:
+                return source, results
+    return f"sensor-readings-{run_tag}", f"sensor-windows-{run_tag}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--broker", default=os.environ.get("NPSTREAM_BROKER", "localhost:7070"))
@@ -68,13 +99,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=100.0, help="readings per second")
     p.add_argument("--metrics-port", type=int, default=9090,
                    help="port of the live metrics endpoint (the tutorial's; taken: any free one)")
+    p.add_argument("--brokers", type=int, default=1,
+                   help="run on a cluster of this many brokers (started unless --broker "
+                        "answers), the demo's streams on different members")
     args = p.parse_args(argv)
+    if args.brokers < 1:
+        p.error("--brokers must be >= 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one line per py4j callback otherwise
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-    broker_proc = None if broker_answers(args.broker) else start_broker(args.broker,
-                                                                         args.data_dir)
+    broker_procs: list[subprocess.Popen] = []
+    if not broker_answers(args.broker):
+        broker_procs = (start_cluster(args.broker, args.brokers, args.data_dir)
+                        if args.brokers > 1 else [start_broker(args.broker, args.data_dir)])
     out_dir = args.data_dir / "demo-output" / time.strftime("%Y%m%dT%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     receiver = WebhookReceiver(out=out_dir / "webhook.jsonl").start()
@@ -86,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[metrics] live pipeline metrics at {metrics_url} "
           f"(Prometheus text: {metrics_url}/prometheus)", flush=True)
     run_tag = time.strftime("%Y%m%d-%H%M%S")
-    source, results = f"sensor-readings-{run_tag}", f"sensor-windows-{run_tag}"
+    source, results = (spread_names(args.broker, run_tag) if args.brokers > 1
+                       else (f"sensor-readings-{run_tag}", f"sensor-windows-{run_tag}"))
     published: list[int] = []
     producing = threading.Thread(target=lambda: published.append(producer.run(
         args.broker, source, args.rate, args.seconds, 0.02, 0.02, None, producer.SENSORS)))
@@ -118,26 +157,36 @@ def main(argv: list[str] | None = None) -> int:
             spark.stop()
         producing.join()
         with Client(args.broker) as client:
-            info = client.stream_info(results)
-            windows = info.message_count
+            try:
+                info = client.stream_info(results)
+            except StreamNotFound:  # Spark creates it with its first window: none closed yet
+                info = None
+            windows = info.message_count if info is not None else 0
         json_lines = sum(
             len(f.read_text().splitlines()) for f in out_dir.glob("tumbling/*.json")
         )
         print("\n=== npstream demo summary ===")
         print(f"readings published to '{source}':     {published[0] if published else 0}")
         print(f"tumbling windows in stream '{results}': {windows}")
-        print(f"  typed, schema: {info.value_schema_ddl}")
+        if info is not None:
+            print(f"  typed, schema: {info.value_schema_ddl}")
         print(f"tumbling windows in JSON lines:        {json_lines} ({out_dir / 'tumbling'})")
         print(f"webhook POSTs received:                {len(receiver.received)}")
         print(f"live metrics ({metrics_url}): {json.dumps(metrics.snapshot())}")
         print(metrics.report())
+        if args.brokers > 1:
+            with Client(args.broker) as client:
+                owners = client.brokers_of([source, results])
+            print(f"cluster of {args.brokers} brokers: '{source}' on {owners[source]}, "
+                  f"'{results}' on {owners[results]}")
         print(f"broker: {args.broker}, data dir: {args.data_dir.resolve()}")
     finally:
         receiver.stop()
         metrics.stop()
-        if broker_proc is not None:
-            broker_proc.terminate()
-            broker_proc.wait(30)
+        for proc in broker_procs:
+            proc.terminate()
+        for proc in broker_procs:
+            proc.wait(30)
     return 0
 
 

@@ -116,9 +116,13 @@ function table(id, columns, rows, rowAttrs) {
 async function streamsPage() {
   const [data, overview] = await Promise.all([api("streams"), api("overview")]);
   const now = overview.now_ms;
+  const cluster = overview.members.length > 1;
+  const here = (r) => !cluster || r.member === overview.member;
   const columns = [
+    // Another member's stream: its details and messages are on that member's console.
     {key: "name", title: "Stream",
-     show: (r) => el("a", {href: "#/stream/" + encodeURIComponent(r.name), text: r.name})},
+     show: (r) => (here(r) ? el("a", {href: "#/stream/" + encodeURIComponent(r.name), text: r.name})
+       : el("span", {text: r.name, title: "held by " + r.member}))},
     {key: "start_offset", title: "Start", num: true, show: (r) => num(r.start_offset)},
     {key: "end_offset", title: "End offset", num: true, show: (r) => num(r.end_offset)},
     {key: "message_count", title: "Messages", num: true, show: (r) => num(r.message_count)},
@@ -131,9 +135,17 @@ async function streamsPage() {
     {key: "typed", title: "Typed", show: (r) => (r.typed ? "yes" : "")},
     {key: "error", title: "", show: (r) => (r.error ? el("span", {class: "error", text: "needs repair"}) : "")},
   ];
+  if (cluster) {
+    columns.splice(1, 0, {key: "member", title: "Member",
+      show: (r) => (here(r) ? el("strong", {text: r.member + " (this one)"}) : r.member)});
+  }
   const parts = [el("h2", {text: `Streams (${data.total})`}),
     table("streams", columns, data.streams, (r) => ({"data-stream": r.name}))];
   if (data.truncated) parts.push(el("p", {class: "muted", text: "Only the first streams are listed."}));
+  for (const down of data.unavailable_members || []) {
+    parts.push(el("p", {class: "error", "data-unavailable": "yes",
+      text: "Cluster member did not answer, its streams are missing: " + down}));
+  }
   if (!data.streams.length) parts.push(el("p", {class: "muted", text: "No streams you may read."}));
   return parts;
 }
@@ -372,7 +384,8 @@ async function overview() {
     const o = await api("overview");
     document.getElementById("overview").textContent =
       `${o.streams} streams · ${o.groups} groups · lag ${num(o.lag_messages)} · up ` +
-      age(o.started_ms, o.now_ms) + (o.auth ? " · auth on" : "");
+      age(o.started_ms, o.now_ms) + (o.auth ? " · auth on" : "") +
+      (o.members.length > 1 ? ` · member ${o.member} of ${o.members.length}` : "");
   } catch (error) { /* the page itself reports errors */ }
 }
 
