@@ -335,3 +335,83 @@ def test_a_dead_letter_stream_another_member_holds_is_never_created_twice(member
         lease.nack()
         wait_until(lambda: dead_letter_ids(client, dlq) == [f"dlq:{stream}:g:0"], 10)
     assert dlq in held(source) and dlq not in held(target)
+
+
+def test_a_subscriber_goes_on_at_the_new_member_from_its_position(members):
+    source, target = members
+    stream = name_on(members, source, f"mvs{uuid.uuid4().hex[:6]}")
+    handled: list[int] = []
+    lock = threading.Lock()
+
+    def handle(lease: object) -> None:
+        with lock:
+            handled.append(lease.offset)  # type: ignore[attr-defined]
+
+    with Client(source.address) as client:
+        client.publish_batch(stream, [{"value": b"x", "id": f"s{i}"} for i in range(20)])
+        subscription = client.subscribe(stream, "workers", handle, ack_wait=30)
+        try:
+            wait_until(lambda: len(set(handled)) >= 20, 30)
+            client.move_stream(stream, target.address)
+            client.publish_batch(stream, [{"value": b"x", "id": f"s{i}"}
+                                          for i in range(20, 40)])
+            wait_until(lambda: set(range(40)) <= set(handled), 60)
+        finally:
+            subscription.stop()
+        wait_until(lambda: client.describe_group(stream, "workers").committed_offset == 40, 30)
+    assert local_groups(target, stream) == {"workers": 40}
+    assert stream not in held(source)
+
+
+ADMIN_TOKEN, READ_TOKEN = "move-admin-51c2", "move-reader-88e0"
+TOKENS = f"""
+[[tokens]]
+name = "admin"
+token = "{ADMIN_TOKEN}"
+admin = ["*"]
+read = ["*"]
+write = ["*"]
+
+[[tokens]]
+name = "reader"
+token = "{READ_TOKEN}"
+read = ["*"]
+write = ["*"]
+"""
+
+
+def test_with_auth_a_move_needs_the_admin_right_and_forwards_the_token(tmp_path):
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(TOKENS)
+    ports = _free_ports(2)
+    addresses = [f"127.0.0.1:{port}" for port in ports]
+    brokers = []
+    for name, port in zip(("a", "b"), ports, strict=True):
+        broker = BrokerProcess(tmp_path / name, args=[
+            "--cluster-members", ",".join(addresses), "--tokens-file", str(tokens)])
+        broker.port = port
+        brokers.append(broker.start())
+    try:
+        source, target = brokers
+        stream = name_on(brokers, source, "auth")
+        with Client(target.address, READ_TOKEN) as reader:
+            reader.publish_batch(stream, [{"value": b"x", "id": f"a{i}"} for i in range(3)])
+            with pytest.raises(NpstreamError, match="lacks the 'admin' right"):
+                reader.move_stream(stream, target.address)
+        assert stream in held_with(source, ADMIN_TOKEN)
+        with Client(target.address, ADMIN_TOKEN) as admin:
+            assert admin.move_stream(stream, target.address).end_offset == 3
+            assert read_ids(admin, stream) == ["a0", "a1", "a2"]
+        assert stream in held_with(target, ADMIN_TOKEN)
+        assert stream not in held_with(source, ADMIN_TOKEN)
+    finally:
+        for broker in brokers:
+            broker.stop()
+
+
+def held_with(broker: BrokerProcess, token: str) -> set[str]:
+    with grpc.insecure_channel(broker.address) as channel:
+        reply = pb_grpc.StreamServiceStub(channel).ListStreams(
+            pb.ListStreamsRequest(page_size=10_000),
+            metadata=(*LOCAL, ("authorization", f"Bearer {token}")), timeout=10)
+    return {info.name for info in reply.streams}
