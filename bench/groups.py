@@ -296,6 +296,10 @@ def run_npstream(a: argparse.Namespace) -> dict[str, Any]:
                 print(f"# npstream shared consumption {n:,} x {size} B, batch {a.batch}",
                       file=sys.stderr)
                 out["batches"].append(npstream_batches(broker, client, n, size, a.batch))
+                print(f"# npstream shared consumption {n:,} x {size} B, batch {a.batch}, "
+                      "prefetched", file=sys.stderr)
+                out.setdefault("prefetched", []).append(
+                    npstream_batches(broker, client, n, size, a.batch, prefetch=True))
             out["floor_batches"] = [floor_batches(_batch_count(a, size), size, a.batch)
                                     for size in BATCH_SIZES]
             keyed = _batch_count(a, BATCH_SIZES[0])

@@ -26,6 +26,7 @@ from npstream.client.stream_admin import StreamAdmin
 if TYPE_CHECKING:
     from npstream.groups.admin import GroupInfo
     from npstream.groups.batch import LeaseBatch
+    from npstream.groups.batch_stream import BatchStream
     from npstream.groups.cursor import Consumer
     from npstream.groups.leases import Lease
     from npstream.groups.redrive import RedriveResult
@@ -114,6 +115,31 @@ class Client(StreamAdmin, Publisher, Reader):
             self, stream, group, max, wait=wait, ack_wait=ack_wait, max_deliver=max_deliver,
             backoff=backoff, dead_letter_stream=dead_letter_stream, member_id=member_id,
             ack=ack, ordering=ordering,
+        )
+
+    def receive_batches(
+        self,
+        stream: str,
+        group: str,
+        max: int = 1000,
+        *,
+        wait: float = 1.0,
+        ack_wait: float = 30.0,
+        max_deliver: int = 0,
+        backoff: Sequence[float] | None = None,
+        dead_letter_stream: str | None = None,
+        member_id: str | None = None,
+        ordering: str | None = None,
+        prefetch: bool = True,
+        until_empty: bool = False,
+    ) -> BatchStream:
+        """Iterate over the group's LeaseBatches, the next prefetched (groups.batch_stream)."""
+        from npstream.groups.batch_stream import receive_batches
+
+        return receive_batches(
+            self, stream, group, max, wait=wait, ack_wait=ack_wait, max_deliver=max_deliver,
+            backoff=backoff, dead_letter_stream=dead_letter_stream, member_id=member_id,
+            ordering=ordering, prefetch=prefetch, until_empty=until_empty,
         )
 
     def redrive(self, dlq_stream: str, *, start: int | None = None, end: int | None = None,

@@ -22,13 +22,14 @@ import pyarrow as pa
 from npstream.client import group_rpc
 from npstream.errors import InvalidArgument
 from npstream.groups.leases import check_receive, default_member_id, shared_group_config
+from npstream.proto import pb
 from npstream.proto.schema import DELIVERY_SCHEMA
 from npstream.proto.units import parse_duration_ms
 
 if TYPE_CHECKING:
     from npstream.client.client import Client
 
-__all__ = ["LeaseBatch", "offset_ranges", "receive_batch"]
+__all__ = ["LeaseBatch", "lease_batch", "offset_ranges", "receive_batch"]
 
 
 def offset_ranges(offsets: np.ndarray) -> list[tuple[int, int]]:
@@ -140,9 +141,17 @@ def receive_batch(
         raise InvalidArgument(f"ack= is a batch of group '{ack.group}' on stream "
                               f"'{ack.stream}', not of group '{group}' on '{stream}'")
     member = member_id or (ack.member_id if ack is not None else default_member_id())
+    return lease_batch(client, stream, group, member, max, wait, config,
+                       ack._take(None) if ack is not None else ())
+
+
+def lease_batch(client: Client, stream: str, group: str, member: str, max: int, wait: float,
+                config: pb.SharedGroupConfig,
+                ack_ranges: Sequence[tuple[int, int]]) -> LeaseBatch:
+    """One ReceiveBatch call with arguments already checked: ``ack_ranges``, then a lease."""
     arrow_stream = group_rpc.receive_batch(
         client, stream, group, member_id=member, max_messages=max, wait=wait, config=config,
-        ack_ranges=ack._take(None) if ack is not None else ())
+        ack_ranges=ack_ranges)
     if arrow_stream is not None:  # the table's buffers point into the reply: no copy
         table = pa.ipc.open_stream(pa.py_buffer(arrow_stream)).read_all()
     else:

@@ -7,7 +7,9 @@ Two ways to consume, mixable within one group:
   redelivered.
 * ``client.receive_batch(stream, group, max=1000, wait=...)`` (pull, batched)
   returns a LeaseBatch: the messages as one Arrow table, settled together
-  (``batch.ack()``) or by offset, as offset ranges. The fast way to consume.
+  (``batch.ack()``) or by offset, as offset ranges. The fast way to consume;
+  ``client.receive_batches(...)`` iterates over such batches with the next
+  one already on its way (prefetch) and acks each when you take the next.
 * ``client.subscribe(stream, group, handler, max_in_flight=...)`` (push) opens
   a GroupService.SubscribeBatches stream and calls ``handler(lease)`` in
   worker threads. Credits are the flow control: the broker never has more
@@ -37,9 +39,10 @@ shared-group API from (docs/groups.md), so the names stay here.
 from __future__ import annotations
 
 from npstream.groups.batch import LeaseBatch, receive_batch
+from npstream.groups.batch_stream import BatchStream, receive_batches
 from npstream.groups.leases import Lease, ack_leases
 from npstream.groups.pull import receive
 from npstream.groups.subscription import Subscription, SubscriptionStats, subscribe
 
-__all__ = ["Lease", "LeaseBatch", "Subscription", "SubscriptionStats", "ack_leases", "receive",
-           "receive_batch", "subscribe"]
+__all__ = ["BatchStream", "Lease", "LeaseBatch", "Subscription", "SubscriptionStats",
+           "ack_leases", "receive", "receive_batch", "receive_batches", "subscribe"]

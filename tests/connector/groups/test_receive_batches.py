@@ -1,0 +1,86 @@
+"""receive_batches: a shared group consumed batch after batch with the next one prefetched."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from npstream import Client
+from npstream.errors import InvalidArgument
+
+
+def publish(client: Client, stream: str, count: int) -> None:
+    client.create_stream(stream, exist_ok=True)
+    client.publish_batch(stream, [{"value": f"m{i}"} for i in range(count)])
+
+
+def wait_for_in_flight(client: Client, stream: str, group: str, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while client.describe_group(stream, group).in_flight != count:
+        assert time.monotonic() < deadline, client.describe_group(stream, group)
+        time.sleep(0.01)
+
+
+def test_draining_takes_every_message_once_and_acks_each_batch_when_the_next_is_taken(
+        client, stream_name):
+    publish(client, stream_name, 5000)
+    offsets: list[int] = []
+    with client.receive_batches(stream_name, "g", max=700, wait=0.2, until_empty=True) as it:
+        for batch in it:
+            assert len(batch) <= 700
+            offsets += batch.offsets.tolist()
+            assert set(batch.table.column("attempt").to_pylist()) == {1}
+    assert offsets == list(range(5000))
+    info = client.describe_group(stream_name, "g")
+    assert (info.committed_offset, info.in_flight) == (5000, 0)  # the last acks are durable
+
+
+def test_the_next_batch_is_leased_while_the_application_holds_one(client, stream_name):
+    publish(client, stream_name, 1000)
+    with client.receive_batches(stream_name, "g", max=100) as it:
+        first = next(it)
+        assert first.offsets.tolist() == list(range(100))
+        wait_for_in_flight(client, stream_name, "g", 200)  # the prefetched one
+        second = next(it)
+        assert second.offsets.tolist() == list(range(100, 200))
+        # Taking the second acked the first (on the call that prefetched the third).
+        wait_for_in_flight(client, stream_name, "g", 200)
+        assert client.describe_group(stream_name, "g").committed_offset == 100
+        second.ack()
+    assert client.describe_group(stream_name, "g").committed_offset == 200
+
+
+def test_without_prefetch_only_the_batch_asked_for_is_leased(client, stream_name):
+    publish(client, stream_name, 300)
+    with client.receive_batches(stream_name, "g", max=100, prefetch=False) as it:
+        assert next(it).offsets.tolist() == list(range(100))
+        time.sleep(0.3)
+        assert client.describe_group(stream_name, "g").in_flight == 100
+        assert next(it).offsets.tolist() == list(range(100, 200))
+        info = client.describe_group(stream_name, "g")
+        assert (info.committed_offset, info.in_flight) == (100, 100)
+
+
+def test_close_releases_what_is_held_and_prefetched_to_other_members(client, stream_name):
+    publish(client, stream_name, 400)
+    it = client.receive_batches(stream_name, "g", max=100, member_id="a")
+    held = next(it)
+    held.ack(range(0, 40))  # finished part of it
+    wait_for_in_flight(client, stream_name, "g", 160)
+    it.close()
+    info = client.describe_group(stream_name, "g")
+    assert (info.committed_offset, info.in_flight) == (40, 0)
+    other = client.receive_batch(stream_name, "g", max=400, member_id="b")
+    assert other.offsets.tolist() == list(range(40, 400))
+    attempts = other.table.column("attempt").to_pylist()
+    assert attempts == [2] * 160 + [1] * 200  # the released ones first, as redeliveries
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_bad_arguments_fail_before_any_call(client, stream_name):
+    with pytest.raises(InvalidArgument, match="max=0"):
+        client.receive_batches(stream_name, "g", max=0)
+    with pytest.raises(InvalidArgument, match="wait=-1"):
+        client.receive_batches(stream_name, "g", wait=-1)
