@@ -50,8 +50,10 @@ KILLS = int(os.environ.get("NPSTREAM_CHAOS_KILLS", "1"))
 SEED = int(os.environ.get("NPSTREAM_CHAOS_SEED", "18"))
 PER_BATCH = 150
 # Enough micro-batches that every kill lands before the end: each kill waits for
-# one commit of either query, and a restarted driver may replay one batch.
-TOTAL = PER_BATCH * (2 * KILLS + 4)
+# one commit of either query, and a restarted driver may replay one batch. (The
+# long run with 2 * KILLS + 4 batches had copied all of A by the 15th of 20
+# kills; it takes about 1.3 batches of the copy per kill.)
+TOTAL = PER_BATCH * (3 * KILLS + 4)
 JOB = Path(__file__).with_name("chaos_jobs.py")
 PROGRESS_TIMEOUT_S = 240.0
 
