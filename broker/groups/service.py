@@ -434,7 +434,7 @@ class _SubscribeSession:
         stream = self._group.stream
         if request.ack_offsets or request.ack_ranges:
             self._group.ack(list(request.ack_offsets), self._member,
-                            _ranges("ack", stream, request.ack_ranges))
+                            _ranges("ack", stream, request.ack_ranges), waited=False)
         if request.nack_offsets or request.nack_ranges:
             self._group.nack(list(request.nack_offsets), self._member, request.nack_delay_ms,
                              _ranges("nack", stream, request.nack_ranges))

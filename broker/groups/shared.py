@@ -175,13 +175,17 @@ class SharedGroup:
         if self._closed is not None:
             raise self._closed
 
-    def _persist_locked(self) -> int:
-        """Queue the position if it changed; returns the writer ticket (0 if nothing)."""
+    def _persist_locked(self, waited: bool = False) -> int:
+        """Queue the position if it changed; returns the writer ticket (0 if nothing).
+
+        ``waited``: the caller waits for the ticket (and so writes it itself):
+        the writer thread is not woken for it.
+        """
         position = (self._table.committed, self._dead_lettered)
         if position == self._persisted:
             return 0
         self._persisted = position
-        return self._writer.put(self.stream, self.group, *position)
+        return self._writer.put(self.stream, self.group, *position, wake_writer=not waited)
 
     def _follow_log_locked(self, stream_log: StreamLog) -> None:
         """Forget what retention or delete_before removed; handle a log that shrank."""
@@ -419,10 +423,13 @@ class SharedGroup:
     # ------------------------------------------------------------ finishing
 
     def ack(self, offsets: list[int], member: str | None,
-            ranges: Sequence[tuple[int, int]] = ()) -> tuple[int, int, int]:
+            ranges: Sequence[tuple[int, int]] = (), *, waited: bool = True,
+            ) -> tuple[int, int, int]:
         """(acked count, committed offset, writer ticket for durability).
 
         ``ranges``: ``[start, end)`` runs acked as well (a batch acked whole).
+        ``waited=False``: nobody waits for the ticket (acks on a Subscribe
+        stream); the writer thread writes the position within its interval.
         """
         with self._cond:
             self._check_open_locked()
@@ -442,7 +449,7 @@ class SharedGroup:
                     # and an ack makes no redelivery due sooner): a wake-up per ack
                     # would cost the Subscribe senders a spurious look under the lock.
                     self._changed_locked()
-            return count, self._table.committed, self._persist_locked()
+            return count, self._table.committed, self._persist_locked(waited)
 
     def nack(self, offsets: list[int], member: str | None, delay_ms: int,
              ranges: Sequence[tuple[int, int]] = ()) -> int:

@@ -38,6 +38,10 @@ __all__ = ["GroupRow", "GroupStore", "PositionWriter"]
 
 log = logging.getLogger(__name__)
 
+# The writer thread looks for positions nobody woke it for (queued by a caller
+# that then did not wait for them) at least this often (seconds).
+WRITER_IDLE_LOOK_S = 1.0
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS consumer_groups (
     stream           TEXT NOT NULL,
@@ -171,7 +175,11 @@ class PositionWriter:
                  interval_s: float = POSITION_FLUSH_INTERVAL_S) -> None:
         self._store = store
         self._interval_s = interval_s
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # waiters: a write finished
+        # The writer thread: work is pending (same lock; a write that a waiter made
+        # wakes only waiters, not the thread).
+        self._work = threading.Condition(lock)
         self._pending: dict[GroupKey, tuple[int, int]] = {}
         self._queued_seq = 0  # sequence number of the latest put
         self._written_seq = 0  # every put up to this one is in SQLite
@@ -183,11 +191,18 @@ class PositionWriter:
                                         daemon=True)
         self._thread.start()
 
-    def put(self, stream: str, group: str, committed_offset: int, dead_lettered: int) -> int:
-        """Queue the group's new position; returns a ticket for ``wait``."""
+    def put(self, stream: str, group: str, committed_offset: int, dead_lettered: int, *,
+            wake_writer: bool = True) -> int:
+        """Queue the group's new position; returns a ticket for ``wait``.
+
+        ``wake_writer=False`` when the caller waits for the ticket (it writes
+        then, as the group-commit leader): waking the writer thread for a
+        write it will not make cost a thread wake-up and a turn at the lock
+        per batch ack. The thread looks at least every WRITER_IDLE_LOOK_S anyway.
+        """
         with self._cond:
-            if not self._pending:
-                self._cond.notify_all()  # the writer sleeps until something is pending
+            if wake_writer and not self._pending:
+                self._work.notify()  # the writer sleeps until something is pending
             self._pending[(stream, group)] = (committed_offset, dead_lettered)
             self._queued_seq += 1
             return self._queued_seq
@@ -276,7 +291,7 @@ class PositionWriter:
         """Write everything queued so far, now."""
         with self._cond:
             ticket = self._queued_seq
-            self._cond.notify_all()
+            self._work.notify()
         self.wait(ticket)
 
     def close(self) -> None:
@@ -284,6 +299,7 @@ class PositionWriter:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            self._work.notify()
         self._thread.join(timeout=POSITION_WAIT_TIMEOUT_S)
 
     def _run(self) -> None:
@@ -297,12 +313,12 @@ class PositionWriter:
 
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: idle_work() or self._closed)
+                self._work.wait_for(lambda: idle_work() or self._closed, WRITER_IDLE_LOOK_S)
                 if self._closed and not self._pending:
                     return
                 # Let the changes of the next few ms join this write; a waiter takes over.
-                self._cond.wait_for(lambda: self._waiting or self._closed, self._interval_s)
+                self._work.wait_for(lambda: self._waiting or self._closed, self._interval_s)
                 if not idle_work():
                     continue
                 if not self._write_locked():
-                    self._cond.wait(max(self._interval_s, 0.1))
+                    self._work.wait(max(self._interval_s, 0.1))
