@@ -20,7 +20,7 @@ the rows stay Arrow slices.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from npstream.broker.groups.deliveries import Rows
 
@@ -87,13 +87,16 @@ class KeyOrder:
     def _all_free(self, keys: list[bytes | None], first: int) -> bool:
         """The common case with many keys, decided in bulk: no key of ``keys`` is busy and
         none repeats, so every row is delivered; their keys are marked busy."""
-        present = [k for k in keys if k is not None]
-        distinct = set(present)
-        if len(distinct) != len(present) or not self._busy.keys().isdisjoint(distinct):
+        offsets: Iterable[int] = range(first, first + len(keys))
+        if None in keys:
+            pairs = [(k, o) for k, o in zip(keys, offsets, strict=True) if k is not None]
+            keys, offsets = [k for k, _o in pairs], [o for _k, o in pairs]
+        distinct = set(keys)
+        if len(distinct) != len(keys) or not self._busy.keys().isdisjoint(distinct):
             return False
-        pairs = [(k, first + i) for i, k in enumerate(keys) if k is not None]
-        self._busy.update(pairs)
-        self._key_of.update((o, k) for k, o in pairs)
+        # zip and dict.update run in C: no Python step per row in the common case.
+        self._busy.update(zip(keys, offsets, strict=True))  # type: ignore[arg-type]
+        self._key_of.update(zip(offsets, keys, strict=True))  # type: ignore[arg-type]
         return True
 
     def _take(self, key: bytes, offset: int) -> bool:
@@ -106,23 +109,24 @@ class KeyOrder:
         return True
 
     def finished(self, ranges: Iterable[tuple[int, int]],
-                 is_finished: Callable[[int], bool]) -> list[int]:
+                 unfinished: list[tuple[int, int]]) -> list[int]:
         """After acks/dead letters in ``ranges``: the held offsets whose turn has come.
 
-        ``is_finished(offset)`` tells whether a busy offset in the ranges is
-        really finished (an ack of a message being dead-lettered is not).
+        ``unfinished``: runs within the ranges whose messages are not finished
+        after all (an ack of a message being dead-lettered); usually none.
         """
         released: list[int] = []
         key_of = self._key_of
         for lo, hi in ranges:
             if hi - lo <= len(key_of):
-                busy = [o for o in range(lo, hi) if o in key_of]
+                busy = list(filter(key_of.__contains__, range(lo, hi)))  # in C, not per row
             else:
                 busy = [o for o in key_of if lo <= o < hi]
-            done = [o for o in busy if is_finished(o)]
+            done = busy if not unfinished else [
+                o for o in busy if not any(a <= o < b for a, b in unfinished)]
             if not self._held:  # nothing waits: free the keys in bulk
-                for offset in done:
-                    del self._busy[key_of.pop(offset)]
+                for key in map(key_of.pop, done):
+                    del self._busy[key]
                 continue
             for offset in done:
                 released += self._next(offset, lo_bound=None)

@@ -327,8 +327,7 @@ class SharedGroup:
         # Offsets of the ranges still unfinished (an ack does not finish a message being
         # dead-lettered): usually none, so a busy offset is finished unless it is in one.
         left = [(sp.start, sp.end) for lo, hi in ranges for sp in self._table.spans_in(lo, hi)]
-        released = self._keys.finished(
-            ranges, lambda o: not any(a <= o < b for a, b in left))
+        released = self._keys.finished(ranges, left)
         if released:
             now = self._clock()
             for offset in released:

@@ -34,10 +34,22 @@ def test_plan_delivers_the_first_of_each_key_and_holds_the_rest():
         (True, 2), (False, 1), (True, 2), (False, 1)]
     assert order.held == 2
     # a: 10 busy, 12 held; b: 11 busy, 15 held; c: 14 busy; 13 has no key
-    assert order.finished([(10, 11)], lambda o: True) == [12]
-    assert order.finished([(12, 13)], lambda o: True) == []
-    assert order.finished([(11, 16)], lambda o: o != 14) == [15]
+    assert order.finished([(10, 11)], []) == [12]
+    assert order.finished([(12, 13)], []) == []
+    assert order.finished([(11, 16)], [(14, 15)]) == [15]
     assert order.held == 0
+
+
+def test_a_part_of_distinct_free_keys_is_delivered_whole_keyless_rows_included():
+    order = KeyOrder()
+    part = batch([b"a", None, b"b"])
+    runs = order.plan(0, [part])
+    assert runs == [(True, [part])]  # the part itself: no slicing on the common path
+    runs = order.plan(3, [batch([b"b", None, b"c"])])  # b is busy at 2
+    assert [(d, sum(len(p) for p in parts)) for d, parts in runs] == [(False, 1), (True, 2)]
+    assert order.finished([(0, 3)], []) == [3]  # a and b free; b's held 3 is busy now
+    assert order.finished([(3, 6)], []) == []
+    assert order.held == 0 and not order._busy and not order._key_of
 
 
 def test_plan_across_parts_and_a_busy_key_from_an_earlier_plan():
@@ -52,7 +64,7 @@ def test_drop_below_releases_the_first_held_offset_still_in_the_log():
     order = KeyOrder()
     order.plan(0, [batch([b"a", b"a", b"a", b"a"])])
     assert order.drop_below(2) == [2]
-    assert order.finished([(2, 3)], lambda o: True) == [3]
+    assert order.finished([(2, 3)], []) == [3]
 
 
 def test_held_spans_are_unfinished_and_released_one_at_a_time():
