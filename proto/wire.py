@@ -12,7 +12,7 @@ protobuf itself would have produced.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow as pa
@@ -82,6 +82,32 @@ def _read_varint(view: memoryview, position: int) -> tuple[int, int]:
         shift += 7
 
 
+def _fields(view: memoryview) -> Iterator[tuple[int, int, int, int, int]]:
+    """(number, wire type, start, value start, end) of each top-level field of a message.
+
+    Raises DecodeError for a bad varint or wire type; whether a field's end
+    lies within ``view`` is for the caller to check (each reports it its way).
+    """
+    position = 0
+    while position < len(view):
+        start = position
+        key, position = _read_varint(view, position)
+        wire_type, number = key & 7, key >> 3
+        if wire_type == _VARINT:
+            _, end = _read_varint(view, position)
+        elif wire_type == _FIXED64:
+            end = position + 8
+        elif wire_type == _FIXED32:
+            end = position + 4
+        elif wire_type == _LENGTH_DELIMITED:
+            length, position = _read_varint(view, position)
+            end = position + length
+        else:
+            raise DecodeError(f"unsupported wire type {wire_type}")
+        yield number, wire_type, start, position, end
+        position = end
+
+
 def split_bytes_field(raw: bytes, message_type: type[M], field: str,
                       *, bail_on: str | None = None) -> tuple[M, list[memoryview]]:
     """Parse ``raw`` as ``message_type`` but hand out ``field``'s values as views into ``raw``.
@@ -94,38 +120,22 @@ def split_bytes_field(raw: bytes, message_type: type[M], field: str,
     Raises DecodeError for malformed input.
     """
     descriptor = message_type.DESCRIPTOR
-    number = descriptor.fields_by_name[field].number
+    wanted = descriptor.fields_by_name[field].number
     bail = descriptor.fields_by_name[bail_on].number if bail_on else -1
     view = memoryview(raw)
     rest: list[memoryview] = []
     values: list[memoryview] = []
-    position = 0
-    while position < len(view):
-        start = position
-        key, position = _read_varint(view, position)
-        wire_type, field_number = key & 7, key >> 3
-        if field_number == bail:
+    for number, wire_type, start, value_start, end in _fields(view):
+        if number == bail:
             return _parsed_whole(raw, message_type, field)
-        if wire_type == _VARINT:
-            _, position = _read_varint(view, position)
-        elif wire_type == _FIXED64:
-            position += 8
-        elif wire_type == _FIXED32:
-            position += 4
-        elif wire_type == _LENGTH_DELIMITED:
-            length, position = _read_varint(view, position)
-            if field_number == number:
-                if position + length > len(view):
-                    raise DecodeError(f"field {field} runs past the end of the message")
-                values.append(view[position:position + length])
-                position += length
-                continue
-            position += length
+        ours = number == wanted and wire_type == _LENGTH_DELIMITED
+        if end > len(view):
+            raise DecodeError(f"field {field} runs past the end of the message" if ours
+                              else "truncated message")
+        if ours:
+            values.append(view[value_start:end])
         else:
-            raise DecodeError(f"unsupported wire type {wire_type}")
-        if position > len(view):
-            raise DecodeError("truncated message")
-        rest.append(view[start:position])
+            rest.append(view[start:end])
     return message_type.FromString(b"".join(rest)), values
 
 
@@ -140,29 +150,15 @@ def field_bytes(raw: bytes | memoryview, number: int) -> memoryview | None:
     """
     view = memoryview(raw)
     found: memoryview | None = None
-    position = 0
     try:
-        while position < len(view):
-            key, position = _read_varint(view, position)
-            wire_type, field_number = key & 7, key >> 3
-            if wire_type == _VARINT:
-                _, position = _read_varint(view, position)
-            elif wire_type == _FIXED64:
-                position += 8
-            elif wire_type == _FIXED32:
-                position += 4
-            elif wire_type == _LENGTH_DELIMITED:
-                length, position = _read_varint(view, position)
-                if position + length > len(view):
-                    return None
-                if field_number == number:
-                    found = view[position:position + length]
-                position += length
-            else:
+        for field_number, wire_type, _start, value_start, end in _fields(view):
+            if end > len(view):
                 return None
+            if field_number == number and wire_type == _LENGTH_DELIMITED:
+                found = view[value_start:end]
     except DecodeError:
         return None
-    return found if position == len(view) else None
+    return found
 
 
 def _parsed_whole(raw: bytes, message_type: type[M],
