@@ -20,10 +20,13 @@ cluster. For each method it decides from the proto's shape:
 A call another member makes (``x-npstream-cluster-local``) is never routed:
 it asks for this member's own part.
 
-Every per-stream call this member serves is counted while it runs (for a
-streaming call: each request, from when it is handed to the servicer until
-the servicer asks for the next), so that a stream move (move.py) can refuse
-new calls and wait for the running ones before it copies the stream.
+Every per-stream call this member serves that may change something is
+counted while it runs (for a streaming call: each request, from when it is
+handed to the servicer until the servicer asks for the next), so that a
+stream move (move.py) can refuse new calls and wait for the running ones
+before it copies the stream. Reads are refused during a move too but not
+waited for (a long poll could hold a move up for minutes); closing the log
+ends them.
 
 ``tests/broker/cluster`` checks that every method of the proto is in exactly
 one of these groups, so a new RPC cannot skip routing unnoticed.
@@ -75,9 +78,17 @@ MEMBER_METHODS = frozenset(_PACKAGE + name for name in (
     "SinkService/SinkState", "SinkService/StageInbox", "ClusterService/Owners",
     "ClusterService/MoveIn",
 ))
-# Not counted as a call on its stream: a move waits for the calls on its
-# stream, and MoveStream of a stream waits for its own move.
-_UNCOUNTED = frozenset({_PACKAGE + "ClusterService/MoveStream"})
+# Not counted as calls on their stream, since a move waits for the counted
+# ones: MoveStream (it waits for its own move) and the calls that change
+# nothing, which may long-poll (a Fetch waits up to max_fetch_wait).
+_UNCOUNTED = frozenset(_PACKAGE + name for name in (
+    "ClusterService/MoveStream", "StreamService/DescribeStream", "StreamService/Fetch",
+    "StreamService/OffsetForTimestamp", "StreamReadService/Locate",
+    "StreamReadService/ReadRange", "GroupService/ListGroups", "GroupService/DescribeGroup",
+))
+# Of those, the ones that may run while their stream is paused (MoveStream finishes
+# the move); the others are refused then like every call.
+_PAUSED_OK = frozenset({_PACKAGE + "ClusterService/MoveStream"})
 
 
 def _stream_of(request: object, path: tuple[int, ...]) -> str:
@@ -132,7 +143,7 @@ class RoutingInterceptor(grpc.ServerInterceptor):
         if not stream:
             return
         try:
-            self._cluster.route(stream, context, paused_ok=method in _UNCOUNTED)
+            self._cluster.route(stream, context, paused_ok=method in _PAUSED_OK)
         except BrokerError as exc:
             abort_with(context, exc, method.rpartition("/")[2])
 

@@ -391,6 +391,8 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
             left = deadline - time.monotonic()
             if left <= 0 or stream_log.wait_for_data(offset, min(left, LONG_POLL_SLICE_S)):
                 return
+            if not stream_log.failed:  # closed (deleted, moved away, stopping): its error,
+                stream_log.check_writable()  # not a busy wait until the deadline
 
     @rpc_method
     def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> pb.FetchResponse:

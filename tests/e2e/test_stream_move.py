@@ -415,3 +415,25 @@ def held_with(broker: BrokerProcess, token: str) -> set[str]:
             pb.ListStreamsRequest(page_size=10_000),
             metadata=(*LOCAL, ("authorization", f"Bearer {token}")), timeout=10)
     return {info.name for info in reply.streams}
+
+
+def test_a_long_poll_on_the_stream_does_not_hold_up_its_move(members):
+    source, target = members
+    stream = name_on(members, source, f"mvl{uuid.uuid4().hex[:6]}")
+    got: list[list[str]] = []
+    with Client(source.address) as client:
+        client.publish(stream, b"x", id="l0")
+
+        def poll() -> None:
+            with Client(source.address, retry_deadline=60) as reader:
+                got.append(reader.fetch(stream, 1, wait=60).column("id").to_pylist())
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        time.sleep(1.0)  # the Fetch waits at the end of the stream
+        started = time.monotonic()
+        result = client.move_stream(stream, target.address)
+        assert time.monotonic() - started < 20 and result.end_offset == 1
+        client.publish(stream, b"y", id="l1")
+        poller.join(60)
+    assert got == [["l1"]]  # the poll went on at the new member and got the new message
