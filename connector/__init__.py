@@ -7,6 +7,12 @@ so ``import npstream`` stays light (pyarrow and grpc, never pyspark).
 
 from __future__ import annotations
 
+# First, before any module here imports grpc: gRPC's fork handlers off unless the
+# user chose otherwise (fork_safety.py says why: grpc/grpc#43055 and Spark).
+import npstream.fork_safety  # noqa: F401
+
+# isort: split
+
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 

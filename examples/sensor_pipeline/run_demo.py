@@ -130,10 +130,6 @@ def main(argv: list[str] | None = None) -> int:
     producing = threading.Thread(target=lambda: published.append(producer.run(
         args.broker, source, args.rate, args.seconds, 0.02, 0.02, None, producer.SENSORS)))
     try:
-        # The JVM first, before the producer thread keeps a gRPC channel busy: Spark
-        # starts it with subprocess.Popen(preexec_fn=...), and grpcio >= 1.80 can crash
-        # such a forked child while a channel is busy in another thread
-        # (grpc/grpc#43055): "Java gateway process exited before sending its port number".
         from pyspark.sql import SparkSession
 
         spark = (SparkSession.builder.master("local[2]").appName("npstream-demo")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import atexit
+import json
 import logging
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -230,29 +232,56 @@ def test_broker_without_an_inbox_gets_the_rows_over_grpc(broker_factory, stream_
     assert client_inbox._writers[(os.getpid(), proc.address)] is None
 
 
-def test_a_forked_child_stages_through_files_of_its_own_and_leaves_the_parents(
-        broker, client, stream_name):
+# A program that forks and uses npstream in the child after the parent did turns
+# gRPC's fork handlers back on (the package turns them off: connector/fork_safety.py),
+# so the scenario runs in an interpreter started with GRPC_ENABLE_FORK_SUPPORT=true.
+_FORKING_PROGRAM = """
+import atexit, json, os, sys
+from pathlib import Path
+import pyarrow as pa
+from npstream import Client
+
+address, inbox, stream = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+def table(count):
+    return pa.table({"value": [bytes([65 + i % 26]) * 10 for i in range(count)]})
+def files_of(pid):
+    return sorted(p.name for p in inbox.glob(f"*-{pid}-*.arrow"))
+
+with Client(address) as client:
     sink = client.sink()
-    sink.stage("s-fork", 0, "0-0", stream_name, _table(2))
-    parent_files = _our_files(broker)
-    assert len(parent_files) == 1
+    sink.stage("s-fork", 0, "0-0", stream, table(2))
+    parent_files = files_of(os.getpid())
     child = os.fork()
     if child == 0:  # the child: stage with a fresh client, then exit as a process does
         code = 4
         try:
-            with Client(broker.address) as own:
-                own.sink().stage("s-fork", 0, "0-1", stream_name, _table(3))
-            names = sorted(p.name for p in _inbox(broker).glob(f"*-{os.getpid()}-*.arrow"))
-            code = 0 if len(names) == 1 else 3
-            atexit._run_exitfuncs()  # what a normal exit runs (pytest must not go on here)
+            with Client(address) as own:
+                own.sink().stage("s-fork", 0, "0-1", stream, table(3))
+            code = 0 if len(files_of(os.getpid())) == 1 else 3
+            atexit._run_exitfuncs()  # what a normal exit runs
         finally:
             os._exit(code)
     _pid, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    assert _our_files(broker) == parent_files  # the child's exit deleted none of ours
-    assert list(_inbox(broker).glob(f"*-{child}-*.arrow")) == []  # and its own at exit
-    sink.stage("s-fork", 0, "0-2", stream_name, _table(4))
+    after_child = files_of(os.getpid())
+    sink.stage("s-fork", 0, "0-2", stream, table(4))
     sink.commit("s-fork", 0, ["0-0", "0-1", "0-2"])
+print(json.dumps({"child_exit": os.waitstatus_to_exitcode(status), "parent_files": parent_files,
+                  "after_child": after_child, "child_left": files_of(child)}))
+"""
+
+
+def test_a_forked_child_stages_through_files_of_its_own_and_leaves_the_parents(
+        broker, client, stream_name):
+    env = {**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "true"}
+    run = subprocess.run([sys.executable, "-c", _FORKING_PROGRAM, broker.address,
+                          str(_inbox(broker)), stream_name],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["child_exit"] == 0
+    assert len(result["parent_files"]) == 1
+    assert result["after_child"] == result["parent_files"]  # the child's exit deleted none
+    assert result["child_left"] == []  # and its own at exit
     assert _committed(client, stream_name) == [
         *_table(2).column("value").to_pylist(), *_table(3).column("value").to_pylist(),
         *_table(4).column("value").to_pylist()]
