@@ -3,14 +3,10 @@
 ``SharedGroup`` joins the pure lease bookkeeping (leases.LeaseTable) with the
 stream's log, waiting, persistence and dead letters:
 
-* Fresh messages are read from the log in Arrow batches (up to
-  FRESH_READ_CHUNK messages or FRESH_READ_BYTES per read) and kept as Arrow
-  record batches until they are handed out, in offset order: a stored batch
-  of 10,000 rows is read once, not once per Receive. Rows the log's last
-  write stored come from memory instead (StreamLog.recent_rows): a member
-  following the tail gets a new message without it being read back from the
-  file or decoded. Redeliveries that are due go first, so no member idles
-  while work waits; their rows are read from the log again.
+* Fresh messages are read ahead from the log in Arrow batches and handed
+  out in offset order; redeliveries that are due go first, so no member
+  idles while work waits, and their rows are read from the log again
+  (log_rows.py).
 * What is in flight lives in memory as offset ranges (leases.py), not rows.
   Only the committed offset (lowest not acked) and the dead-lettered count
   are persisted, through the batching PositionWriter. After a restart,
@@ -40,7 +36,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -58,27 +53,22 @@ from npstream.broker.groups.deliveries import (
 )
 from npstream.broker.groups.key_order import KeyOrder
 from npstream.broker.groups.leases import LeaseTable, Span, merged_runs, offset_runs
+from npstream.broker.groups.log_rows import FreshRows, read_span
 from npstream.broker.groups.metrics import GroupMetrics
 from npstream.broker.groups.shared_config import SharedConfig
 from npstream.broker.groups.store import PositionWriter
 from npstream.broker.groups.tuning import (
     DEAD_LETTER_RETRY_MS,
-    FRESH_READ_BYTES,
-    FRESH_READ_CHUNK,
     LONG_POLL_SLICE_S,
     MAX_ACK_WINDOW,
     MAX_PENDING_PER_GROUP,
     MEMBER_IDLE_MS,
 )
-from npstream.proto.frames.payload import decode_payload
 
 if TYPE_CHECKING:
     from npstream.broker.storage import StreamLog
 
 __all__ = ["Grant", "MemberInfo", "SharedGroup", "SharedSnapshot", "rows_from_batch"]
-
-# Read from the log per redelivered span read (bytes); a span is read in pieces.
-SPAN_READ_BYTES = FRESH_READ_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -140,11 +130,7 @@ class SharedGroup:
         self._wake_seq = 0
         self._table = LeaseTable(committed, config)
         self._keys = KeyOrder()  # used while config.ordering == "key"
-        # Read from the log, not handed out yet: offsets [next_fresh, _buffer_next), as
-        # stored batches, or rows the log already had as Python values (a lone message).
-        self._buffer: deque[Rows] = deque()
-        self._buffered = 0  # rows in _buffer
-        self._buffer_next = committed
+        self._fresh = FreshRows(committed)  # read ahead from the log, not handed out yet
         self._dead_lettered = dead_lettered
         self._persisted = (committed, dead_lettered)
         self._closed: BrokerError | None = None
@@ -196,7 +182,7 @@ class SharedGroup:
             now = self._clock()
             for offset in self._keys.drop_below(start):
                 self._table.release_held(offset, now)
-            self._clear_buffer_locked(self._table.next_fresh)
+            self._fresh.clear(self._table.next_fresh)
             log.info("group '%s' on stream '%s': offsets [%d, %d) were removed from the log; "
                      "dropped %d pending deliveries, committed offset now %d",
                      self.group, self.stream, before, start, dropped, self._table.committed)
@@ -210,81 +196,23 @@ class SharedGroup:
     def _reset_locked(self, offset: int) -> int:
         dropped = self._table.reset(offset)
         self._keys.clear()
-        self._clear_buffer_locked(offset)
+        self._fresh.clear(offset)
         self._changed_locked()
         return dropped
 
     def _fresh_budget_locked(self) -> int:
         return self._table.fresh_budget(MAX_PENDING_PER_GROUP, MAX_ACK_WINDOW)
 
-    def _clear_buffer_locked(self, next_offset: int) -> None:
-        self._buffer.clear()
-        self._buffered = 0
-        self._buffer_next = next_offset
-
     def _take_fresh_locked(self, stream_log: StreamLog, limit: int) -> list[Rows]:
-        """Up to ``limit`` never-delivered rows from ``next_fresh`` on, as buffered parts."""
+        """Up to ``limit`` never-delivered rows from ``next_fresh`` on (within the budget)."""
         limit = min(limit, self._fresh_budget_locked())
         if limit <= 0:
             return []
-        # Refill until the request is covered, so one Subscribe batch (or Receive) takes
-        # everything ready that fits, not just what was left of the last read.
-        while self._buffered < limit and self._buffer_next < stream_log.end_offset:
-            recent = stream_log.recent_rows(self._buffer_next)
-            if recent is not None:  # what the last write stored: no file read, no decoding
-                self._buffer.append(recent)
-                self._buffered += len(recent)
-                self._buffer_next += len(recent)
-                continue
-            try:
-                result = stream_log.read(self._buffer_next, max_messages=FRESH_READ_CHUNK,
-                                         max_bytes=FRESH_READ_BYTES, latest=True)
-            except OffsetOutOfRangeError:  # retention moved the start meanwhile
-                self._follow_log_locked(stream_log)
-                return []
-            if result.next_offset <= self._buffer_next:
-                break
-            schema = stream_log.value_schemas.stored_schema(result.schema_version)
-            for payload in result.batches:
-                batch = decode_payload(payload, schema)
-                self._buffer.append(batch)
-                self._buffered += batch.num_rows
-            self._buffer_next = result.next_offset
-        taken: list[Rows] = []
-        count = 0
-        while count < limit and self._buffer:
-            part = self._buffer.popleft()
-            wanted = limit - count
-            if len(part) > wanted:
-                self._buffer.appendleft(part[wanted:])
-                part = part[:wanted]
-            taken.append(part)
-            count += len(part)
-            self._buffered -= len(part)
-        return taken
-
-    def _read_span_locked(self, stream_log: StreamLog, start: int, end: int) -> list[Rows]:
-        """The rows of ``[start, end)`` read from the log again (a redelivery).
-
-        Rows the log no longer holds (retention moved its start) are not
-        returned; the caller's next look drops them from the table.
-        """
-        parts: list[Rows] = []
-        offset = start
-        while offset < end:
-            result = stream_log.read(offset, max_messages=end - offset,
-                                     max_bytes=SPAN_READ_BYTES, end_offset=end, latest=True)
-            if result.next_offset <= offset:
-                break
-            schema = stream_log.value_schemas.stored_schema(result.schema_version)
-            for payload in result.batches:
-                batch = decode_payload(payload, schema)
-                first = batch.column(0)[0].as_py() if batch.num_rows else offset
-                lo, hi = max(0, offset - first), min(batch.num_rows, end - first)
-                if hi > lo:
-                    parts.append(batch.slice(lo, hi - lo))
-            offset = result.next_offset
-        return parts
+        try:
+            return self._fresh.take(stream_log, limit)
+        except OffsetOutOfRangeError:  # retention moved the start meanwhile
+            self._follow_log_locked(stream_log)
+            return []
 
     def _lease_locked(self, stream_log: StreamLog, member: str, limit: int, now: int,
                       ack_wait_ms: int) -> list[Delivered]:
@@ -293,7 +221,7 @@ class SharedGroup:
         taken = 0
         for span in self._table.lease_ready(member, now, ack_wait_ms, limit):
             try:
-                parts = self._read_span_locked(stream_log, span.start, span.end)
+                parts = read_span(stream_log, span.start, span.end)
             except OffsetOutOfRangeError:  # retention removed them: forget them
                 self._follow_log_locked(stream_log)
                 continue
@@ -498,7 +426,7 @@ class SharedGroup:
         for span in spans:
             try:
                 with self._cond:
-                    parts = self._read_span_locked(stream_log, span.start, span.end)
+                    parts = read_span(stream_log, span.start, span.end)
             except OffsetOutOfRangeError:
                 continue
             for part in parts:

@@ -1,0 +1,112 @@
+"""Where a shared group's rows come from: fresh ones read ahead from the log, spans read again.
+
+A shared group hands out fresh messages in offset order and reads
+redelivered spans back from the log (leases keep offsets, not rows). Both
+are reads of the stream's log as stored Arrow batches; this module is that
+reading, apart from the lease bookkeeping of shared.py:
+
+* ``FreshRows``: the never-delivered rows read ahead, up to
+  FRESH_READ_CHUNK messages or FRESH_READ_BYTES per read, kept as record
+  batches until handed out, so a stored batch of 10,000 rows is read once,
+  not once per Receive. Rows the log's last write stored come from memory
+  (StreamLog.recent_rows): a member following the tail gets a new message
+  without it being read back from the file or decoded.
+* ``read_span``: the rows of a redelivered span, read from the log again.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from npstream.broker.groups.deliveries import Rows
+from npstream.broker.groups.tuning import FRESH_READ_BYTES, FRESH_READ_CHUNK
+from npstream.proto.frames.payload import decode_payload
+
+if TYPE_CHECKING:
+    from npstream.broker.storage import StreamLog
+
+__all__ = ["SPAN_READ_BYTES", "FreshRows", "read_span"]
+
+# Read from the log per redelivered span read (bytes); a span is read in pieces.
+SPAN_READ_BYTES = FRESH_READ_BYTES
+
+
+class FreshRows:
+    """Rows read from the log and not handed out yet: offsets [next fresh, ``next``).
+
+    Stored batches, or rows the log already had as Python values (a lone
+    message). Not thread-safe: used under the group's lock.
+    """
+
+    def __init__(self, next_offset: int) -> None:
+        self._parts: deque[Rows] = deque()
+        self._count = 0  # rows in _parts
+        self.next = next_offset
+
+    def clear(self, next_offset: int) -> None:
+        self._parts.clear()
+        self._count = 0
+        self.next = next_offset
+
+    def take(self, stream_log: StreamLog, limit: int) -> list[Rows]:
+        """Up to ``limit`` rows in offset order, read from the log as needed.
+
+        Reads until the request is covered, so one Subscribe batch (or
+        Receive) takes everything ready that fits, not just what was left
+        of the last read. Raises OffsetOutOfRangeError when retention moved
+        the log's start past the next row.
+        """
+        while self._count < limit and self.next < stream_log.end_offset:
+            recent = stream_log.recent_rows(self.next)
+            if recent is not None:  # what the last write stored: no file read, no decoding
+                self._parts.append(recent)
+                self._count += len(recent)
+                self.next += len(recent)
+                continue
+            result = stream_log.read(self.next, max_messages=FRESH_READ_CHUNK,
+                                     max_bytes=FRESH_READ_BYTES, latest=True)
+            if result.next_offset <= self.next:
+                break
+            schema = stream_log.value_schemas.stored_schema(result.schema_version)
+            for payload in result.batches:
+                batch = decode_payload(payload, schema)
+                self._parts.append(batch)
+                self._count += batch.num_rows
+            self.next = result.next_offset
+        taken: list[Rows] = []
+        count = 0
+        while count < limit and self._parts:
+            part = self._parts.popleft()
+            wanted = limit - count
+            if len(part) > wanted:
+                self._parts.appendleft(part[wanted:])
+                part = part[:wanted]
+            taken.append(part)
+            count += len(part)
+            self._count -= len(part)
+        return taken
+
+
+def read_span(stream_log: StreamLog, start: int, end: int) -> list[Rows]:
+    """The rows of ``[start, end)`` read from the log again (a redelivery).
+
+    Rows the log no longer holds (retention moved its start) are not
+    returned; the caller's next look drops them from its table.
+    """
+    parts: list[Rows] = []
+    offset = start
+    while offset < end:
+        result = stream_log.read(offset, max_messages=end - offset,
+                                 max_bytes=SPAN_READ_BYTES, end_offset=end, latest=True)
+        if result.next_offset <= offset:
+            break
+        schema = stream_log.value_schemas.stored_schema(result.schema_version)
+        for payload in result.batches:
+            batch = decode_payload(payload, schema)
+            first = batch.column(0)[0].as_py() if batch.num_rows else offset
+            lo, hi = max(0, offset - first), min(batch.num_rows, end - first)
+            if hi > lo:
+                parts.append(batch.slice(lo, hi - lo))
+        offset = result.next_offset
+    return parts
