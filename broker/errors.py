@@ -24,6 +24,7 @@ __all__ = [
     "BrokerError",
     "CorruptRecordError",
     "DiskFullError",
+    "DiskIOError",
     "GroupNotFoundError",
     "InvalidArgumentError",
     "MemberUnavailableError",
@@ -325,6 +326,33 @@ class DiskFullError(BrokerError):
         super().__init__(
             f"disk full: {action}{where} failed, the broker's data dir has no space left "
             f"({cause}); {outcome}: free space on the broker's disk and retry")
+        self.stream = stream
+        self.action = action
+
+
+class DiskIOError(BrokerError):
+    """A write or fsync of a stream's files failed with an I/O error, not a full disk (EIO).
+
+    INTERNAL, not UNAVAILABLE: the SDK retries UNAVAILABLE for its retry
+    deadline, but this stream refuses writes until the broker is restarted
+    (after a failed fsync the kernel may have dropped the pages, so only a
+    reopen, which checks the files, can say what is stored), and the disk
+    usually needs an operator. A publish that fails so was not acknowledged;
+    its rows may or may not be stored (publish with ids: a retry after the
+    restart is deduplicated). Other streams keep working. The message names
+    the stream; the broker logs the failure at ERROR once per stream.
+    """
+
+    grpc_code = grpc.StatusCode.INTERNAL
+    reason = pb.ERROR_REASON_INTERNAL
+
+    def __init__(self, stream: str, action: str, cause: BaseException | str, *,
+                 refusing: bool = True) -> None:
+        outcome = (f"stream '{stream}' refuses writes until the broker is restarted (reads "
+                   "and other streams go on): check the disk, then restart the broker"
+                   if refusing else "nothing of it was stored; the stream takes writes again")
+        super().__init__(f"disk error on stream '{stream}': {action} failed ({cause}); "
+                         f"the call is not acknowledged; {outcome}")
         self.stream = stream
         self.action = action
 

@@ -52,6 +52,10 @@ when malformed), never to be set in production:
   ``publish.written``.
 * ``NPSTREAM_MOVE_FAULT=<step>[:N]``: exits at the N-th (default first) hit
   of ``move.<step>``.
+* ``NPSTREAM_STORAGE_FAULT=<write|fsync>:<ERRNO>:<stream>[:N]`` (a comma list
+  of such): the N-th (default first) ``storage.write`` or ``storage.fsync`` of
+  a file of stream ``<stream>`` raises ``OSError(errno.<ERRNO>)``, e.g.
+  ``fsync:EIO:orders:3``, once; the broker goes on (a failing disk, not a crash).
 
 ``NPSTREAM_TEST_HIDE_RPCS`` is no fault but lives here for the same reason: a
 comma list of ``Service.Method`` names the broker does not register, so
@@ -61,6 +65,7 @@ existed (``hidden_rpcs``).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -78,6 +83,7 @@ __all__ = [
     "POINTS",
     "PUBLISH_FAULT_ENV",
     "SINK_FAULT_ENV",
+    "STORAGE_FAULT_ENV",
     "PublishFault",
     "arm",
     "arm_from_env",
@@ -92,6 +98,7 @@ HIDE_RPCS_ENV = "NPSTREAM_TEST_HIDE_RPCS"
 SINK_FAULT_ENV = "NPSTREAM_SINK_FAULT"
 PUBLISH_FAULT_ENV = "NPSTREAM_PUBLISH_FAULT"
 MOVE_FAULT_ENV = "NPSTREAM_MOVE_FAULT"
+STORAGE_FAULT_ENV = "NPSTREAM_STORAGE_FAULT"
 FAULT_EXIT_CODE = 87
 
 POINTS = frozenset({
@@ -142,7 +149,7 @@ def arm_from_env(env: Mapping[str, str] = os.environ) -> None:
     armed again, so its hit counts go on.
     """
     for variable, parse in ((SINK_FAULT_ENV, _sink_faults), (PUBLISH_FAULT_ENV, _publish_faults),
-                            (MOVE_FAULT_ENV, _move_faults)):
+                            (MOVE_FAULT_ENV, _move_faults), (STORAGE_FAULT_ENV, _storage_faults)):
         text = env.get(variable, "")
         with _env_lock:
             if not text or _armed_from_env.get(variable) == text:
@@ -276,3 +283,50 @@ def _move_faults(text: str) -> dict[str, Action]:
                          f"step one of {', '.join(MOVE_STEPS)}")
     point = f"move.{step}"
     return {point: _ExitAtHit(MOVE_FAULT_ENV, int(count or 1), _now(point))}
+
+
+class _FailStreamFile:
+    """Raise ``OSError(code)`` at the ``count``-th hit of a storage point on ``stream``'s files.
+
+    Once: a disk that failed one write or fsync, for the broker to report and
+    survive (the point's other hits, and other streams' files, pass).
+    """
+
+    def __init__(self, stream: str, code: int, count: int,
+                 inner: Action | None = None) -> None:
+        self._stream = stream
+        self._code = code
+        self._count = count
+        self._inner = inner  # another stream's fault at the same point
+        self._hits = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, *details: object) -> None:
+        if self._inner is not None:
+            self._inner(*details)
+        path = details[0] if details else None
+        if not isinstance(path, Path) or self._stream not in path.parts:
+            return
+        with self._lock:
+            self._hits += 1
+            if self._hits != self._count:
+                return
+        log.critical("test fault hook %s: failing this I/O on %s with %s",
+                     STORAGE_FAULT_ENV, path, errno.errorcode[self._code])
+        raise OSError(self._code, f"{os.strerror(self._code)} (test fault)", str(path))
+
+
+def _storage_faults(text: str) -> dict[str, Action]:
+    actions: dict[str, Action] = {}
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        count = parts[3] if len(parts) == 4 else "1"
+        code = getattr(errno, parts[1], None) if len(parts) in (3, 4) else None
+        if (len(parts) not in (3, 4) or parts[0] not in ("write", "fsync")
+                or not isinstance(code, int) or not parts[2]
+                or not count.isdigit() or int(count) < 1):
+            raise ValueError(f"invalid {STORAGE_FAULT_ENV}={text!r}: use "
+                             "<write|fsync>:<ERRNO>:<stream>[:<N>], N >= 1, comma-separated")
+        point = f"storage.{parts[0]}"
+        actions[point] = _FailStreamFile(parts[2], code, int(count), actions.get(point))
+    return actions

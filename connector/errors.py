@@ -271,7 +271,12 @@ class MoveFailed(NpstreamError):
 
 
 class BrokerInternalError(NpstreamError):
-    """The broker failed with a bug (INTERNAL); its log holds the traceback."""
+    """INTERNAL: a bug in the broker (its log holds the traceback), or its disk failed.
+
+    A disk error (EIO on a write or fsync) names the stream and says whether
+    the stream refuses writes until the broker restarts (docs/broker.md,
+    "Disk errors"); the SDK does not retry it.
+    """
 
     code = grpc.StatusCode.INTERNAL
 

@@ -11,7 +11,6 @@ path is a module of one concept; see log.py for the concurrency model.
 
 from __future__ import annotations
 
-import errno
 import logging
 import secrets
 import threading
@@ -25,6 +24,7 @@ import pyarrow as pa
 from npstream.broker.errors import (
     BrokerError,
     DiskFullError,
+    DiskIOError,
     ShuttingDownError,
     StreamNotFoundError,
     is_disk_full,
@@ -151,7 +151,7 @@ class LogState:
                 self._segments.sync_tail()
             except OSError as exc:
                 self._fail(exc)
-                raise
+                raise DiskIOError(self.name, "fsync of its log", exc) from exc
             self._synced_seq = target
 
     def needs_sync(self) -> bool:
@@ -163,19 +163,25 @@ class LogState:
 
     @contextmanager
     def _disk_full_as_error(self, action: str) -> Iterator[None]:
-        """Report a write that ran out of space as DiskFullError naming this stream.
+        """Report a write that failed as DiskFullError or DiskIOError naming this stream.
 
-        The segment list undid the write (all or nothing), so nothing of it
-        is stored and the log takes writes again once space is freed. Only
-        when even the undo failed is the log ``failed``: then the OSError
-        stays, since a restart is needed (docs/broker.md, "Disk full").
+        Out of space: the segment list undid the write (all or nothing), so
+        nothing of it is stored and the log takes writes again once space is
+        freed. Only when even the undo failed is the log ``failed``: a restart
+        is needed (docs/broker.md, "Disk full"), which DiskIOError says, as it
+        does for any other I/O error (EIO).
         """
         try:
             yield
         except OSError as exc:
             if is_disk_full(exc) and not self.failed:
                 raise DiskFullError(self.name, action, exc) from exc
-            raise
+            if isinstance(exc, FileNotFoundError):  # a staged file gone: not the disk failing
+                raise
+            if not self.failed:  # else _fail logged it
+                log.error("stream %s: the %s failed with a disk error and was undone: %s",
+                          self.name, action, exc)
+            raise DiskIOError(self.name, f"the {action}", exc, refusing=self.failed) from exc
 
     def _fail(self, exc: OSError) -> None:
         if self._failure is None:
@@ -272,6 +278,5 @@ class LogState:
         if self._closed is not None:
             raise self._closed
         if self._failure is not None:
-            raise OSError(errno.EIO, f"stream '{self.name}' refuses writes after a disk error "
-                          f"({self._failure}); restart the broker to recover it")
+            raise DiskIOError(self.name, "an earlier write or fsync", self._failure)
 

@@ -17,6 +17,13 @@ them (oversized values, junk tokens and member ids). What must hold:
   files are walked frame by frame (CRC32C) with the broker stopped, and read
   back again after a restart.
 
+The same fuzzing runs a second time against a broker with a tokens file
+(``test_fuzz_rpc_with_tokens``): each call carries one of several tokens,
+limited to some stream globs, an unknown one or none, so the authorization
+path takes the same hostile requests. There a call without a known token
+must end UNAUTHENTICATED (gRPC's RESOURCE_EXHAUSTED for oversized metadata
+comes first), and a known token is never UNAUTHENTICATED.
+
 ``NPSTREAM_FUZZ_EXAMPLES`` sets the examples per RPC (default 12, which
 keeps the module well under a minute on the 2-core dev machine); for a
 longer hunt run e.g. ``NPSTREAM_FUZZ_EXAMPLES=500 .venv/bin/python -m pytest
@@ -369,10 +376,14 @@ def fuzz_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProc
 
 @pytest.fixture(scope="module")
 def channel(fuzz_broker: BrokerProcess) -> Iterator[grpc.Channel]:
-    with grpc.insecure_channel(fuzz_broker.address, options=[
-            ("grpc.max_send_message_length", 64 << 20),
-            ("grpc.max_receive_message_length", 64 << 20)]) as chan:
+    with _channel(fuzz_broker) as chan:
         yield chan
+
+
+def _channel(broker: BrokerProcess) -> grpc.Channel:
+    return grpc.insecure_channel(broker.address, options=[
+        ("grpc.max_send_message_length", 64 << 20),
+        ("grpc.max_receive_message_length", 64 << 20)])
 
 
 def _seed(client: Client) -> None:
@@ -391,34 +402,50 @@ def _alive(broker: BrokerProcess) -> None:
         f"the broker died:\n{broker.log_text()[-4000:]}")
 
 
-def _healthy_and_whole(broker: BrokerProcess) -> None:
+def _healthy_and_whole(broker: BrokerProcess, token: str | None = None) -> None:
     _alive(broker)
-    with Client(broker.address, retry_deadline=5) as client:
+    with Client(broker.address, token, retry_deadline=5) as client:
         client.list_streams()
         check_streams(client)
 
 
-@pytest.mark.parametrize("rpc", sorted(REQUESTS))
-def test_fuzz_rpc(rpc: str, fuzz_broker: BrokerProcess, channel: grpc.Channel) -> None:
+Metadata = list[tuple[str, str | bytes]]
+
+
+def _fuzz(rpc: str, broker: BrokerProcess, channel: grpc.Channel, *,
+          metadata: st.SearchStrategy[Metadata] = METADATA, token: str | None = None,
+          check: Callable[[Metadata, grpc.StatusCode], None] | None = None) -> None:
+    """Fuzz one RPC of ``broker``: hostile requests and ``metadata``, each call's code checked.
+
+    ``token`` (all rights) seeds the streams and reads them back after the
+    examples; ``check(metadata, code)`` adds what a variant requires of a code.
+    """
     kind, requests = REQUESTS[rpc]
-    with Client(fuzz_broker.address, retry_deadline=5) as client:
+    with Client(broker.address, token, retry_deadline=5) as client:
         _seed(client)
 
     @FUZZ_SETTINGS
     @given(data=st.data())
     def run(data: st.DataObject) -> None:
         request = data.draw(requests, label="request")
-        metadata = data.draw(METADATA, label="metadata")
+        drawn = data.draw(metadata, label="metadata")
         if isinstance(request, list):
             payload: bytes | list[bytes] = [_mutate(data.draw, m.SerializeToString())
                                             for m in request]
         else:
             payload = _mutate(data.draw, request.SerializeToString())
-        _call(channel, rpc, kind, payload, metadata)
-        _alive(fuzz_broker)
+        code = _call(channel, rpc, kind, payload, drawn)
+        if check is not None:
+            check(drawn, code)
+        _alive(broker)
 
     run()
-    _healthy_and_whole(fuzz_broker)
+    _healthy_and_whole(broker, token)
+
+
+@pytest.mark.parametrize("rpc", sorted(REQUESTS))
+def test_fuzz_rpc(rpc: str, fuzz_broker: BrokerProcess, channel: grpc.Channel) -> None:
+    _fuzz(rpc, fuzz_broker, channel)
 
 
 def test_streams_are_whole_on_disk_and_after_a_restart(fuzz_broker: BrokerProcess) -> None:
@@ -433,6 +460,98 @@ def test_streams_are_whole_on_disk_and_after_a_restart(fuzz_broker: BrokerProces
         assert check_streams(client) == before
     assert "unexpected error" not in fuzz_broker.log_text(), (
         "the broker logged a bug:\n" + fuzz_broker.log_text()[-6000:])
+
+
+# ---------------------------------------------------------------- with a tokens file
+
+# Tokens limited to some globs: the fuzzed names hit streams inside and outside them.
+OPS, READER, WRITER = "tok-ops-1f2e", "tok-reader-3d4c", "tok-writer-5b6a"
+NEW_ADMIN = "tok-new-7980"
+UNKNOWN = "tok-unknown-a1b2"
+TOKENS_FILE = f"""
+[[tokens]]
+name = "ops"
+token = "{OPS}"
+read = ["*"]
+write = ["*"]
+admin = ["*"]
+
+[[tokens]]
+name = "reader"
+token = "{READER}"
+read = ["{UNTYPED}", "{UNTYPED}.*"]
+
+[[tokens]]
+name = "writer"
+token = "{WRITER}"
+read = ["{TYPED}"]
+write = ["{TYPED}", "fz-new-*"]
+
+[[tokens]]
+name = "new-admin"
+token = "{NEW_ADMIN}"
+admin = ["fz-new-*"]
+read = ["fz-new-*"]
+"""
+KNOWN_TOKENS = (OPS, READER, WRITER, NEW_ADMIN)
+AUTHORIZATION = st.one_of(
+    st.sampled_from(KNOWN_TOKENS).map(lambda t: [("authorization", f"Bearer {t}")]),
+    st.sampled_from([[], [("authorization", f"Bearer {UNKNOWN}")],
+                     [("authorization", OPS)],  # no "Bearer": not a known token
+                     [("authorization", f"Bearer {OPS}x")], [("authorization", "Bearer ")]]))
+# The hostile metadata of the open broker without its authorization entries, after one
+# of the above.
+AUTH_METADATA = st.tuples(AUTHORIZATION, METADATA).map(
+    lambda t: [*t[0], *(m for m in t[1] if m[0] != "authorization")])
+
+
+def _token_codes(metadata: Metadata, code: grpc.StatusCode) -> None:
+    known = any(key == "authorization" and value in {f"Bearer {t}" for t in KNOWN_TOKENS}
+                for key, value in metadata)
+    if known:
+        assert code != grpc.StatusCode.UNAUTHENTICATED, metadata[:1]
+    else:
+        assert code in {grpc.StatusCode.UNAUTHENTICATED,
+                        grpc.StatusCode.RESOURCE_EXHAUSTED}, (code, metadata[:1])
+
+
+@pytest.fixture(scope="module")
+def tokens_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    folder = tmp_path_factory.mktemp("fuzz-tokens")
+    tokens = folder / "tokens.toml"
+    tokens.write_text(TOKENS_FILE)
+    proc = BrokerProcess(folder / "data", env={"NPSTREAM_MAX_FETCH_WAIT": "100ms"},
+                         args=["--tokens-file", str(tokens)]).start()
+    yield proc
+    proc.kill()
+
+
+@pytest.fixture(scope="module")
+def tokens_channel(tokens_broker: BrokerProcess) -> Iterator[grpc.Channel]:
+    with _channel(tokens_broker) as chan:
+        yield chan
+
+
+@pytest.mark.parametrize("rpc", sorted(REQUESTS))
+def test_fuzz_rpc_with_tokens(rpc: str, tokens_broker: BrokerProcess,
+                              tokens_channel: grpc.Channel) -> None:
+    _fuzz(rpc, tokens_broker, tokens_channel, metadata=AUTH_METADATA, token=OPS,
+          check=_token_codes)
+
+
+def test_streams_are_whole_with_tokens_and_no_token_was_logged(
+        tokens_broker: BrokerProcess) -> None:
+    """Last of the tokens variant: streams whole on disk and after a restart; no secret logged."""
+    with Client(tokens_broker.address, OPS) as client:
+        before = check_streams(client)
+    assert tokens_broker.stop() == 0, tokens_broker.log_text()[-4000:]
+    assert set(check_files(tokens_broker.data_dir)) <= set(before)
+    tokens_broker.start()
+    with Client(tokens_broker.address, OPS) as client:
+        assert check_streams(client) == before
+    text = tokens_broker.log_text()
+    assert "unexpected error" not in text, "the broker logged a bug:\n" + text[-6000:]
+    assert not [t for t in (*KNOWN_TOKENS, UNKNOWN) if t in text]
 
 
 # ---------------------------------------------------------------- what the fuzzing found

@@ -10,6 +10,7 @@ import pytest
 
 from npstream.broker.errors import (
     DiskFullError,
+    DiskIOError,
     MessageTooLargeError,
     OffsetOutOfRangeError,
     ShuttingDownError,
@@ -151,7 +152,7 @@ def test_append_fault_mid_group_rolls_back_written_frames(make_storage, config, 
     log = make_storage(fault_hook=hook, max_batch_bytes=2048, segment_bytes=4096).open_log(
         "half", config)
     log.append(table_of(2))
-    with pytest.raises(OSError):
+    with pytest.raises(DiskIOError, match="nothing of it was stored"):
         log.append(table_of([b"y" * 700] * 12))
     assert log.end_offset == 2
     assert log.read_table(0, 2).num_rows == 2
@@ -165,9 +166,9 @@ def test_append_fsync_fault_makes_log_refuse_writes(make_storage, config, table_
             raise OSError(errno.EIO, "fsync failed (injected)")
 
     log = make_storage(fault_hook=hook).open_log("sick", config)
-    with pytest.raises(OSError):
+    with pytest.raises(DiskIOError, match="fsync of its log failed"):
         log.append(table_of(1))
-    with pytest.raises(OSError, match="refuses writes after a disk error"):
+    with pytest.raises(DiskIOError, match="an earlier write or fsync failed"):
         log.append(table_of(1), ack=AckMode.WRITE)
     assert log.read_table(0, 1).num_rows == 1  # reads still work
 

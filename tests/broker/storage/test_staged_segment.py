@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from npstream.broker import faults
-from npstream.broker.errors import MessageTooLargeError
+from npstream.broker.errors import DiskIOError, MessageTooLargeError
 from npstream.broker.sink.staging import StageTarget, prepare_stage
 from npstream.broker.sink.staging_format import StagedFrames, build_staging
 from npstream.broker.storage import StreamConfig
@@ -145,7 +145,7 @@ def test_a_disk_error_while_stamping_leaves_the_log_unchanged_and_a_retry_stamps
 
     log = make_storage(fault_hook=hook).open_log(STREAM, config)
     staged = stage(data_dir.parent / "sink", "a", ["x", "y"])
-    with pytest.raises(OSError, match="Input/output error"):
+    with pytest.raises(DiskIOError, match="Input/output error"):
         log.append_prebuilt([segment(staged)])
     assert not log.failed and log.end_offset == 0 and staged.path.exists()
     failing["on"] = False
@@ -168,7 +168,7 @@ def test_a_failure_after_part_of_the_append_leaves_the_log_refusing_writes(
     with pytest.raises(FileNotFoundError):
         log.append_prebuilt([segment(first), segment(second)])
     assert log.failed
-    with pytest.raises(OSError, match="refuses writes after a disk error"):
+    with pytest.raises(DiskIOError, match="an earlier write or fsync failed"):
         log.append(table_of([b"no"]))
     storage.close()
     reopened = make_storage().open_log(STREAM, config)
