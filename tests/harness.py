@@ -18,10 +18,33 @@ import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["REPO_ROOT", "BrokerProcess", "build_wheel"]
+__all__ = ["REPO_ROOT", "BrokerProcess", "build_wheel", "write_tokens_file"]
 
 # The repository checkout the tests run from (docs, examples, bench, conf).
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_tokens_file(path: Path, admin: str, reader: str, readable: str) -> list[str]:
+    """A tokens file (docs/security.md) with an admin token and a reader of ``readable``.
+
+    ``admin`` may do everything on every stream; ``reader`` may only read
+    streams matching the glob ``readable``. Returns the broker arguments
+    that load it.
+    """
+    path.write_text(f"""
+[[tokens]]
+name = "admin"
+token = "{admin}"
+admin = ["*"]
+read = ["*"]
+write = ["*"]
+
+[[tokens]]
+name = "reader"
+token = "{reader}"
+read = ["{readable}"]
+""")
+    return ["--tokens-file", str(path)]
 
 
 class BrokerProcess:

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from browser import Browser
 
-from harness import REPO_ROOT, BrokerProcess
+from harness import REPO_ROOT, BrokerProcess, write_tokens_file
 from npstream import Client
 
 pytestmark = [pytest.mark.slow]
@@ -216,26 +216,10 @@ def test_charts_show_publish_rate_and_group_lag(console_broker, workload, browse
     assert outside == []
 
 
-TOKENS = """
-[[tokens]]
-name = "admin"
-token = "console-admin-3e1d"
-admin = ["*"]
-read = ["*"]
-write = ["*"]
-
-[[tokens]]
-name = "reader"
-token = "console-reader-9a0c"
-read = ["public-*"]
-"""
-
-
 def test_with_auth_the_console_asks_for_a_token_and_shows_only_readable_streams(
         broker_factory, browser, tmp_path):
-    tokens = tmp_path / "tokens.toml"
-    tokens.write_text(TOKENS)
-    broker = broker_factory("auth-console", args=["--tokens-file", str(tokens)])
+    broker = broker_factory("auth-console", args=write_tokens_file(
+        tmp_path / "tokens.toml", "console-admin-3e1d", "console-reader-9a0c", "public-*"))
     with Client(broker.address, token="console-admin-3e1d") as admin:
         admin.publish("public-news", b'{"headline": "hello"}')
         admin.publish("private-payroll", b'{"salary": 1}')
@@ -270,9 +254,8 @@ def test_no_token_in_a_url_and_the_api_answers_401_without_one(broker_factory, t
     import urllib.error
     import urllib.request
 
-    tokens = tmp_path / "tokens.toml"
-    tokens.write_text(TOKENS)
-    broker = broker_factory("auth-api", args=["--tokens-file", str(tokens)])
+    broker = broker_factory("auth-api", args=write_tokens_file(
+        tmp_path / "tokens.toml", "console-admin-3e1d", "console-reader-9a0c", "public-*"))
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(broker.http_address + "/api/streams", timeout=10)
     assert refused.value.code == 401

@@ -22,7 +22,7 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from harness import BrokerProcess
+from harness import BrokerProcess, write_tokens_file
 from npstream import Client, PermissionDenied, StreamNotFound
 from npstream.proto import pb, pb_grpc
 
@@ -211,21 +211,6 @@ def test_above_the_caps_only_totals_are_exported(broker_factory):
     assert capped["npstream_retained_bytes"] > 0
 
 
-TOKENS = """
-[[tokens]]
-name = "admin"
-token = "metrics-admin-1f2e"
-admin = ["*"]
-read = ["*"]
-write = ["*"]
-
-[[tokens]]
-name = "reader"
-token = "metrics-reader-7c6b"
-read = ["a*"]
-"""
-
-
 def _get(url: str, authorization: str | None = None) -> tuple[int, str, dict[str, str]]:
     request = urllib.request.Request(url)
     if authorization:
@@ -238,9 +223,8 @@ def _get(url: str, authorization: str | None = None) -> tuple[int, str, dict[str
 
 
 def test_metrics_follow_the_tokens_when_auth_is_on(broker_factory, tmp_path):
-    tokens = tmp_path / "tokens.toml"
-    tokens.write_text(TOKENS)
-    broker = broker_factory("auth", args=["--tokens-file", str(tokens)])
+    broker = broker_factory("auth", args=write_tokens_file(
+        tmp_path / "tokens.toml", "metrics-admin-1f2e", "metrics-reader-7c6b", "a*"))
     with Client(broker.address, token="metrics-admin-1f2e") as client:
         client.publish("a1", b"x")
         client.publish("b1", b"y")

@@ -9,34 +9,20 @@ from __future__ import annotations
 
 import pytest
 
+from harness import write_tokens_file
 from npstream import Client
 
 pytestmark = pytest.mark.spark
 
 ADMIN, READER = "spark-admin-7c1f", "spark-reader-2b9e"
-TOKENS = f"""
-[[tokens]]
-name = "admin"
-token = "{ADMIN}"
-admin = ["*"]
-read = ["*"]
-write = ["*"]
-
-[[tokens]]
-name = "spark"
-token = "{READER}"
-read = ["sec-*"]
-"""
 
 
 def test_spark_reads_over_mutual_tls_only_the_streams_its_token_may_read(spark, broker_factory,
                                                                           tls_files, tmp_path):
     from npstream.spark import register
 
-    tokens = tmp_path / "tokens.toml"
-    tokens.write_text(TOKENS)
-    broker = broker_factory("secure", env=tls_files.broker_env,
-                            args=["--tokens-file", str(tokens)])
+    broker = broker_factory("secure", env=tls_files.broker_env, args=write_tokens_file(
+        tmp_path / "tokens.toml", ADMIN, READER, "sec-*"))
     with Client(broker.address, ADMIN, root_certificates=tls_files.ca.read_bytes(),
                 client_cert=tls_files.client_cert.read_bytes(),
                 client_key=tls_files.client_key.read_bytes()) as admin:
