@@ -41,6 +41,7 @@ from npstream.broker.groups.manager import GroupManager, GroupStatus
 from npstream.broker.groups.shared import SharedGroup
 from npstream.broker.groups.shared_config import DEAD_LETTER_SUFFIX
 from npstream.broker.groups.tuning import (
+    ARROW_DELIVERIES_MIN_ROWS,
     DEFAULT_PULL_LIMIT,
     DEFAULT_RECEIVE_MAX,
     MAX_PULL_LIMIT,
@@ -339,15 +340,18 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
                          context: grpc.ServicerContext) -> Iterator[bytes]:
         """Everything ready that fits the credits in one stream message (wire bytes).
 
-        With ``open.arrow_deliveries`` the batch is one Arrow IPC stream
-        (DELIVERY_SCHEMA), appended to the message without a copy into it:
-        no protobuf message per delivery on either side.
+        With ``open.arrow_deliveries`` a batch of ARROW_DELIVERIES_MIN_ROWS
+        or more is one Arrow IPC stream (DELIVERY_SCHEMA), appended to the
+        message without a copy into it: no protobuf message per delivery on
+        either side. Smaller ones stay protobuf, whose cost is per delivery
+        where Arrow's is mostly fixed (a lone message's latency).
         """
         sent = self._manager.metrics.subscribe_messages
         with contextlib.closing(self._subscribe(request_iterator, context)) as ready:
             for first, delivered in ready:
                 sent.inc()
-                if first.open.arrow_deliveries:
+                count = sum(span.end - span.start for span in delivered)
+                if first.open.arrow_deliveries and count >= ARROW_DELIVERIES_MIN_ROWS:
                     table = delivery_table(delivered)
                     yield encode_with_bytes(pb.DeliveryBatch(count=table.num_rows),
                                             "arrow_stream", [arrow_stream_buffer(table)])

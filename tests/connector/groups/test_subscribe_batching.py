@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from npstream import Client
+from npstream.broker.groups.tuning import ARROW_DELIVERIES_MIN_ROWS
 from npstream.groups.outbox import ACK_FLUSH_INTERVAL_S, Outbox
 from npstream.groups.subscription import SubscriptionCounters, SubscriptionStats
 from npstream.proto import pb, pb_grpc
@@ -101,7 +102,8 @@ def test_subscribe_batches_never_exceed_credits_and_take_all_ready(client, strea
     """Raw SubscribeBatches: one message holds every ready delivery that fits the credits.
 
     In either form: repeated Delivery messages (what older clients ask for)
-    or one Arrow batch (``Open.arrow_deliveries``, what the SDK asks for).
+    or, for a batch of ARROW_DELIVERIES_MIN_ROWS or more, one Arrow batch
+    (``Open.arrow_deliveries``, what the SDK asks for).
     """
     client.create_stream(stream_name)
     client.publish_batch(stream_name, [{"value": f"m{i}"} for i in range(10)])
@@ -118,10 +120,12 @@ def test_subscribe_batches_never_exceed_credits_and_take_all_ready(client, strea
     channel = grpc.insecure_channel(client.address)
     call = pb_grpc.GroupServiceStub(channel).SubscribeBatches(request_iter())
     batches: queue.SimpleQueue = queue.SimpleQueue()
+    forms: queue.SimpleQueue = queue.SimpleQueue()
 
     def read() -> None:
         try:
             for batch in call:
+                forms.put("arrow" if batch.count else "protobuf")
                 batches.put(delivered(batch))
         except grpc.RpcError as exc:
             assert exc.code() == grpc.StatusCode.CANCELLED  # by the finally below
@@ -142,6 +146,15 @@ def test_subscribe_batches_never_exceed_credits_and_take_all_ready(client, strea
                                          ack_ranges=[pb.OffsetRange(start=5, end=8)],
                                          credits=3))
         assert batches.get(timeout=10) == [(3, "m3", 2), (4, "m4", 2), (8, "m8", 1)]
+        # Small batches are protobuf either way (a lone message's latency); a big one
+        # is Arrow when asked for.
+        assert [forms.get(timeout=1) for _ in range(3)] == ["protobuf"] * 3
+        big = ARROW_DELIVERIES_MIN_ROWS + 10
+        client.publish_batch(stream_name, [{"value": f"m{i}"} for i in range(10, 10 + big)])
+        requests.put(pb.SubscribeRequest(ack_ranges=[pb.OffsetRange(start=3, end=9)],
+                                         credits=big + 1))
+        assert batches.get(timeout=10) == [(i, f"m{i}", 1) for i in range(9, 10 + big)]
+        assert forms.get(timeout=1) == ("arrow" if arrow else "protobuf")
     finally:
         requests.put(None)
         call.cancel()
