@@ -34,7 +34,13 @@ from npstream.client.core import ClientCore
 from npstream.client.models import BatchPublishResult, PublishResult
 from npstream.client.publishing import NotSent, PublishTally, RequestPlan, pipelined
 from npstream.client.values import encode_headers, encode_key, encode_value, messages_to_table
-from npstream.errors import BrokerUnavailable, InvalidArgument, NotOwner, NpstreamError
+from npstream.errors import (
+    BrokerUnavailable,
+    InvalidArgument,
+    NotOwner,
+    NpstreamError,
+    StreamMoving,
+)
 from npstream.proto import pb
 from npstream.proto.schema import normalize_publish_table
 
@@ -251,9 +257,10 @@ class Publisher(ClientCore):
                 done += 1
         except NpstreamError as exc:
             unimplemented = exc.code == grpc.StatusCode.UNIMPLEMENTED
-            # A redirect (the stream's owner changed since it was looked up) refused
-            # the request it names, storing nothing: the unary calls follow it.
-            retryable = isinstance(exc, (NotSent, NotOwner)) or (
+            # A redirect (the stream's owner changed since it was looked up) or a
+            # stream being moved refused the request it names, storing nothing: the
+            # unary calls wait for the move (retried) and follow the redirect.
+            retryable = isinstance(exc, (NotSent, NotOwner, StreamMoving)) or (
                 isinstance(exc, BrokerUnavailable) and safe_to_resend
             )
             if not (unimplemented or retryable):

@@ -437,3 +437,31 @@ def test_a_long_poll_on_the_stream_does_not_hold_up_its_move(members):
         client.publish(stream, b"y", id="l1")
         poller.join(60)
     assert got == [["l1"]]  # the poll went on at the new member and got the new message
+
+
+def test_a_pipelined_batch_publish_without_ids_goes_on_through_a_move(members):
+    source, target = members
+    stream = name_on(members, source, f"mvb{uuid.uuid4().hex[:6]}")
+    values = [f"{i:06d}".encode() * 200 for i in range(30_000)]  # ~36 MB: many requests
+    stored: list[int] = []
+    with Client(source.address) as client:
+        client.create_stream(stream)
+
+        def publish() -> None:
+            with Client(source.address, retry_deadline=60) as writer:
+                stored.append(writer.publish_batch(stream, pa.table({"value": values}))
+                              .stored_count)
+
+        publisher = threading.Thread(target=publish)
+        publisher.start()
+        wait_until(lambda: client.stream_info(stream).end_offset > 0, 30)
+        moved = client.move_stream(stream, target.address)
+        assert publisher.is_alive() and moved.end_offset < len(values)  # in the middle
+        publisher.join(120)
+        assert stored == [len(values)]
+        batches = list(client.read_range(stream, 0, len(values)))
+        info = client.stream_info(stream)
+    assert info.end_offset == len(values)  # none lost, none twice, although without ids
+    read = pa.Table.from_batches(batches, schema=MESSAGE_SCHEMA).column("value").to_pylist()
+    assert read == values  # in order
+    assert stream in held(target) and stream not in held(source)
