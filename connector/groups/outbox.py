@@ -43,6 +43,16 @@ CREDIT_BATCH_DIVISOR = 4
 ACK_FLUSH_MAX = 1000
 
 
+def _ack_ranges(acks: list[int]) -> list[tuple[int, int]]:
+    """Acked offsets as ``[start, end)`` runs; usually one (a window acked in order)."""
+    if not acks:
+        return []
+    acks.sort()  # nearly sorted already: linear
+    if acks == list(range(acks[0], acks[-1] + 1)):  # one run, checked exactly (no duplicate)
+        return [(acks[0], acks[-1] + 1)]
+    return offset_ranges(np.array(acks, dtype=np.int64))
+
+
 class Outbox:
     """One Subscribe call: an outbox of acks, nacks and credits, and the response iterator.
 
@@ -83,7 +93,7 @@ class Outbox:
             # which the broker settles a span at a time instead of offset by offset.
             request = pb.SubscribeRequest(credits=self._credits, ack_ranges=[
                 pb.OffsetRange(start=start, end=end)
-                for start, end in offset_ranges(np.array(self._acks, dtype=np.int64))])
+                for start, end in _ack_ranges(self._acks)])
             if nacks:  # the first nack delay rides along, further ones need a request each
                 delay_ms, offsets = nacks.pop(0)
                 request.nack_offsets.extend(offsets)
