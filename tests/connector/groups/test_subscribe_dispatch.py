@@ -93,3 +93,24 @@ def test_stop_ends_the_subscription_when_every_handler_thread_is_stuck(client, s
     # The stuck handler's lease is settled by a unary ack once it returns.
     wait_until(lambda: client.describe_group(stream_name, "g").committed_offset == 1,
                "the late ack")
+
+
+def test_fast_handlers_run_on_a_few_threads_whatever_max_in_flight(client, stream_name):
+    """Threads start only as handlers block (a watchdog), not one per unsettled lease."""
+    client.create_stream(stream_name)
+    client.publish_batch(stream_name, [{"value": f"m{i}"} for i in range(5000)])
+    threads: set[str] = set()
+    handled: list[int] = []
+    lock = threading.Lock()
+
+    def handle(lease: Lease) -> None:
+        with lock:
+            threads.add(threading.current_thread().name)
+            handled.append(lease.offset)
+
+    with client.subscribe(stream_name, "g", handle, max_in_flight=1000):
+        wait_until(lambda: len(handled) == 5000, "5000 handled messages")
+    assert sorted(handled) == list(range(5000))
+    # One thread per in-flight lease would be ~1000; a watchdog tick (2 ms) with no
+    # progress adds one, so a loaded machine may add a few.
+    assert len(threads) <= 100, len(threads)
