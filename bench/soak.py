@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
         spark = (SparkSession.builder.master("local[2]").appName("npstream-soak")
                  .config("spark.ui.enabled", "false")
+                 .config("spark.ui.showConsoleProgress", "false")  # one verdict line, no bars
                  .config("spark.sql.shuffle.partitions", "2").getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
     with tempfile.TemporaryDirectory(prefix="npstream-soak-") as scratch:

@@ -103,6 +103,7 @@ class SoakResult:
     shared_redelivered: int = 0
     shared_position: int = 0
     shared_end: int = 0
+    shared_stored: int = 0  # the group's committed position after the final restart
     push_handled: int = 0
     push_missing: int = 0
     push_error: str = ""
@@ -132,6 +133,9 @@ class SoakResult:
              f"{self.cursor_committed}"),
             (self.shared_position >= self.shared_end,
              f"shared group stuck at {self.shared_position} of {self.shared_end}"),
+            (self.shared_stored >= self.shared_position,
+             f"shared group's stored position {self.shared_stored} is behind its "
+             f"acknowledged {self.shared_position}"),
             (self.push_missing == 0,
              f"the push subscription never handled {self.push_missing} messages"),
             (not self.push_error, f"the push subscription ended: {self.push_error}"),
@@ -223,9 +227,11 @@ class _Soak:
         self.ledger = _Ledger(self.streams)
         self.stop = threading.Event()
 
-    def _retrying(self, call: Callable[[], object]) -> object:
-        """``call()`` until it succeeds (the broker may be down a while); None if stopping."""
-        while not self.stop.is_set():
+    def _retrying(self, call: Callable[[], object],
+                  stop: threading.Event | None = None) -> object:
+        """``call()`` until it succeeds (the broker may be down a while); None once ``stop``
+        (default: the load's) is set."""
+        while not (stop or self.stop).is_set():
             try:
                 return call()
             except NpstreamError as exc:  # the SDK gave up on a restart, or a call cut by a kill
@@ -236,20 +242,21 @@ class _Soak:
         return None
 
     def publisher(self, number: int) -> None:
-        stream = self.streams[number % len(self.streams)]
         ack = "write" if number % 3 == 2 else "fsync"
         with Client(self.address, retry_deadline=RETRY_S) as client:
             sequence = 0
             while not self.stop.is_set():
+                # every publisher writes every stream in turn: none is left empty
+                stream = self.streams[(number + sequence) % len(self.streams)]
                 if sequence % 4 == 3:  # a batch of 50 with ids: safe to resend whole
                     ids = [f"pub-{number}-{sequence}-{i}" for i in range(50)]
                     table = pa.table({"value": [checksummed(i) for i in ids], "id": ids})
                     done = self._retrying(
-                        lambda t=table: client.publish_batch(stream, t, ack=ack))
+                        lambda t=table, s=stream: client.publish_batch(s, t, ack=ack))
                 else:
                     ids = [f"pub-{number}-{sequence}"]
-                    done = self._retrying(lambda i=ids[0]: client.publish(
-                        stream, checksummed(i), id=i, ack=ack))
+                    done = self._retrying(lambda i=ids[0], s=stream: client.publish(
+                        s, checksummed(i), id=i, ack=ack))
                 if done is not None:
                     with self.ledger.lock:
                         self.ledger.acked_ids[stream].extend(ids)
@@ -289,7 +296,7 @@ class _Soak:
                     known = ledger.shared_position
                 leases: Any = self._retrying(lambda: client.receive(
                     self.shared_stream, "shared", 100, wait=0.2, ack_wait=ACK_WAIT_S,
-                    member_id=member))
+                    member_id=member), stop)
                 if not leases:
                     continue
                 offsets = [lease.offset for lease in leases]
@@ -300,7 +307,7 @@ class _Soak:
                     ledger.violation(f"shared group delivered {below[:5]} below its "
                                      f"acknowledged committed position {known}")
                 response: Any = self._retrying(lambda o=offsets: group_rpc.ack(
-                    client, self.shared_stream, "shared", o, member_id=member))
+                    client, self.shared_stream, "shared", o, member_id=member), stop)
                 if response is not None:
                     with ledger.lock:
                         if response.acked:
@@ -494,6 +501,8 @@ def _account(config: SoakConfig, broker: BrokerProcess, soak: _Soak, push: Any,
             result.bad_checksums += sum(not checksum_ok(v)
                                         for v in stored_table.column("value").to_pylist())
         result.cursor_position = client.consumer(soak.cursor_stream, "cursor").position
+        result.shared_stored = next(g.committed_offset for g in client.list_groups(
+            soak.shared_stream) if g.group == "shared")
         sink_table = read_back(client, SINK_STREAM)
         last_batch = client.sink().last_batch_id("soak")
         expected_sink = Counter(f"sink-{b}-{i}" for b in range(last_batch + 1)
