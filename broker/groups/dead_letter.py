@@ -58,11 +58,14 @@ class DeadLetterWriter:
     """Appends dead-letter copies, creating the dead-letter stream on first use."""
 
     def __init__(self, registry: StreamRegistry,
-                 check_create: Callable[[str], None] = lambda _name: None) -> None:
+                 check_create: Callable[[str], None] = lambda _name: None,
+                 check_write: Callable[[str], None] = lambda _name: None) -> None:
         """``check_create(name)`` raises when the dead-letter stream may not be created here
-        (in a cluster: another member holds that name; docs/groups.md)."""
+        (in a cluster: another member holds that name; docs/groups.md), ``check_write``
+        when it may not be written here now (being moved to another member, or gone)."""
         self._registry = registry
         self._check_create = check_create
+        self._check_write = check_write
 
     def write(self, stream: str, group: str, target: str, entries: list[DeadLetter]) -> None:
         """Store copies of entries in target (fsynced); raises BrokerError on failure."""
@@ -70,6 +73,7 @@ class DeadLetterWriter:
             return
         from npstream.broker.storage import AckMode
 
+        self._check_write(target)
         if target not in self._registry:
             self._check_create(target)
             self._registry.create(target, {}, exist_ok=True)

@@ -103,7 +103,8 @@ class GroupManager:
         self._clock = clock
         self._store = GroupStore(ctx.metadata, clock)
         self._writer = PositionWriter(self._store)
-        self._dead_letters = DeadLetterWriter(ctx.registry, ctx.cluster.check_dead_letter_create)
+        self._dead_letters = DeadLetterWriter(ctx.registry, ctx.cluster.check_dead_letter_create,
+                                              ctx.cluster.check_local_write)
         self.metrics = GroupMetrics(ctx.metrics.registry, count_out=ctx.metrics.count_out)
         self._lock = threading.RLock()
         self._groups: dict[tuple[str, str], Group] = {}
