@@ -61,6 +61,13 @@ class Metadata:
         with self._lock:
             return self._conn.execute(sql, params).fetchall()
 
+    def execute_tuples(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """``execute`` with plain tuples for rows: for the queries that read a million."""
+        with self._lock:
+            cursor = self._conn.cursor()
+            cursor.row_factory = None
+            return cursor.execute(sql, params).fetchall()
+
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
         """Run one statement for many parameter rows in one transaction; returns rows changed."""
         with self.transaction():

@@ -189,6 +189,7 @@ KEYS: tuple[ConfigKey, ...] = (
     _storage("segment_bytes", parse_size),
     _storage("segment_age", parse_duration_ms, "segment_age_ms"),
     _storage("max_open_files", _parse_int),
+    _storage("max_open_logs", _parse_int),
     _storage("flush_interval", parse_duration_ms, "flush_interval_ms"),
     _storage("max_batch_bytes", parse_size),
     _storage("retention_check_interval", parse_duration_ms, "retention_check_interval_ms"),

@@ -49,7 +49,7 @@ FSYNC_LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                          0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
-@dataclass
+@dataclass(slots=True)  # one per stream published to: small
 class StreamActivity:
     """One stream's traffic since the broker started (kept under BrokerMetrics' lock).
 

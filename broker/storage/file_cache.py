@@ -81,15 +81,15 @@ class FileCache:
 
     def _evict_idle_locked(self) -> None:
         """Close least recently used idle descriptors until the cache fits (lock held)."""
-        if len(self._handles) <= self.max_open_files:
-            return
-        for path in list(self._handles):
-            if len(self._handles) <= self.max_open_files:
-                break
-            handle = self._handles[path]
-            if handle.borrowers == 0:
-                del self._handles[path]
-                os.close(handle.fd)
+        handles = self._handles
+        while len(handles) > self.max_open_files:
+            # The oldest idle one, usually the very first: no copy of the whole cache
+            # per eviction (a stream created per publish evicts on every open).
+            victim = next((path for path, handle in handles.items() if not handle.borrowers),
+                          None)
+            if victim is None:
+                return  # every descriptor is in use: exceed the cap until returned
+            os.close(handles.pop(victim).fd)
 
     def forget(self, path: Path) -> None:
         """Drop ``path`` from the cache (it is being deleted or renamed)."""

@@ -3,7 +3,7 @@
 Layout (docs/format.md)::
 
     <data_dir>/streams/<name>/
-        schema.arrow                       MESSAGE_SCHEMA as an Arrow IPC schema message
+        schema.arrow                       MESSAGE_SCHEMA (older brokers; absent = MESSAGE_SCHEMA)
         00000000000000000000.log           segment: frames, named by its base offset
         00000000000000000000.index         offset index (closed segments only)
         00000000000000000000.timeindex     time index (closed segments only)
@@ -61,8 +61,14 @@ def streams_root(data_dir: Path) -> Path:
 
 
 def stream_dir(data_dir: Path, name: str) -> Path:
-    """The directory of stream ``name``; raises ValueError for a name that is not a stream name."""
-    return streams_root(data_dir) / validate_stream_name(name)
+    """The directory of stream ``name``; raises ValueError for a name that is not a stream name.
+
+    Built from one joined string: ``root / name`` would intern the caller's
+    ``name`` object itself (pathlib interns path parts), and the registry
+    keeps every stream's name, so a million streams would leave a million
+    entries in the interpreter's table of interned strings.
+    """
+    return Path(f"{streams_root(data_dir)}/{validate_stream_name(name)}")
 
 
 def _base_name(base_offset: int) -> str:

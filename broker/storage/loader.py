@@ -61,6 +61,7 @@ class LoadedLog:
     valid_bytes: int = 0  # bytes of the tail segment kept
     truncated_bytes: int = 0  # bytes cut off a torn tail
     rebuilt_indexes: list[str] = field(default_factory=list)  # closed segments re-scanned
+    directory_exists: bool = True  # False: a stream never written (no directory yet)
 
 
 def _remove_temporaries(directory: Path) -> None:
@@ -125,7 +126,7 @@ def load_log(
 ) -> LoadedLog:
     """Recover the log in ``directory`` (module docstring); CorruptRecordError if corrupt."""
     if not directory.exists():
-        return LoadedLog([], 0, 0)
+        return LoadedLog([], 0, 0, directory_exists=False)
     check_schema(directory)
     _remove_temporaries(directory)
     pointer = read_start_offset(directory) or 0

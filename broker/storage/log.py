@@ -32,9 +32,10 @@ versions' batches to the current version.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.group_commit import CommitQueue
@@ -71,5 +72,25 @@ class StreamLog(AppendPath, ReadPath, Deletion):
     ) -> None:
         super().__init__(name, config, directory, loaded, settings=settings, cache=cache,
                          clock=clock, on_dirty=on_dirty, value_schemas=value_schemas)
-        self._queue = CommitQueue(settings.max_batch_bytes, self._write_group,
-                                  self._sync_through)
+        # Weak references to its own methods: no reference cycle, so an evicted log
+        # (open_logs.py) is freed as soon as its last user drops it, not at a
+        # later garbage collection of every object in the broker.
+        self._queue = CommitQueue(settings.max_batch_bytes, _weakly(self._write_group),
+                                  _weakly(self._sync_through))
+
+
+_A = TypeVar("_A")
+_R = TypeVar("_R")
+
+
+def _weakly(method: Callable[[_A], _R]) -> Callable[[_A], _R]:
+    """``method`` (bound) called through a weak reference to its object."""
+    ref = weakref.WeakMethod(method)
+
+    def call(argument: _A) -> _R:
+        bound = ref()
+        if bound is None:  # only a caller holding the log calls it
+            raise ReferenceError("the stream log is gone")
+        return bound(argument)
+
+    return call

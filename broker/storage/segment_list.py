@@ -20,6 +20,11 @@ import pyarrow.compute as pc
 from npstream.broker import faults
 from npstream.broker.errors import BrokerError, CorruptRecordError
 from npstream.broker.storage.batch_builder import reencode_rows, serialize_frames
+from npstream.broker.storage.dir_sync import (
+    SYNCFS_AVAILABLE,
+    fsync_dir_shared,
+    sync_filesystem_shared,
+)
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.files import fsync_dir, segment_path
 from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload
@@ -27,7 +32,7 @@ from npstream.broker.storage.reader import LogView, decode_frame, iter_frames
 from npstream.broker.storage.segment import Segment
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
 from npstream.broker.storage.staged_segment import StagedSegment, Stamp, StoredSchemas
-from npstream.broker.storage.stream_files import write_retention_config, write_schema
+from npstream.broker.storage.stream_files import write_retention_config
 from npstream.proto.frames.record_batch import FLAG_PRODUCER_IDS, FrameHeader, encode_frame
 
 __all__ = ["SegmentList", "UndoFailedError"]
@@ -53,6 +58,7 @@ class SegmentList:
         self.segments = segments
         self._settings = settings
         self._cache = cache
+        self._files_unsynced = False  # a new directory and segment wait for sync_tail
 
     def __len__(self) -> int:
         return len(self.segments)
@@ -67,15 +73,24 @@ class SegmentList:
         """The active segment, creating the stream directory and first segment if needed."""
         if self.segments:
             return self.segments[-1]
-        created = not self.directory.exists()
-        self.directory.mkdir(parents=True, exist_ok=True)
-        write_schema(self.directory)
-        write_retention_config(self.directory, config)
+        try:  # one mkdir instead of exists() + mkdir: a stream's first write is hot
+            self.directory.mkdir()
+            created = True
+        except FileExistsError:
+            created = False
+        except FileNotFoundError:  # the streams root itself is missing
+            self.directory.mkdir(parents=True, exist_ok=True)
+            created = True
+        # No schema.arrow: a directory without one is in MESSAGE_SCHEMA (check_schema).
+        write_retention_config(self.directory, config, new=created)
         segment = Segment(self.directory, end_offset)
         segment.create_file(self._cache)
-        fsync_dir(self.directory)
-        if created:
-            fsync_dir(self.directory.parent)
+        if SYNCFS_AVAILABLE:  # made durable with the first data, by sync_tail (dir_sync.py)
+            self._files_unsynced = True
+        else:
+            fsync_dir(self.directory)
+            if created:  # streams created together share the parent's fsync
+                fsync_dir_shared(self.directory.parent)
         self.segments.append(segment)
         return segment
 
@@ -251,8 +266,21 @@ class SegmentList:
                  old.next_offset, old.size, reason, new.base_offset)
 
     def sync_tail(self) -> None:
-        if self.segments:
-            self.segments[-1].sync(self._cache)
+        """fsync the active segment; a just-created one with its directory (ensure_active).
+
+        A new stream's directory, files and first writes are made durable by
+        one syncfs shared with every stream created meanwhile, instead of four
+        fsyncs of its own.
+        """
+        if not self.segments:
+            return
+        if self._files_unsynced:
+            tail = self.segments[-1]
+            faults.hit("storage.fsync", tail.path, tail.size)
+            sync_filesystem_shared(self.directory.parent)
+            self._files_unsynced = False
+            return
+        self.segments[-1].sync(self._cache)
 
     # ------------------------------------------------------------------ removing
 

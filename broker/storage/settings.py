@@ -57,6 +57,7 @@ class StorageSettings:
     segment_bytes: int = 64 * 1024 * 1024
     segment_age_ms: int = 24 * 3600 * 1000
     max_open_files: int = 256
+    max_open_logs: int = 1024  # streams whose log state stays in memory while idle
     flush_interval_ms: int = 50
     max_batch_bytes: int = 8 * 1024 * 1024  # group-commit coalescing bound
     retention_check_interval_ms: int = 5000
@@ -69,6 +70,7 @@ class StorageSettings:
             "segment_bytes": 1024,
             "segment_age_ms": 1,
             "max_open_files": 8,
+            "max_open_logs": 1,
             "flush_interval_ms": 1,
             "max_batch_bytes": 1024,
             "retention_check_interval_ms": 1,

@@ -1,11 +1,13 @@
 """Storage: every stream log under one data directory, the shared file cache and the flusher.
 
-Opening a log is the recovery step (loader.py). Logs stay open until
-close_log/drop_log/close; streams that were never opened since the broker
-started cost nothing but a directory, and retention still covers them
-(retention.py). Operations on different streams never wait for each other
-except on the short registry lock; operations on one name are serialised by
-a per-name lock so open, close, drop, repair and idle retention do not race.
+Opening a log is the recovery step (loader.py). The logs used last stay open
+(``max_open_logs``, open_logs.py); the others are freed once nothing uses
+them and opened again on their next use, so a stream that is not in use costs
+nothing but a directory, and retention still covers it (retention.py), a
+slice of the directories per pass. Operations on different streams never wait
+for each other except on short locks; operations on one name are serialised
+by a name lock (one of a fixed set, picked by the name's hash) so open, close,
+drop, repair and idle retention do not race.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from npstream.broker.errors import (
@@ -29,6 +31,7 @@ from npstream.broker.storage.files import fsync_dir, stream_dir, streams_root
 from npstream.broker.storage.flusher import Flusher
 from npstream.broker.storage.loader import load_log, repair_log
 from npstream.broker.storage.log import StreamLog
+from npstream.broker.storage.open_logs import OpenLogs
 from npstream.broker.storage.retention import idle_stream_check
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
 from npstream.broker.storage.stream_files import read_retention_config
@@ -38,6 +41,14 @@ from npstream.proto.names import STREAM_NAME_RE
 __all__ = ["Storage", "wall_clock_ms"]
 
 log = logging.getLogger(__name__)
+
+# Name locks: a fixed set shared by all names (a lock per name would cost memory per
+# stream forever). Re-entrant, since two names may share one.
+_NAME_LOCKS = 1024
+# Stream directories a retention pass looks at when they are not open: a million idle
+# streams are covered in slices, one directory listing spread over many passes,
+# instead of a full walk every retention_check_interval.
+IDLE_RETENTION_BATCH = 2000
 
 
 def wall_clock_ms() -> int:
@@ -61,9 +72,10 @@ class Storage:
         self._clock = clock
         self._cache = FileCache(settings.max_open_files)
         self._lock = threading.Lock()
-        self._logs: dict[str, StreamLog] = {}
-        self._name_locks: dict[str, threading.Lock] = {}
+        self._logs = OpenLogs(settings.max_open_logs)
+        self._name_locks = [threading.RLock() for _ in range(_NAME_LOCKS)]
         self._idle_due: dict[str, int] = {}
+        self._idle_sweep: Iterator[os.DirEntry[str]] | None = None
         self._closed = False
         self._schemas_of: Callable[[str], ValueSchemas] = lambda _name: UNTYPED
         streams_root(settings.data_dir).mkdir(parents=True, exist_ok=True)
@@ -77,11 +89,10 @@ class Storage:
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
 
-    def _name_lock(self, name: str) -> threading.Lock:
-        with self._lock:
-            if self._closed:
-                raise ShuttingDownError("storage is closed")
-            return self._name_locks.setdefault(name, threading.Lock())
+    def _name_lock(self, name: str) -> threading.RLock:
+        if self._closed:
+            raise ShuttingDownError("storage is closed")
+        return self._name_locks[hash(name) % _NAME_LOCKS]
 
     def _open_unlocked(self, name: str, config: StreamConfig,
                        value_schemas: ValueSchemas = UNTYPED) -> StreamLog:
@@ -92,8 +103,8 @@ class Storage:
             name, config, directory, loaded, settings=self.settings, cache=self._cache,
             clock=self._clock, on_dirty=self._flusher.mark_dirty, value_schemas=value_schemas,
         )
+        self._logs.add(name, stream_log)
         with self._lock:
-            self._logs[name] = stream_log
             self._idle_due.pop(name, None)
         return stream_log
 
@@ -117,22 +128,28 @@ class Storage:
         CorruptRecordError and the stream stays closed.
         """
         self._directory(name)
+        existing = self._logs.get(name)
+        if (existing is not None and existing.config == config
+                and existing.value_schemas.values.keys() == value_schemas.values.keys()):
+            return existing  # the usual case: no lock
         with self._name_lock(name):
-            with self._lock:
-                existing = self._logs.get(name)
-            if existing is not None:
-                if existing.config != config:
-                    existing.update_config(config)
-                if existing.value_schemas.values.keys() != value_schemas.values.keys():
-                    existing.set_value_schemas(value_schemas)
-                return existing
-            return self._open_unlocked(name, config, value_schemas)
+            existing = self._logs.get(name)
+            if existing is None:
+                return self._open_unlocked(name, config, value_schemas)
+            if existing.config != config:
+                existing.update_config(config)
+            if existing.value_schemas.values.keys() != value_schemas.values.keys():
+                existing.set_value_schemas(value_schemas)
+            return existing
+
+    def touch(self, name: str) -> None:
+        """Mark ``name``'s log as just used, so the LRU of open logs keeps it."""
+        self._logs.get(name)
 
     def close_log(self, name: str) -> None:
         """Flush and close ``name`` if it is open (its files stay)."""
         with self._name_lock(name):
-            with self._lock:
-                stream_log = self._logs.pop(name, None)
+            stream_log = self._logs.pop(name)
             if stream_log is not None:
                 stream_log.close()
 
@@ -140,8 +157,8 @@ class Storage:
         """Close ``name`` and delete all its files."""
         directory = self._directory(name)
         with self._name_lock(name):
+            stream_log = self._logs.pop(name)
             with self._lock:
-                stream_log = self._logs.pop(name, None)
                 self._idle_due.pop(name, None)
             if stream_log is not None:
                 stream_log.close(dropped=True)
@@ -159,8 +176,7 @@ class Storage:
         """
         directory = self._directory(name)
         with self._name_lock(name):
-            with self._lock:
-                stream_log = self._logs.pop(name, None)
+            stream_log = self._logs.pop(name)
             if stream_log is not None:
                 stream_log.close()
             result = repair_log(directory, self._cache,
@@ -171,23 +187,40 @@ class Storage:
     def enforce_retention(self) -> None:
         """One retention pass over every stream: open logs, then streams not open."""
         now = self._clock()
-        with self._lock:
-            open_logs = list(self._logs.values())
-        for stream_log in open_logs:
+        for stream_log in self._logs.live():
             try:
                 stream_log.apply_retention(now)
             except (OSError, BrokerError) as exc:
                 log.error("stream %s: retention failed: %s", stream_log.name, exc)
         self._enforce_idle_retention(now)
 
+    def _idle_names(self) -> Iterator[str]:
+        """The next stream directory names of the sweep, at most IDLE_RETENTION_BATCH.
+
+        One directory listing is read across passes (os.scandir keeps its place),
+        so a pass costs the same with ten streams or a million; a new listing
+        starts once the previous one is exhausted.
+        """
+        if self._idle_sweep is None:
+            try:
+                self._idle_sweep = os.scandir(streams_root(self.settings.data_dir))
+            except FileNotFoundError:
+                return
+        sweep = self._idle_sweep
+        for _ in range(IDLE_RETENTION_BATCH):
+            entry = next(sweep, None)
+            if entry is None:
+                self._idle_sweep = None
+                sweep.close()  # type: ignore[attr-defined]  # a ScandirIterator
+                return
+            yield entry.name
+
     def _enforce_idle_retention(self, now: int) -> None:
-        try:
-            names = os.listdir(streams_root(self.settings.data_dir))
-        except FileNotFoundError:
-            return
-        for name in names:
+        for name in self._idle_names():
+            if self._closed or name in self._logs:
+                continue
             with self._lock:
-                if self._closed or name in self._logs or self._idle_due.get(name, 0) > now:
+                if self._idle_due.get(name, 0) > now:
                     continue
             if not STREAM_NAME_RE.fullmatch(name):
                 continue
@@ -197,15 +230,13 @@ class Storage:
                 continue
             try:
                 with self._name_lock(name):
-                    with self._lock:
-                        if name in self._logs:
-                            continue
+                    if name in self._logs:
+                        continue
                     check = idle_stream_check(directory, config, now)
                     if check.must_open:
                         stream_log = self._open_unlocked(name, config, self._schemas_of(name))
                         stream_log.apply_retention(now)
-                        with self._lock:
-                            self._logs.pop(name, None)
+                        self._logs.pop(name)
                         stream_log.close()
                         check = idle_stream_check(directory, config, now)
                     with self._lock:
@@ -225,8 +256,7 @@ class Storage:
 
     def open_streams(self) -> list[str]:
         """Names of the logs open now."""
-        with self._lock:
-            return sorted(self._logs)
+        return sorted(stream_log.name for stream_log in self._logs.live())
 
     def close(self) -> None:
         """Flush, fsync and close every log; the storage cannot be used afterwards."""
@@ -234,8 +264,10 @@ class Storage:
             if self._closed:
                 return
             self._closed = True
-            logs = list(self._logs.values())
-            self._logs.clear()
+            sweep, self._idle_sweep = self._idle_sweep, None
+        if sweep is not None:
+            sweep.close()  # type: ignore[attr-defined]
+        logs = self._logs.clear()
         self._flusher.close()
         for stream_log in logs:
             try:

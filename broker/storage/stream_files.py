@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -105,9 +106,27 @@ def read_retention_config(directory: Path) -> StreamConfig | None:
         return None
 
 
-def write_retention_config(directory: Path, config: StreamConfig) -> None:
-    write_file_atomically(directory / RETENTION_FILE, json.dumps(asdict(config)).encode(),
-                          durable=False)
+@functools.lru_cache(maxsize=64)
+def _config_json(config: StreamConfig) -> bytes:
+    return json.dumps(asdict(config)).encode()
+
+
+def write_retention_config(directory: Path, config: StreamConfig, *, new: bool = False) -> None:
+    """Record the config retention uses while the stream is not open.
+
+    ``new``: the stream directory was just made, so there is no file to
+    replace atomically: written in place (a torn write reads as no file,
+    and the log writes it again when it is next opened).
+    """
+    data = _config_json(config)
+    if not new:
+        write_file_atomically(directory / RETENTION_FILE, data, durable=False)
+        return
+    fd = os.open(directory / RETENTION_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def read_clean_shutdown(directory: Path) -> CleanShutdown | None:

@@ -7,6 +7,16 @@ a user set explicitly are stored; the rest follow the broker-wide defaults,
 so changing a default in broker.toml applies to every stream that never
 overrode it.
 
+Streams as cheap as keys (issue 19, docs/scaling.md): the rows of streams
+created at the same time (thousands of first publishes a second) are inserted
+in one transaction by whichever creator comes first (the group commit of
+storage/group_commit.py), each creator returning once its row is committed.
+In memory a stream is a small slotted record; its log is held by the
+storage's LRU of open logs (``max_open_logs``) and only weakly here, so an
+idle stream's log state is freed and reopened on use. Listings read the
+names from SQLite's primary-key order (a prefix, or a glob's literal prefix,
+is a range of it) instead of sorting every name in memory.
+
 A log that fails to open with mid-log corruption is remembered as broken:
 describe/list report it with ``error`` and every read or write fails with
 StreamNeedsRepairError until ``repair`` truncates the log at the bad frame.
@@ -33,6 +43,7 @@ import json
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -59,6 +70,7 @@ from npstream.broker.storage import (
     StreamLog,
     ValueSchemas,
 )
+from npstream.broker.storage.group_commit import CommitQueue, CommitRequest
 from npstream.proto.defaults import DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE
 from npstream.proto.names import validate_stream_name
 from npstream.proto.stream_config import STREAM_CONFIG_FIELDS
@@ -76,6 +88,15 @@ __all__ = ["SchemaVersion", "StreamRegistry", "StreamStatus", "check_stream_name
            "next_page_token", "page_after"]
 
 log = logging.getLogger(__name__)
+
+# Registry locks per name: a fixed set picked by hash (one per stream would cost memory
+# per stream forever); re-entrant since two names may share one.
+_OPEN_LOCKS = 1024
+# Names read from SQLite per query while a listing filters them (glob, read right).
+_LIST_CHUNK = 2000
+# Above every character a stream name may hold: prefix + this bounds a prefix's range.
+_AFTER_NAME_CHARS = "\x7f"
+_NO_OVERRIDES: Mapping[str, int] = {}  # shared by every stream that overrides nothing
 
 _SCHEMAS_TABLE = """
 CREATE TABLE IF NOT EXISTS stream_schemas (
@@ -139,8 +160,10 @@ class StreamStatus:
     schemas: tuple[SchemaVersion, ...] = ()  # oldest first; empty: untyped
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Record:
+    """What the registry keeps in memory per stream (tens of bytes with the name)."""
+
     name: str
     overrides: Mapping[str, int]
     created_ms: int
@@ -154,6 +177,30 @@ class _Record:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _overrides_of(config_json: str) -> Mapping[str, int]:
+    if config_json == "{}":
+        return _NO_OVERRIDES
+    return {k: int(v) for k, v in json.loads(config_json).items()}
+
+
+def _literal_prefix(pattern: str) -> str:
+    """The part of a glob before its first wildcard: every match starts with it."""
+    for index, char in enumerate(pattern):
+        if char in "*?[":
+            return pattern[:index]
+    return pattern
+
+
+@dataclass(eq=False)
+class _NewRow:
+    """A stream row waiting for the group insert (CommitQueue payload)."""
+
+    record: _Record
+    config_json: str
+    schema: SchemaVersion | None
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
 class StreamRegistry:
@@ -173,11 +220,15 @@ class StreamRegistry:
         self._defaults = config.streams.stream_defaults
         self._on_deleted = on_stream_deleted if on_stream_deleted is not None else []
         self._clock = clock
-        self._lock = threading.Lock()  # guards the three dicts below
+        self._lock = threading.Lock()  # guards the dicts below
         self._records: dict[str, _Record] = {}
-        self._logs: dict[str, StreamLog] = {}
+        # Only weakly: the storage's LRU holds the logs (module docstring).
+        self._logs: weakref.WeakValueDictionary[str, StreamLog] = weakref.WeakValueDictionary()
         self._broken: dict[str, CorruptRecordError] = {}
-        self._open_locks: dict[str, threading.Lock] = {}
+        self._creating: dict[str, _NewRow] = {}  # rows queued for the group insert
+        self._open_locks = [threading.RLock() for _ in range(_OPEN_LOCKS)]
+        self._inserts: CommitQueue[_NewRow] = CommitQueue(
+            1 << 30, self._insert_rows, lambda _sequence: None)
         metadata.executescript(_SCHEMAS_TABLE)
         schemas: dict[str, list[SchemaVersion]] = {}
         for row in metadata.execute("SELECT stream, version, arrow_schema, ddl, created_ms "
@@ -185,10 +236,11 @@ class StreamRegistry:
             schemas.setdefault(row["stream"], []).append(SchemaVersion(
                 row["version"], deserialize_schema(bytes(row["arrow_schema"])), row["ddl"],
                 bytes(row["arrow_schema"]), row["created_ms"]))
-        for row in metadata.execute("SELECT name, config_json, created_ms FROM streams"):
-            overrides = {k: int(v) for k, v in json.loads(row["config_json"]).items()}
-            self._records[row["name"]] = _Record(row["name"], overrides, row["created_ms"],
-                                                 tuple(schemas.get(row["name"], ())))
+        records = self._records
+        for name, config_json, created_ms in metadata.execute_tuples(
+                "SELECT name, config_json, created_ms FROM streams"):
+            records[name] = _Record(name, _overrides_of(config_json), created_ms,
+                                    tuple(schemas.get(name, ())))
         storage.set_value_schema_lookup(self.value_schemas_of)
 
     # ------------------------------------------------------------ helpers
@@ -262,14 +314,14 @@ class StreamRegistry:
             raise StreamNotFoundError(name)
         return record
 
-    def _open_lock(self, name: str) -> threading.Lock:
-        with self._lock:
-            return self._open_locks.setdefault(name, threading.Lock())
+    def _open_lock(self, name: str) -> threading.RLock:
+        return self._open_locks[hash(name) % _OPEN_LOCKS]
 
     def _open(self, name: str) -> StreamLog:
         """The stream's log, opening it on first use; StreamNeedsRepairError if broken."""
         stream_log = self._logs.get(name)
         if stream_log is not None:
+            self._storage.touch(name)  # recently used: the LRU keeps it
             return stream_log
         with self._open_lock(name):
             stream_log = self._logs.get(name)
@@ -302,13 +354,75 @@ class StreamRegistry:
         """The stream's log; creates the stream first when asked and auto_create_streams is on."""
         stream_log = self._logs.get(name)
         if stream_log is not None:
+            self._storage.touch(name)
             return stream_log
         name = check_stream_name(name)
         if name not in self._records:
             if not (create_if_missing and self.auto_create):
                 raise StreamNotFoundError(name)
-            self.create(name, {}, exist_ok=True)
+            if self._insert(name, _NO_OVERRIDES, None) is None:
+                log.info("created stream '%s' on first publish", name,
+                         extra=event_fields(stream=name))
         return self._open(name)
+
+    def _insert(self, name: str, overrides: Mapping[str, int],
+                schema: SchemaVersion | None) -> _Record | None:
+        """Insert the stream's row; None when created here, else the existing record.
+
+        Concurrent creators of different streams share one transaction (the
+        group insert); a creator of a name already queued waits for that row.
+        Returns once the row is committed (durable as metadata_sync says).
+        """
+        with self._lock:
+            existing = self._records.get(name)
+            if existing is not None:
+                return existing
+            queued = self._creating.get(name)
+            if queued is None:
+                record = _Record(name, overrides or _NO_OVERRIDES, self._clock(),
+                                 (schema,) if schema is not None else ())
+                queued = self._creating[name] = _NewRow(
+                    record, json.dumps(overrides, sort_keys=True), schema)
+                mine = True
+            else:
+                mine = False
+        if not mine:  # another call creates it: wait for its row, then it exists
+            queued.done.wait()
+            with self._lock:
+                existing = self._records.get(name)
+            if existing is None:
+                raise StreamNotFoundError(name)  # that create failed
+            return existing
+        try:
+            self._inserts.submit(CommitRequest(queued, 1, False))
+        finally:
+            with self._lock:
+                self._creating.pop(name, None)
+            queued.done.set()
+        return None
+
+    def _insert_rows(self, group: builtins.list[CommitRequest[_NewRow]]) -> int:
+        """Group-commit writer: every queued row in one transaction, then in memory."""
+        rows = [request.payload for request in group]
+        if rows:
+            with self._metadata.transaction():
+                self._metadata.executemany(
+                    "INSERT INTO streams (name, config_json, created_ms) VALUES (?, ?, ?)",
+                    [(row.record.name, row.config_json, row.record.created_ms)
+                     for row in rows])
+                # rows a crash may have left behind
+                self._metadata.executemany(
+                    "DELETE FROM stream_schemas WHERE stream = ?",
+                    [(row.record.name,) for row in rows])
+                for row in rows:
+                    if row.schema is not None:
+                        self._insert_schema(row.record.name, row.schema)
+            with self._lock:
+                for row in rows:
+                    self._records[row.record.name] = row.record
+        for request in group:
+            request.result = None
+        return 1
 
     def create(
         self, name: str, overrides: Mapping[str, int], *, exist_ok: bool = False,
@@ -321,21 +435,7 @@ class StreamRegistry:
         name = check_stream_name(name)
         overrides = self._check_overrides(name, overrides)
         schema = self._new_version(name, value_schema, 1) if value_schema else None
-        with self._lock:
-            existing = self._records.get(name)
-            if existing is None:
-                record = _Record(name, overrides, self._clock(),
-                                 (schema,) if schema is not None else ())
-                with self._metadata.transaction():
-                    self._metadata.execute(
-                        "INSERT INTO streams (name, config_json, created_ms) VALUES (?, ?, ?)",
-                        (name, json.dumps(overrides, sort_keys=True), record.created_ms),
-                    )
-                    self._metadata.execute("DELETE FROM stream_schemas WHERE stream = ?",
-                                           (name,))  # rows a crash may have left behind
-                    if schema is not None:
-                        self._insert_schema(name, schema)
-                self._records[name] = record
+        existing = self._insert(name, overrides, schema)
         if existing is not None:
             wanted = self.effective_config(overrides)
             have = self.effective_config(existing.overrides)
@@ -373,15 +473,38 @@ class StreamRegistry:
         return StreamStatus(record.name, config, record.created_ms, stats,
                             schemas=record.schemas)
 
-    def matching(self, prefix: str = "", pattern: str = "", after: str = "") -> list[str]:
-        """Sorted names with the prefix, matching the glob (case-sensitive), after a name."""
-        with self._lock:
-            names = list(self._records)
-        return sorted(
-            n for n in names
-            if n > after and n.startswith(prefix)
-            and (not pattern or fnmatch.fnmatchcase(n, pattern))
-        )
+    def matching(self, prefix: str = "", pattern: str = "", after: str = "",
+                 limit: int = 0, visible: Callable[[str], bool] | None = None,
+                 ) -> builtins.list[str]:
+        """Sorted names with the prefix, matching the glob (case-sensitive), after a name.
+
+        At most ``limit`` names (0: all); ``visible(name)`` drops names first.
+        Read in name order from the streams table's primary key, from the
+        longer of the prefix and the glob's literal prefix, in chunks: a page
+        of a million streams costs the page, not the million.
+        """
+        start = _literal_prefix(pattern) if pattern else ""
+        if not start.startswith(prefix):
+            if not prefix.startswith(start):
+                return []  # the prefix and the glob cannot both match
+            start = prefix
+        stop = start + _AFTER_NAME_CHARS
+        cursor = max(after, start)
+        inclusive = cursor == start and cursor != after
+        found: builtins.list[str] = []
+        while True:
+            names = [row[0] for row in self._metadata.execute_tuples(
+                f"SELECT name FROM streams WHERE name {'>=' if inclusive else '>'} ? "
+                "AND name < ? ORDER BY name LIMIT ?", (cursor, stop, _LIST_CHUNK))]
+            for name in names:
+                if ((not pattern or fnmatch.fnmatchcase(name, pattern))
+                        and (visible is None or visible(name))):
+                    found.append(name)
+                    if limit and len(found) >= limit:
+                        return found
+            if len(names) < _LIST_CHUNK:
+                return found
+            cursor, inclusive = names[-1], False
 
     def list(
         self, prefix: str = "", pattern: str = "", page_size: int = 0, page_token: str = "",
@@ -395,9 +518,8 @@ class StreamRegistry:
         if page_size < 0:
             raise InvalidArgumentError(f"page_size={page_size} must be >= 0")
         size = min(page_size or DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE)
-        names = self.matching(prefix, pattern, page_after(page_token))
-        if visible is not None:
-            names = [name for name in names if visible(name)]
+        names = self.matching(prefix, pattern, page_after(page_token), limit=size + 1,
+                              visible=visible)
         page = names[:size]
         statuses: list[StreamStatus] = []
         for name in page:
@@ -487,39 +609,6 @@ class StreamRegistry:
         log.info("stream '%s': value schema version %d '%s'%s", name, entry.version, entry.ddl,
                  " (the stream is typed now)" if latest is None else "")
 
-    def close_log(self, name: str) -> None:
-        """Flush and close the stream's log (files stay; the next use opens it again).
-
-        A stream paused for a move is closed so that its files are complete
-        and still while they are copied (npstream.broker.cluster.move).
-        """
-        with self._open_lock(name):
-            with self._lock:
-                was_open = self._logs.pop(name, None) is not None
-            if was_open:
-                self._storage.close_log(name)
-
-    def load_row(self, name: str) -> None:
-        """Take up the ``streams``/``stream_schemas`` rows another module wrote for ``name``.
-
-        A stream moved in from another member is installed by writing its rows
-        (with its groups and sink floors) in one transaction (cluster/move_in.py);
-        this makes the registry serve it.
-        """
-        rows = self._metadata.execute(
-            "SELECT name, config_json, created_ms FROM streams WHERE name = ?", (name,))
-        if not rows:
-            return
-        schemas = tuple(
-            SchemaVersion(row["version"], deserialize_schema(bytes(row["arrow_schema"])),
-                          row["ddl"], bytes(row["arrow_schema"]), row["created_ms"])
-            for row in self._metadata.execute(
-                "SELECT version, arrow_schema, ddl, created_ms FROM stream_schemas "
-                "WHERE stream = ? ORDER BY version", (name,)))
-        overrides = {k: int(v) for k, v in json.loads(rows[0]["config_json"]).items()}
-        with self._lock:
-            self._records[name] = _Record(name, overrides, rows[0]["created_ms"], schemas)
-
     def delete(self, name: str) -> bool:
         """Drop the files, then the row, then tell listeners; False if there was no stream."""
         name = check_stream_name(name)
@@ -597,8 +686,7 @@ class StreamRegistry:
             self._record(name)
             wanted[name] = None
         if pattern:
-            wanted.update(dict.fromkeys(name for name in self.matching(pattern=pattern)
-                                        if visible is None or visible(name)))
+            wanted.update(dict.fromkeys(self.matching(pattern=pattern, visible=visible)))
         result: list[tuple[str, int, int]] = []
         for name in wanted:
             try:
