@@ -37,6 +37,7 @@ __all__ = [
     "fsync_dir",
     "list_segment_bases",
     "offset_index_path",
+    "segment_bases",
     "segment_file_sizes",
     "segment_path",
     "stream_dir",
@@ -89,11 +90,15 @@ def time_index_path(directory: Path, base_offset: int) -> Path:
 
 def list_segment_bases(directory: Path) -> list[int]:
     """Base offsets of the segment files in ``directory``, ascending; [] if it does not exist."""
-    bases: list[int] = []
     try:
-        entries = os.listdir(directory)
+        return segment_bases(os.listdir(directory))
     except FileNotFoundError:
-        return bases
+        return []
+
+
+def segment_bases(entries: list[str]) -> list[int]:
+    """Base offsets of the segment files among a directory's ``entries``, ascending."""
+    bases: list[int] = []
     for entry in entries:
         stem, dot, suffix = entry.partition(".")
         if dot and "." + suffix == SEGMENT_SUFFIX and len(stem) == _BASE_DIGITS and stem.isdigit():

@@ -32,6 +32,8 @@ from npstream.broker.storage.flusher import Flusher
 from npstream.broker.storage.loader import load_log, repair_log
 from npstream.broker.storage.log import StreamLog
 from npstream.broker.storage.open_logs import OpenLogs
+from npstream.broker.storage.peek import peek_stats
+from npstream.broker.storage.results import LogStats
 from npstream.broker.storage.retention import idle_stream_check
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
 from npstream.broker.storage.stream_files import read_retention_config
@@ -141,6 +143,14 @@ class Storage:
             if existing.value_schemas.values.keys() != value_schemas.values.keys():
                 existing.set_value_schemas(value_schemas)
             return existing
+
+    def peek_stats(self, name: str) -> LogStats | None:
+        """``name``'s stats without opening its log when it is not open (peek.py); None:
+        only opening it can tell."""
+        live = self._logs.get(name)
+        if live is not None:
+            return live.stats()
+        return peek_stats(self._directory(name))
 
     def touch(self, name: str) -> None:
         """Mark ``name``'s log as just used, so the LRU of open logs keeps it."""

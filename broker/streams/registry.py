@@ -261,6 +261,8 @@ class StreamRegistry:
             return list(self._logs.values())
 
     def effective_config(self, overrides: Mapping[str, int]) -> StreamConfig:
+        if not overrides:
+            return self._defaults
         own = {f: int(overrides[f]) for f in STREAM_CONFIG_FIELDS if f in overrides}
         return dataclasses.replace(self._defaults, **own)
 
@@ -465,7 +467,10 @@ class StreamRegistry:
         record = self._record(name)
         config = self.effective_config(record.overrides)
         try:
-            stats = self._open(record.name).stats()
+            stats = (None if record.name in self._broken or record.name in self._creating
+                     else self._storage.peek_stats(record.name))  # a listing opens nothing
+            if stats is None:
+                stats = self._open(record.name).stats()
         except StreamNeedsRepairError as exc:
             return StreamStatus(record.name, config, record.created_ms, None, str(exc),
                                 record.schemas)
