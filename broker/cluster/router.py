@@ -35,7 +35,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TypeVar
 
 import grpc
@@ -295,19 +296,24 @@ class Cluster:
         if holder is not None:
             raise DeadLetterElsewhereError(name, holder, self.identity)
 
-    def check_local_write(self, stream: str) -> None:
-        """Raise unless rows may be appended to ``stream`` here now (the sink's commits).
+    @contextmanager
+    def local_write(self, stream: str) -> Iterator[None]:
+        """Around an append to ``stream`` that no client call routed here (a sink commit,
+        a dead-letter copy): raises unless it may be written here now, and counts as a
+        call on the stream while it runs, so that a move's pause waits for it.
 
         StreamMovingError while it is being moved; NotOwnerError once it moved
         away and this member does not hold it (a commit of rows staged before
         the move must not create it here again: stage them again at the owner).
         """
         if self.moves is None:
+            yield
             return
-        self.moves.check(stream)
         target = self.moves.moved_away(stream)
         if target is not None and not self.holds(stream):
             raise NotOwnerError(stream, target, True)
+        with self.moves.calling(stream):  # StreamMovingError while paused
+            yield
 
     def close(self) -> None:
         if self._peers is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
@@ -59,13 +60,15 @@ class DeadLetterWriter:
 
     def __init__(self, registry: StreamRegistry,
                  check_create: Callable[[str], None] = lambda _name: None,
-                 check_write: Callable[[str], None] = lambda _name: None) -> None:
+                 write_guard: Callable[[str], AbstractContextManager[None]] = (
+                     lambda _name: nullcontext())) -> None:
         """``check_create(name)`` raises when the dead-letter stream may not be created here
-        (in a cluster: another member holds that name; docs/groups.md), ``check_write``
-        when it may not be written here now (being moved to another member, or gone)."""
+        (in a cluster: another member holds that name; docs/groups.md); ``write_guard`` is
+        entered around the append: it raises when the stream may not be written here now
+        (being moved to another member, or gone) and lets a move wait for the append."""
         self._registry = registry
         self._check_create = check_create
-        self._check_write = check_write
+        self._write_guard = write_guard
 
     def write(self, stream: str, group: str, target: str, entries: list[DeadLetter]) -> None:
         """Store copies of entries in target (fsynced); raises BrokerError on failure."""
@@ -73,11 +76,6 @@ class DeadLetterWriter:
             return
         from npstream.broker.storage import AckMode
 
-        self._check_write(target)
-        if target not in self._registry:
-            self._check_create(target)
-            self._registry.create(target, {}, exist_ok=True)
-        target_log = self._registry.get(target)
         headers = []
         for e in entries:
             extra = {
@@ -97,7 +95,12 @@ class DeadLetterWriter:
             "key": pa.array([e.row.key for e in entries], pa.binary()),
             "headers": pa.array(headers, HEADERS_TYPE),
         })
-        result = target_log.append(normalize_publish_table(table), AckMode.FSYNC)
+        with self._write_guard(target):
+            if target not in self._registry:
+                self._check_create(target)
+                self._registry.create(target, {}, exist_ok=True)
+            result = self._registry.get(target).append(normalize_publish_table(table),
+                                                       AckMode.FSYNC)
         for e in entries:
             log.warning(
                 "dead-lettered offset %d of stream '%s' (group '%s') to '%s' after %d "

@@ -104,7 +104,7 @@ class GroupManager:
         self._store = GroupStore(ctx.metadata, clock)
         self._writer = PositionWriter(self._store)
         self._dead_letters = DeadLetterWriter(ctx.registry, ctx.cluster.check_dead_letter_create,
-                                              ctx.cluster.check_local_write)
+                                              ctx.cluster.local_write)
         self.metrics = GroupMetrics(ctx.metrics.registry, count_out=ctx.metrics.count_out)
         self._lock = threading.RLock()
         self._groups: dict[tuple[str, str], Group] = {}

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -48,7 +49,7 @@ from npstream.broker.errors import (
     is_disk_full,
 )
 from npstream.broker.log_events import event_fields
-from npstream.broker.sink.markers import Pending, SinkMarkers
+from npstream.broker.sink.markers import Marker, Pending, SinkMarkers
 from npstream.broker.sink.recovery import settle
 from npstream.broker.sink.staging import (
     StagingArea,
@@ -148,15 +149,16 @@ class SinkCommitter:
         staging: StagingArea,
         *,
         adopt_min_bytes: int = DEFAULT_ADOPT_MIN_BYTES,
-        check_target: Callable[[str], None] = lambda _stream: None,
+        write_guard: Callable[[str], AbstractContextManager[None]] = lambda _s: nullcontext(),
     ) -> None:
-        """``check_target(stream)`` raises when rows may not be appended to ``stream`` here
-        now: it is being moved to another member, or it moved away (cluster/move.py)."""
+        """``write_guard(stream)`` is entered around each append to ``stream``: it raises
+        when rows may not be appended there now (it is being moved to another member, or
+        moved away) and lets a move wait for the append (cluster/move.py)."""
         self.markers = markers
         self._streams = streams
         self.staging = staging
         self._adopt_min_bytes = adopt_min_bytes
-        self._check_target = check_target
+        self._write_guard = write_guard
 
     # ------------------------------------------------------------ queries
 
@@ -230,7 +232,8 @@ class SinkCommitter:
         staged = [self.staging.open_frames(sink_id, batch_id, s) for s in staging_ids]
         streams = sorted({stream for item in staged for stream in item.streams})
         for stream in streams:  # NOT_FOUND or a schema refusal here, before anything is recorded
-            self._check_target(stream)
+            with self._write_guard(stream):  # refused now rather than half way
+                pass
             framed = {item.staging_id: item.schema_for(stream)
                       for item in staged if stream in item.streams}
             typed = any(version for version, _schema in framed.values())
@@ -275,11 +278,16 @@ class SinkCommitter:
                        staged: list[StagedFrames]) -> tuple[int, int]:
         """Append one stream's rows of the commit exactly once; returns [start, end)."""
         counts = [s.count_for(stream) for s in staged]
-        row_count = sum(counts)
         marker = self.markers.marker(pending, stream)
         if marker is not None and marker.state == "done":
             return marker.first_offset, marker.first_offset + marker.row_count
-        self._check_target(stream)
+        with self._write_guard(stream):
+            return self._append_stream(pending, stream, staged, counts, marker)
+
+    def _append_stream(self, pending: Pending, stream: str, staged: list[StagedFrames],
+                       counts: list[int], marker: Marker | None) -> tuple[int, int]:
+        """``_commit_stream``'s append, under the stream's write guard."""
+        row_count = sum(counts)
         stream_log = self._streams.get(stream, create_if_missing=True)
         floor = self.markers.floor(pending.sink_id, stream)
         if marker is None and floor is not None and pending.batch_id <= floor:

@@ -264,7 +264,7 @@ def add_to_server(server: grpc.Server, ctx: BrokerContext) -> StagingSweeper:
     markers = SinkMarkers(ctx.metadata, durable=config.storage.metadata_sync != "full")
     committer = SinkCommitter(markers, ctx.registry, staging,
                               adopt_min_bytes=config.sink.sink_adopt_min_bytes,
-                              check_target=lambda stream: ctx.cluster.check_local_write(stream))
+                              write_guard=lambda stream: ctx.cluster.local_write(stream))
     gc = StagingGC(markers, staging)
     finished = recover(committer, gc)
     if finished:
