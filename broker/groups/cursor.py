@@ -124,6 +124,8 @@ class CursorGroup:
             if remaining <= 0 or (should_stop is not None and should_stop()):
                 return PullResult([], 0, position, 0)
             stream_log.wait_for_data(position, min(remaining, LONG_POLL_SLICE_S))
+            if should_stop is not None and should_stop():  # gone while it waited: the
+                return PullResult([], 0, position, 0)  # data it woke for is not its (auto-commit)
 
     def commit(self, next_offset: int) -> tuple[int, int]:
         """Set the cursor (already validated by the caller); (cursor, writer ticket)."""

@@ -319,6 +319,8 @@ class SharedGroup:
                     if due is not None:
                         remaining = min(remaining, max(0.001, (due - now) / 1000))
                     self._wait_locked(stream_log, remaining, seq)
+                    if should_stop is not None and should_stop():
+                        return []  # gone while it waited: lease nothing to a call nobody reads
             self._dead_letter(dead)
 
     def _wait_locked(self, stream_log: StreamLog, timeout: float, seq: int) -> None:

@@ -54,8 +54,10 @@ TICK_INTERVAL_S = 1.0
 # listed for this long after it was last seen, then forgotten.
 MEMBER_IDLE_MS = 60_000
 # Long polls (Pull, Receive, Subscribe) re-check that the client is still
-# there and that the broker is not stopping at least this often.
-LONG_POLL_SLICE_S = 0.5
+# there and that the broker is not stopping at least this often (and at once
+# when woken by data). Every check of a waiting Receive takes its group's lock:
+# with 1,000 waiting polls, 0.5 s cost the broker ~6% of a CPU, 2 s ~1.7%.
+LONG_POLL_SLICE_S = 2.0
 # How long a Subscribe call blocks for work before re-checking that the
 # client is still there and its credits.
 SUBSCRIBE_POLL_S = 1.0

@@ -156,7 +156,7 @@ KEYS: tuple[ConfigKey, ...] = (
          "./data"),
     _key("log_level", "server", _parse_level, "INFO"),
     _key("log_format", "server", _parse_log_format, "text"),
-    _key("max_workers", "server", _parse_int, 64),
+    _key("max_workers", "server", _parse_int, 4096),
     _key("max_concurrent_rpcs", "server", _parse_int, 0),
     _key("max_publish_bytes_in_flight", "server", parse_size, "256MiB"),
     _key("grpc_max_message_bytes", "server", parse_size, GRPC_MAX_MESSAGE_BYTES),
