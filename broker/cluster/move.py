@@ -62,6 +62,7 @@ from npstream.broker.errors import (
     BrokerError,
     InvalidArgumentError,
     MemberUnavailableError,
+    NotOwnerError,
     StreamNotFoundError,
 )
 from npstream.broker.log_events import event_fields
@@ -143,7 +144,7 @@ class Mover:
                                                  target=target, already_there=True)
                 if record is None:
                     if stream not in self._ctx.registry:
-                        raise StreamNotFoundError(stream)
+                        self._gone(stream)
                     return pb.MoveStreamResponse(stream=stream, source=cluster.identity,
                                                  target=target, already_there=True)
             if record is not None and record.target != target:
@@ -152,7 +153,7 @@ class Mover:
                                       "finish it first")
             if record is None:
                 if stream not in self._ctx.registry:
-                    raise StreamNotFoundError(stream)
+                    self._gone(stream)
                 self._check_no_pending_sink(stream)
                 record = self._book.begin(stream, target)
                 log.info("moving stream '%s' to %s (move %s)", stream, target, record.move_id,
@@ -186,6 +187,18 @@ class Mover:
                 used_by.setdefault(name, set()).add(str(row[0]))
         return sorted(name for name, users in used_by.items()
                       if users == {stream} and name != stream and name in self._ctx.registry)
+
+    def _gone(self, stream: str) -> None:
+        """A stream not held here: it moved away meanwhile (a redirect), or it does not exist.
+
+        A MoveStream routed here while the stream was paused waits for the
+        stream's lock; a move finishing meanwhile (resumed after a restart)
+        leaves the stream on its target, where the redirect sends the call.
+        """
+        target = self._book.moved_away(stream)
+        if target is not None:
+            raise NotOwnerError(stream, target, True)
+        raise StreamNotFoundError(stream)
 
     def _check_no_pending_sink(self, stream: str) -> None:
         for row in self._ctx.metadata.execute("SELECT sink_id, streams FROM sink_pending"):

@@ -467,3 +467,41 @@ def test_a_pipelined_batch_publish_without_ids_goes_on_through_a_move(members):
     read = pa.Table.from_batches(batches, schema=MESSAGE_SCHEMA).column("value").to_pylist()
     assert read == values  # in order
     assert stream in held(target) and stream not in held(source)
+
+
+# (who is killed, seconds after the move starts): kill -9 from outside at moments
+# the fault points do not name, on a stream big enough that the copy takes a while.
+KILLS = [("source", 0.05), ("source", 0.3), ("target", 0.05), ("target", 0.3)]
+
+
+@pytest.mark.parametrize(("who", "delay"), KILLS, ids=[f"{w}-{d}" for w, d in KILLS])
+def test_kill_9_during_a_move_of_a_big_stream_leaves_exactly_one_owner(members, who, delay):
+    source, target = members
+    stream = name_on(members, source, f"mvk{uuid.uuid4().hex[:6]}")
+    ids = [f"k{i}" for i in range(20_000)]
+    with Client(source.address) as client:
+        for start in range(0, len(ids), 5000):
+            client.publish_batch(stream, pa.table({
+                "value": [b"v" * 1000] * 5000, "id": ids[start:start + 5000]}))
+        client.consumer(stream, "cursor").pull(123)
+    outcome: list[grpc.StatusCode] = []
+    mover = threading.Thread(target=lambda: outcome.append(
+        move_raw(source, stream, target.address)))
+    mover.start()
+    time.sleep(delay)
+    victim = source if who == "source" else target
+    victim.kill()
+    mover.join(60)
+    victim.start()
+    wait_until(lambda: len([b for b in members if stream in held(b)]) == 1, 60)
+    # Exactly one owner: the target once the move finished (by itself, resumed by
+    # the source), else the source (killed before the move was recorded, or still
+    # resuming): running the move again finishes it.
+    if stream in held(source):  # the SDK retries while the target's channel reconnects
+        with Client(source.address, retry_deadline=30) as client:
+            assert client.move_stream(stream, target.address).target == target.address
+    wait_until(lambda: stream in held(target) and stream not in held(source), 60)
+    with Client(source.address) as client:
+        assert read_ids(client, stream) == ids
+        assert client.describe_group(stream, "cursor").committed_offset == 123
+        assert client.publish(stream, b"again", id="k7").duplicate
