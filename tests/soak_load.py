@@ -379,12 +379,12 @@ class _SparkCopy:
         return bool(status.get("isTriggerActive"))
 
     def stop(self) -> int:
-        """Stop the query; the number of micro-batches it ran in its last life."""
+        """Stop the query; the number of micro-batches its checkpoint has run."""
         if self.query is None:
             return 0
-        batches = len(self.query.recentProgress)
+        last = self.query.lastProgress  # recentProgress keeps only the last 100
         self.query.stop()
-        return batches
+        return 0 if last is None else int(last["batchId"]) + 1
 
 
 def _wait_for(what: str, done: Callable[[], bool], timeout: float) -> bool:
