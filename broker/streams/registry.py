@@ -614,6 +614,39 @@ class StreamRegistry:
         log.info("stream '%s': value schema version %d '%s'%s", name, entry.version, entry.ddl,
                  " (the stream is typed now)" if latest is None else "")
 
+    def close_log(self, name: str) -> None:
+        """Flush and close the stream's log (files stay; the next use opens it again).
+
+        A stream paused for a move is closed so that its files are complete
+        and still while they are copied (npstream.broker.cluster.move).
+        """
+        with self._open_lock(name):
+            with self._lock:
+                was_open = self._logs.pop(name, None) is not None
+            if was_open:
+                self._storage.close_log(name)
+
+    def load_row(self, name: str) -> None:
+        """Take up the ``streams``/``stream_schemas`` rows another module wrote for ``name``.
+
+        A stream moved in from another member is installed by writing its rows
+        (with its groups and sink floors) in one transaction (cluster/move_in.py);
+        this makes the registry serve it.
+        """
+        rows = self._metadata.execute(
+            "SELECT name, config_json, created_ms FROM streams WHERE name = ?", (name,))
+        if not rows:
+            return
+        schemas = tuple(
+            SchemaVersion(row["version"], deserialize_schema(bytes(row["arrow_schema"])),
+                          row["ddl"], bytes(row["arrow_schema"]), row["created_ms"])
+            for row in self._metadata.execute(
+                "SELECT version, arrow_schema, ddl, created_ms FROM stream_schemas "
+                "WHERE stream = ? ORDER BY version", (name,)))
+        overrides = {k: int(v) for k, v in json.loads(rows[0]["config_json"]).items()}
+        with self._lock:
+            self._records[name] = _Record(name, overrides, rows[0]["created_ms"], schemas)
+
     def delete(self, name: str) -> bool:
         """Drop the files, then the row, then tell listeners; False if there was no stream."""
         name = check_stream_name(name)
