@@ -228,6 +228,12 @@ class Mover:
                                       target=record.target)
         if record.state in ("copying", "switching"):
             end_offset = self._pause(stream)
+            if record.state == "copying":
+                try:  # a commit that began before the pause must finish here first
+                    self._check_no_pending_sink(stream)
+                except MoveFailedError:
+                    self._book.cancel(record)
+                    raise
             begun = self._step(record, metadata, pb.MoveInRequest(step=pb.MOVE_STEP_BEGIN))
             if not begun.installed:
                 state, sent = self._copy(record, metadata, end_offset)

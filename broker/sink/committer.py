@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -231,16 +231,19 @@ class SinkCommitter:
         # StagingFormatError for an older broker's staging
         staged = [self.staging.open_frames(sink_id, batch_id, s) for s in staging_ids]
         streams = sorted({stream for item in staged for stream in item.streams})
-        for stream in streams:  # NOT_FOUND or a schema refusal here, before anything is recorded
-            with self._write_guard(stream):  # refused now rather than half way
-                pass
-            framed = {item.staging_id: item.schema_for(stream)
-                      for item in staged if stream in item.streams}
-            typed = any(version for version, _schema in framed.values())
-            # A typed staging's stream existed at Stage time: it is not re-created untyped.
-            stream_log = self._streams.get(stream, create_if_missing=not typed)
-            _check_schemas(sink_id, batch_id, stream, stream_log, framed)
-        return self.markers.begin(sink_id, batch_id, staging_ids, streams)
+        # Every target's write guard is held until the pending commit is recorded: a
+        # stream being moved refuses the commit now rather than half way, and a move
+        # that starts meanwhile waits, then sees the commit (and does not go on).
+        with ExitStack() as guards:
+            for stream in streams:  # NOT_FOUND or a schema refusal here, before any record
+                guards.enter_context(self._write_guard(stream))
+                framed = {item.staging_id: item.schema_for(stream)
+                          for item in staged if stream in item.streams}
+                typed = any(version for version, _schema in framed.values())
+                # A typed staging's stream existed at Stage time: it is not re-created untyped.
+                stream_log = self._streams.get(stream, create_if_missing=not typed)
+                _check_schemas(sink_id, batch_id, stream, stream_log, framed)
+            return self.markers.begin(sink_id, batch_id, staging_ids, streams)
 
     def run(self, pending: Pending) -> dict[str, tuple[int, int]]:
         """Append every stream of a pending commit not done yet, then record the batch.
