@@ -13,12 +13,13 @@ commit:
 * **driver**: kill -9 of the whole driver process group (Python driver, JVM,
   Python workers), then a new driver from the same checkpoints.
 
-``NPSTREAM_CHAOS_KILLS`` (default 1, about a minute) kills of each kind; the issue's long run
-is 10. After the last kill the driver drains A; then B and C must be exactly
-what one clean run makes of A (run in-process on the session's SparkSession
-into B0 and C0, on fresh checkpoints): B the same ids, keys and values in the
-same order at the same offsets, C the same windows and counts, each once. C is
-also checked against the counts computed from A without Spark.
+``NPSTREAM_CHAOS_KILLS`` (default 1: about 2 minutes on a loaded 2-core machine) kills of
+each kind; the issue's long run is 10. After the last kill the driver drains A;
+then B and C must be exactly what one clean run makes of A (run in-process on
+the session's SparkSession into B0 and C0, on fresh checkpoints): B the same
+ids, keys and values in the same order at the same offsets, C the same windows
+and counts, each once. C is also checked against the counts computed from A
+without Spark.
 """
 
 from __future__ import annotations
