@@ -318,6 +318,11 @@ def run(streams: int, *, calls: int = 8, ack: str = "fsync", reload: int = 1000,
             seconds, count = timed_listing(broker.address, pattern=prefix + "*",
                                            page_size=LISTING_MATCHES)
             figures["list_glob"] = (prefix + "*", seconds, count)
+            # The first listing may read the 10,000 directories from disk; this one
+            # finds them in the kernel's caches, like the glob above.
+            seconds, count = timed_listing(broker.address, prefix=prefix,
+                                           page_size=LISTING_MATCHES)
+            figures["list_prefix_again"] = (prefix, seconds, count)
         figures["stop_s"] = broker.stop()
         figures["restart_s"] = broker.start()
         figures["rss_restarted"] = rss_bytes(broker.pid)
@@ -373,7 +378,8 @@ def goal_rows(f: dict[str, Any]) -> list[tuple[str, str, str, str]]:
          f"{f['reload_s']:.2f} s, exact", "correct", "PASS"),
         ("list_streams first page (1,000)", f"{f['list_first_page_s']:.3f} s", "", "INFO"),
     ]
-    for key, label in (("list_prefix", "prefix"), ("list_glob", "glob")):
+    for key, label in (("list_prefix", "prefix"), ("list_glob", "glob (same names, after)"),
+                       ("list_prefix_again", "prefix again")):
         if key in f:
             what, seconds, count = f[key]
             rows.append((f"{label} listing '{what}' ({count:,} matches)", f"{seconds:.3f} s",
