@@ -3,7 +3,8 @@
 message must be there exactly once at the end.
 
     .venv/bin/python bench/soak.py                  # 10 minutes
-    .venv/bin/python bench/soak.py --minutes 1      # what the test suite runs, about
+    .venv/bin/python bench/soak.py --kills 200      # exactly 200 kills, load between them
+    .venv/bin/python -m pytest tests/broker/test_soak.py -s   # the suite's: 6 kills
 
 Publishes checksummed messages with ids to ``--streams`` streams from ``--publishers``
 threads (ack=fsync and ack=write), consumes them with a cursor group, a shared group (two
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=10.0, help="load time (default 10)")
     parser.add_argument("--streams", type=int, default=8, help="publisher streams (default 8)")
     parser.add_argument("--publishers", type=int, default=6, help="publisher threads (6)")
+    parser.add_argument("--kills", type=int, default=0, help="exactly this many kill -9s, "
+                        "with load between them, instead of --minutes (test_soak.py's form)")
     parser.add_argument("--seed", type=int, default=18, help="seed of the kill moments")
     parser.add_argument("--no-spark", action="store_true", help="leave the Spark query out")
     parser.add_argument("--work-dir", type=Path, help="data dir and checkpoint (default: a "
@@ -54,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         spark.sparkContext.setLogLevel("ERROR")
     with tempfile.TemporaryDirectory(prefix="npstream-soak-") as scratch:
         work = args.work_dir or Path(scratch)
-        result = run_soak(SoakConfig(work_dir=work, seconds=args.minutes * 60,
+        result = run_soak(SoakConfig(work_dir=work, seconds=args.minutes * 60, kills=args.kills,
                                      streams=args.streams, publishers=args.publishers,
                                      seed=args.seed, spark=spark))
         print(result.verdict())

@@ -1,8 +1,9 @@
 """The soak (issue 18), shared by tests/broker/test_soak.py and bench/soak.py.
 
 One ``run_soak`` does everything, so the suite's short run and the bench's
-long one are the same soak (the rules live here once). For
-``SoakConfig.seconds`` a real broker serves at once:
+long one are the same soak (the rules live here once). Until
+``SoakConfig.kills`` kill -9s are done (or for ``SoakConfig.seconds``) a real
+broker serves at once:
 
 * publishers with producer ids (single messages and batches of 50, ack=fsync
   and ack=write) spread over ``streams`` streams, retrying through every
@@ -24,7 +25,9 @@ long one are the same soak (the rules live here once). For
   failure;
 
 while the broker is killed with SIGKILL every ``kill_every`` seconds (a random
-moment in that range) and restarted on the same data dir and port. Then, after
+moment in that range; with a kill count, also not before the restarted broker
+acknowledged ``load_between`` publishes and a sink batch) and restarted on the
+same data dir and port. Then, after
 a clean stop: every segment file walks cleanly; every acknowledged publish is
 stored exactly once, with a good checksum, and no id at all twice; no
 acknowledged cursor position went back; the shared group and the push
@@ -63,6 +66,8 @@ SINK_STREAM, SPARK_STREAM = "soak-sink", "soak-spark"
 SINK_ROWS = 40
 CATCH_UP_S = 300.0  # at the end: the groups and the Spark query reach the end
 PAD = b"." * 48
+# With a kill count: the longest wait for the load between two kills (a violation after).
+LOAD_WAIT_S = 120.0
 # Leases of the shared groups: a lease whose ack a kill cut off comes back after this,
 # so the drain at the end waits at most about this long for it.
 ACK_WAIT_S = 5.0
@@ -79,6 +84,12 @@ class SoakConfig:
     kill_every: tuple[float, float] = (1.5, 4.0)
     seed: int = 18
     spark: Any = None  # a SparkSession: run the Spark copy query too
+    # kills > 0: exactly that many kill -9s, whatever the machine's speed (``seconds`` is
+    # then only reported); each after a random pause in ``kill_every`` *and* once the
+    # restarted broker took ``load_between`` acknowledged publishes and a sink batch.
+    # kills == 0: kill as often as fits in ``seconds``.
+    kills: int = 0
+    load_between: int = 100
 
     @property
     def stream_names(self) -> list[str]:
@@ -240,6 +251,17 @@ class _Soak:
                     self.ledger.errors += 1
                 time.sleep(0.2)
         return None
+
+    def load_mark(self) -> tuple[int, int]:
+        """(acknowledged publishes, committed sink batches) so far."""
+        with self.ledger.lock:
+            return (sum(len(ids) for ids in self.ledger.acked_ids.values()),
+                    len(self.ledger.sink_batches))
+
+    def loaded_since(self, mark: tuple[int, int], publishes: int) -> bool:
+        """Whether ``publishes`` more were acknowledged and a sink batch committed since."""
+        acked, batches = self.load_mark()
+        return acked - mark[0] >= publishes and batches > mark[1]
 
     def publisher(self, number: int) -> None:
         ack = "write" if number % 3 == 2 else "fsync"
@@ -428,13 +450,27 @@ def run_soak(config: SoakConfig) -> SoakResult:
         for worker in workers:
             worker.start()
         rng = random.Random(config.seed)
+
+        def more_kills() -> bool:
+            if config.kills > 0:
+                return result.restarts < config.kills
+            return time.monotonic() - started < config.seconds
+
         try:
-            while time.monotonic() - started < config.seconds:
-                deadline = time.monotonic() + rng.uniform(*config.kill_every)
-                while time.monotonic() < deadline:
+            while more_kills():
+                pause_until = time.monotonic() + rng.uniform(*config.kill_every)
+                since = soak.load_mark()
+                give_up = time.monotonic() + LOAD_WAIT_S
+                while time.monotonic() < pause_until or (
+                        config.kills > 0 and not soak.loaded_since(since, config.load_between)):
                     result.peak_rss = max(result.peak_rss, rss(broker.pid))
                     if spark_copy is not None:
                         spark_copy.check()
+                    if time.monotonic() > give_up:
+                        soak.ledger.violation(
+                            f"no load reached the broker within {LOAD_WAIT_S:.0f}s after "
+                            f"restart {result.restarts}")
+                        break
                     time.sleep(0.05)
                 broker.kill()  # SIGKILL at a random moment of the load
                 broker.start()
