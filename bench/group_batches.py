@@ -28,6 +28,8 @@ from bench_common import BrokerUnderTest, CpuMeter, create_bench_stream, rate
 from peer_runner import PEERS, peer_running, peers_dir, run_peer_script
 from transport_floor import FloorServer, measure_floor_batches
 
+from npstream.groups.batch_stream import DEFAULT_PREFETCH
+
 __all__ = ["floor_batches", "inflight_memory", "npstream_batches", "peer_batches"]
 
 PUBLISH_BATCH = 10_000
@@ -63,7 +65,8 @@ def npstream_batches(broker: BrokerUnderTest, client: Any, n: int, size: int,
                      batch: int, keys: int = 0, ordering: str | None = None,
                      prefetch: bool = False) -> dict[str, Any]:
     """Drain n messages of one stream with receive_batch(ack=previous), or with
-    receive_batches (the next batch prefetched, each acked when the next is taken)."""
+    receive_batches (its default prefetch: the next batches already asked for, each
+    batch acked when the next is taken)."""
     stream = f"bench-batches-{uuid.uuid4().hex[:8]}"
     _fill(client, stream, n, size, keys)
     group = "bench"
@@ -95,8 +98,8 @@ def npstream_batches(broker: BrokerUnderTest, client: Any, n: int, size: int,
     res["client_cores_busy"] = round(client_cpu / seconds, 2) if seconds else None
     res["all_acked"] = info.committed_offset == n and info.in_flight == 0
     res["partial"] = got < n
-    res["method"] = ((f"receive_batches(max={batch}): the next batch prefetched, each acked "
-                      "when the next is taken" if prefetch else
+    res["method"] = ((f"receive_batches(max={batch}): {DEFAULT_PREFETCH} calls in flight "
+                      "(prefetch), each batch acked when the next is taken" if prefetch else
                       f"receive_batch(max={batch}, ack=previous batch): one round trip per batch")
                      + (f", {keys:,} keys" if keys else "")
                      + (f", ordering={ordering}" if ordering else ""))

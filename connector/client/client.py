@@ -130,10 +130,10 @@ class Client(StreamAdmin, Publisher, Reader):
         dead_letter_stream: str | None = None,
         member_id: str | None = None,
         ordering: str | None = None,
-        prefetch: bool = True,
+        prefetch: int | None = None,
         until_empty: bool = False,
     ) -> BatchStream:
-        """Iterate over the group's LeaseBatches, the next prefetched (groups.batch_stream)."""
+        """Iterate over the group's LeaseBatches, the next ones prefetched (groups.batch_stream)."""
         from npstream.groups.batch_stream import receive_batches
 
         return receive_batches(

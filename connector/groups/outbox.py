@@ -152,14 +152,18 @@ class Outbox:
         with self._cond:
             if not self.open:
                 return False
+            before = self._credits
             self._credits += credits
             self._add_locked()
-            due = self._credits >= self._credit_batch
-        if due:
+            became_due = before < self._credit_batch <= self._credits
+        if became_due:
             # Hand the GIL to the woken sender now: a handler thread running a batch
             # of fast handlers would otherwise keep it for the interpreter's switch
             # interval (5 ms), and the broker would get the credits only after the
             # whole batch (a stop-and-wait of one max_in_flight window per round trip).
+            # Only the grant that made the outbox due hands it over: the grants after
+            # it, until the sender drains, would each force a thread switch for
+            # nothing (a third of a busy subscription's time went to them).
             time.sleep(0)
         return True
 

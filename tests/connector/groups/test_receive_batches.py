@@ -31,14 +31,16 @@ def test_draining_takes_every_message_once_and_acks_each_batch_when_the_next_is_
             assert len(batch) <= 700
             offsets += batch.offsets.tolist()
             assert set(batch.table.column("attempt").to_pylist()) == {1}
-    assert offsets == list(range(5000))
+    # Two calls in flight may be served in either order: each batch is a run of
+    # offsets, and together they are every message once.
+    assert len(offsets) == 5000 and sorted(offsets) == list(range(5000))
     info = client.describe_group(stream_name, "g")
     assert (info.committed_offset, info.in_flight) == (5000, 0)  # the last acks are durable
 
 
 def test_the_next_batch_is_leased_while_the_application_holds_one(client, stream_name):
     publish(client, stream_name, 1000)
-    with client.receive_batches(stream_name, "g", max=100) as it:
+    with client.receive_batches(stream_name, "g", max=100, prefetch=1) as it:
         first = next(it)
         assert first.offsets.tolist() == list(range(100))
         wait_for_in_flight(client, stream_name, "g", 200)  # the prefetched one
@@ -49,6 +51,30 @@ def test_the_next_batch_is_leased_while_the_application_holds_one(client, stream
         assert client.describe_group(stream_name, "g").committed_offset == 100
         second.ack()
     assert client.describe_group(stream_name, "g").committed_offset == 200
+
+
+def test_by_default_two_calls_are_in_flight_beside_the_batch_held(client, stream_name):
+    publish(client, stream_name, 1000)
+    with client.receive_batches(stream_name, "g", max=100) as it:
+        held = [next(it)]
+        wait_for_in_flight(client, stream_name, "g", 300)  # held + 2 prefetched
+        held += [next(it), next(it)]
+        # Taking the third acked the first two (each on the call sent when the next was taken).
+        wait_for_in_flight(client, stream_name, "g", 300)
+        assert client.describe_group(stream_name, "g").committed_offset == 200
+        offsets = sorted(o for batch in held for o in batch.offsets.tolist())
+        assert offsets == list(range(300))
+    # close() nacked the held batch and the two prefetched: nothing is left in flight.
+    info = client.describe_group(stream_name, "g")
+    assert (info.committed_offset, info.in_flight) == (200, 0)
+
+
+@pytest.mark.parametrize("prefetch", [-1, 17, 1.5, "2"])
+def test_a_bad_prefetch_is_refused_naming_the_accepted_values(client, stream_name, prefetch):
+    publish(client, stream_name, 1)
+    with pytest.raises(InvalidArgument, match=r"prefetch must be an integer from 0 to 16 "
+                                              r"\(calls in flight\), got"):
+        client.receive_batches(stream_name, "g", prefetch=prefetch)
 
 
 def test_without_prefetch_only_the_batch_asked_for_is_leased(client, stream_name):
@@ -64,7 +90,7 @@ def test_without_prefetch_only_the_batch_asked_for_is_leased(client, stream_name
 
 def test_close_releases_what_is_held_and_prefetched_to_other_members(client, stream_name):
     publish(client, stream_name, 400)
-    it = client.receive_batches(stream_name, "g", max=100, member_id="a")
+    it = client.receive_batches(stream_name, "g", max=100, member_id="a", prefetch=1)
     held = next(it)
     held.ack(range(0, 40))  # finished part of it
     wait_for_in_flight(client, stream_name, "g", 160)
