@@ -78,13 +78,18 @@ def _authorization(context: grpc.ServicerContext) -> str | bytes | None:
 class AccessControl:
     """The broker's tokens and rights; thread-safe, the table swapped whole on reload."""
 
-    def __init__(self, auth_token: str = "", tokens_file: Path | None = None) -> None:
-        """Load the table now: TokensFileError (a refused start) for a bad tokens file."""
+    def __init__(self, auth_token: str = "", tokens_file: Path | None = None,
+                 cluster_token: str = "") -> None:
+        """Load the table now: TokensFileError (a refused start) for a bad tokens file.
+
+        ``cluster_token`` (the members' own, tokens.py) turns nothing on by itself.
+        """
         self.tokens_file = tokens_file
         self.enabled = bool(auth_token or tokens_file)
         self._auth_token = auth_token
+        self._cluster_token = cluster_token if self.enabled else ""
         self._stamp = _stamp(tokens_file)
-        self._table = TokenTable.build(auth_token, tokens_file)
+        self._table = TokenTable.build(auth_token, tokens_file, self._cluster_token)
         self._reload_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -99,8 +104,11 @@ class AccessControl:
         if not self.enabled:
             return "off"
         parts = ["auth_token"] if self._auth_token else []
+        if self._cluster_token:
+            parts.append("cluster_token")
         if self.tokens_file is not None:
-            count = len(self._table) - (1 if self._auth_token else 0)
+            count = len(self._table) - (1 if self._auth_token else 0) - (
+                1 if self._cluster_token else 0)
             parts.append(f"tokens_file {self.tokens_file} ({count} token(s))")
         return "on: " + " + ".join(parts)
 
@@ -143,6 +151,23 @@ class AccessControl:
             raise InvalidArgumentError(str(exc)) from None
         if not grant.allows(stream, right):
             raise PermissionDeniedError(stream, right.value, grant.name, action)
+
+    def require_internal_or(self, context: grpc.ServicerContext, stream: str, right: Right,
+                            action: str = "") -> None:
+        """``require``, except that the cluster's own token passes too (a member's call).
+
+        Only for the RPCs members make to each other on their own behalf
+        (a move's MoveIn steps); every other call decides with ``require``,
+        where the cluster token has no right.
+        """
+        grant = self.grant_of(context)
+        if grant is not None and grant.internal:
+            try:
+                validate_stream_name(stream)
+            except ValueError as exc:
+                raise InvalidArgumentError(str(exc)) from None
+            return
+        self.require(context, stream, right, action)
 
     def require_all(self, context: grpc.ServicerContext, streams: Iterable[str], right: Right,
                     action: str = "") -> None:
@@ -190,7 +215,8 @@ class AccessControl:
         with self._reload_lock:
             self._stamp = _stamp(self.tokens_file)  # a bad file is retried once it changes
             try:
-                table = TokenTable.build(self._auth_token, self.tokens_file)
+                table = TokenTable.build(self._auth_token, self.tokens_file,
+                                         self._cluster_token)
             except TokensFileError as exc:
                 log.error("%s: tokens file not reloaded, the previous %d token(s) stay in "
                           "force: %s", why, len(self._table), exc)

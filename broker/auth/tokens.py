@@ -18,7 +18,13 @@ empty token, or a glob that is not a non-empty string is refused: a typo
 that silently grants nothing (or everything) is worse than a refusal.
 
 The broker's single ``auth_token`` becomes one more entry, named
-"auth_token", with every right on ``*``.
+"auth_token", with every right on ``*``. The cluster's ``cluster_token``
+([cluster] in broker.toml) becomes an entry named "cluster" with no right on
+any stream, only ``internal``: the calls members make to each other on their
+own behalf (a stream move's steps, ``ClusterService.MoveIn``), the way Kafka
+brokers talk to each other as an inter-broker principal. So a member can
+finish a move after a restart without keeping anybody's token, and the
+cluster token read or wrote no stream if it leaked.
 
 Secrets stay secret: an entry's ``repr`` and every message here name it by
 its ``name`` (else ``tokens[i]``, its position in the file), never by the
@@ -40,6 +46,7 @@ from pathlib import Path
 
 __all__ = [
     "AUTH_TOKEN_NAME",
+    "CLUSTER_TOKEN_NAME",
     "Right",
     "TokenGrant",
     "TokenTable",
@@ -49,6 +56,8 @@ __all__ = [
 
 # How the broker.toml ``auth_token`` entry is named in logs and errors.
 AUTH_TOKEN_NAME = "auth_token"
+# How the [cluster] ``cluster_token`` entry is named in logs and errors.
+CLUSTER_TOKEN_NAME = "cluster"
 # Decisions remembered per token entry, (right, stream) -> allowed; the table is
 # rebuilt on every reload, so a cache never outlives the rights it caches.
 # Cleared when full: a client cycling through many stream names costs only
@@ -88,6 +97,8 @@ class TokenGrant:
     name: str
     token: bytes = field(repr=False)
     globs: Mapping[Right, tuple[str, ...]]
+    # The cluster's own token (module doc): members' internal calls, no stream right.
+    internal: bool = False
     _decisions: dict[tuple[Right, str], bool] = field(default_factory=dict, repr=False)
 
     def allows(self, stream: str, right: Right) -> bool:
@@ -138,12 +149,17 @@ class TokenTable:
     # ------------------------------------------------------------ building
 
     @classmethod
-    def build(cls, auth_token: str = "", tokens_file: Path | None = None) -> TokenTable:
-        """The table of a broker: ``auth_token`` (all rights) plus the tokens file's entries."""
+    def build(cls, auth_token: str = "", tokens_file: Path | None = None,
+              cluster_token: str = "") -> TokenTable:
+        """The table of a broker: ``auth_token`` (all rights), the cluster's token
+        (internal calls only) and the tokens file's entries."""
         grants: list[TokenGrant] = []
         if auth_token:
             grants.append(TokenGrant(AUTH_TOKEN_NAME, auth_token.encode(),
                                      {right: ("*",) for right in Right}))
+        if cluster_token:
+            grants.append(TokenGrant(CLUSTER_TOKEN_NAME, cluster_token.encode(),
+                                     {right: () for right in Right}, internal=True))
         if tokens_file is not None:
             grants.extend(read_tokens_file(tokens_file))
         return cls(grants)

@@ -37,9 +37,14 @@ paused here (``switching``), so at most one member takes writes at any time,
 and once this member resumes (at start, or on its next retry) exactly one
 holds it. A move that cannot reach its target stays paused and is retried
 every ``RESUME_INTERVAL_S``; one still ``copying`` can be cancelled by moving
-the stream to its holder. With auth on, the target checks the caller's
-token (admin), which a restart forgets: the move then resumes when an admin
-runs the command again.
+the stream to its holder.
+
+With auth on, the target checks each step's token: the cluster's own
+(``[cluster] cluster_token``, an inter-broker principal that may make these
+calls and nothing else) when it is set, so a move interrupted by a restart
+resumes by itself, and no user token is ever kept. Without it, the steps
+carry the admin's token that ran the command, which a restart forgets: the
+move then resumes when an admin runs the command again.
 """
 
 from __future__ import annotations
@@ -86,8 +91,15 @@ PAUSE_WAIT_S = 30.0
 RESUME_INTERVAL_S = 2.0
 # Per MoveIn call (a chunk, an install).
 STEP_TIMEOUT_S = 60.0
-# A resumed move's calls when no caller's token is known (after a restart).
+# A resumed move's calls when no token is known (after a restart, no cluster_token).
 _MEMBER_ONLY = ((metadata_keys.CLUSTER_LOCAL, "1"),)
+
+
+def member_metadata(cluster_token: str) -> tuple[tuple[str, str], ...] | None:
+    """What a member's own calls carry: the cluster token (None when none is configured)."""
+    if not cluster_token:
+        return None
+    return (*_MEMBER_ONLY, (metadata_keys.AUTHORIZATION, f"Bearer {cluster_token}"))
 
 
 class MoveFailedError(BrokerError):
@@ -109,6 +121,9 @@ class Mover:
         self._callers: dict[str, tuple[tuple[str, str], ...]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # With auth on and a cluster token set, every step is sent as the cluster.
+        self._own = (member_metadata(ctx.config.cluster.cluster_token)
+                     if ctx.access.enabled else None)
 
     def start(self) -> None:
         """Resume unfinished moves now and keep retrying them (a thread)."""
@@ -134,7 +149,7 @@ class Mover:
         if target not in cluster.members:
             raise InvalidArgumentError(
                 f"'{target}' is not a member of the cluster ({', '.join(cluster.members)})")
-        metadata = forwarded_metadata(context)
+        metadata = self._own or forwarded_metadata(context)
         with self._lock(stream):
             record = self._book.active(stream)
             if target == cluster.identity:
@@ -358,7 +373,8 @@ class Mover:
                     if current is not None:
                         log.info("resuming the move of stream '%s' to %s (state %s)",
                                  current.stream, current.target, current.state)
-                        self._run(current, self._callers.get(current.stream, _MEMBER_ONLY))
+                        self._run(current, self._own or self._callers.get(
+                            current.stream, _MEMBER_ONLY))
                 except BrokerError as exc:
                     log.warning("the move of stream '%s' to %s is unfinished: %s",
                                 record.stream, record.target, exc)

@@ -9,7 +9,9 @@ so clients need not know whether they talk to a cluster.
 
 ``MoveStream`` moves a stream to another member (move.py, on the holder) and
 ``MoveIn`` is the target's side of it (move_in.py); both need the admin
-right on the stream.
+right on the stream, and ``MoveIn`` also takes the cluster's own token
+(``[cluster] cluster_token``), with which the source sends a move's steps
+when it is set, so a move resumed after a restart needs nobody's token.
 """
 
 from __future__ import annotations
@@ -56,9 +58,13 @@ class ClusterServicer(pb_grpc.ClusterServiceServicer):
             check_stream_name(name)
         return self._cluster.owners_reply(request, context)
 
-    def _check_move(self, stream: str, context: grpc.ServicerContext) -> None:
+    def _check_move(self, stream: str, context: grpc.ServicerContext, *,
+                    member_call: bool = False) -> None:
         check_stream_name(stream)
-        self._access.require(context, stream, Right.ADMIN)
+        if member_call:
+            self._access.require_internal_or(context, stream, Right.ADMIN)
+        else:
+            self._access.require(context, stream, Right.ADMIN)
         if not self._cluster.enabled:
             raise InvalidArgumentError("this broker is no member of a cluster: a stream can "
                                        "only move between members ([cluster] members)")
@@ -72,7 +78,7 @@ class ClusterServicer(pb_grpc.ClusterServiceServicer):
     @rpc_method
     def MoveIn(self, request: pb.MoveInRequest,
                context: grpc.ServicerContext) -> pb.MoveInResponse:
-        self._check_move(request.stream, context)
+        self._check_move(request.stream, context, member_call=True)
         return self._receiver.step(request)
 
 

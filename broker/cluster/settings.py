@@ -9,7 +9,7 @@ members is a cluster of one and behaves as if this section did not exist.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["ClusterSettings", "check_member_address", "default_advertised_address",
@@ -62,13 +62,17 @@ class ClusterSettings:
     wait for another (an owner lookup, a listing). With TLS on, members call
     each other over TLS, checking certificates against ``peer_ca_file``
     (default: the system's roots) and presenting the broker's own certificate
-    when ``tls_client_ca_file`` asks clients for one.
+    when ``tls_client_ca_file`` asks clients for one. ``cluster_token``: with
+    auth on, the members' own bearer token for the calls they make to each
+    other on their own behalf (a move's steps: npstream.broker.auth.tokens),
+    the same on every member; "" = such calls carry the caller's token.
     """
 
     members: tuple[str, ...]
     advertised_address: str
     peer_timeout_ms: int
     peer_ca_file: str
+    cluster_token: str = field(default="", repr=False)  # never logged
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -87,6 +91,10 @@ class ClusterSettings:
             problems.append(f"advertised_address {problem}")
         if self.peer_timeout_ms <= 0:
             problems.append(f"peer_timeout={self.peer_timeout_ms}ms must be > 0")
+        if self.cluster_token and (self.cluster_token != self.cluster_token.strip() or any(
+                ch.isspace() or not ch.isprintable() for ch in self.cluster_token)):
+            problems.append("cluster_token must not contain spaces or control characters "
+                            "(it travels in a gRPC metadata value)")
         if self.peer_ca_file and not Path(self.peer_ca_file).is_file():
             problems.append(f"peer_ca_file={self.peer_ca_file} is not a readable file")
         if problems:  # a ValueError: load_config reports it with every other problem

@@ -205,6 +205,7 @@ KEYS: tuple[ConfigKey, ...] = (
     _key("advertised_address", "cluster", _parse_str, ""),
     _duration("peer_timeout", "cluster", "5s"),
     _key("peer_ca_file", "cluster", _parse_str, ""),
+    _key("cluster_token", "cluster", _parse_str, ""),
 )
 KEYS_BY_NAME: dict[str, ConfigKey] = {k.name: k for k in KEYS}
 KEYS_BY_FIELD: dict[str, ConfigKey] = {k.field: k for k in KEYS}

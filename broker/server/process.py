@@ -133,7 +133,8 @@ class BrokerServer:
         data_dir.mkdir(parents=True, exist_ok=True)
         self._lock_handle = _lock_data_dir(data_dir)
         try:
-            access = AccessControl(config.server.auth_token, config.auth.tokens_path)
+            access = AccessControl(config.server.auth_token, config.auth.tokens_path,
+                                   config.cluster.cluster_token)
         except TokensFileError as exc:
             raise StartupError(str(exc)) from None
         metadata = Metadata(data_dir, synchronous=config.storage.metadata_sync)

@@ -12,6 +12,7 @@ import pytest
 from npstream.broker.auth.access import AccessControl
 from npstream.broker.auth.tokens import (
     AUTH_TOKEN_NAME,
+    CLUSTER_TOKEN_NAME,
     Right,
     TokensFileError,
     TokenTable,
@@ -111,6 +112,22 @@ def test_lookup_by_bearer_header_and_the_auth_token_shortcut(tmp_path):
     for header in (None, "", "Bearer", "Bearer ", "etl-secret-1", "Basic etl-secret-1",
                    "Bearer etl-secret-", "Bearer etl-secret-1x", "Bearer ETL-SECRET-1"):
         assert table.lookup(bearer_token(header)) is None, header
+
+
+def test_the_cluster_token_makes_internal_calls_only_and_survives_reloads(tmp_path):
+    path = tokens_file(tmp_path)
+    table = TokenTable.build("", path, "members-token")
+    member = table.lookup(bearer_token("Bearer members-token"))
+    assert member is not None and member.name == CLUSTER_TOKEN_NAME and member.internal
+    assert not any(member.allows("any.stream", right) for right in Right)
+    assert not table.lookup(bearer_token("Bearer etl-secret-1")).internal
+    with pytest.raises(TokensFileError, match="same token"):
+        TokenTable.build("", path, "etl-secret-1")
+    access = AccessControl("", path, "members-token")
+    assert access.authenticated("Bearer members-token") and "cluster_token" in access.describe()
+    assert access.reload("test") and access.authenticated("Bearer members-token")
+    # Without auth there is nothing to authenticate to: the token is not even known.
+    assert not AccessControl("", None, "members-token").authenticated("Bearer members-token")
 
 
 def test_access_control_reload_swaps_the_table_and_a_bad_file_keeps_the_old(tmp_path, caplog):
