@@ -5,7 +5,8 @@ one message as a unary call; a table as ~4 MiB Arrow IPC requests, pipelined
 on one PublishStream call (``npstream.client.publishing``) with a fallback
 to one unary call at a time when the broker lacks PublishStream or the stream
 broke where a resend is safe; an iterator of tables streamed without
-fallback, since it cannot be rewound. The retry rule for publishes (no blind
+fallback, since it cannot be rewound (its unanswered requests are kept and
+sent again on a new call when the stream moves: resend.py). The retry rule for publishes (no blind
 resend without ids) is applied here, per request.
 """
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import random
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
@@ -29,10 +32,17 @@ from npstream.client.batching import (
     split_rows,
 )
 from npstream.client.checks import checked_stream
-from npstream.client.connection import StreamingCall
+from npstream.client.connection import (
+    RETRY_BACKOFF_MULTIPLIER,
+    RETRY_INITIAL_BACKOFF_S,
+    RETRY_MAX_BACKOFF_S,
+    StreamingCall,
+)
 from npstream.client.core import ClientCore
 from npstream.client.models import BatchPublishResult, PublishResult
 from npstream.client.publishing import NotSent, PublishTally, RequestPlan, pipelined
+from npstream.client.resend import Resendable
+from npstream.client.routing import MAX_REDIRECTS
 from npstream.client.values import encode_headers, encode_key, encode_value, messages_to_table
 from npstream.errors import (
     BrokerUnavailable,
@@ -74,6 +84,47 @@ def _all_have_ids(table: pa.Table) -> bool:
         return False
     ids = table.column("id")
     return ids.null_count == 0 and bool(pc.all(pc.greater(pc.binary_length(ids), 0)).as_py())
+
+
+class _Refusals:
+    """How long a streamed publish_batch goes on calling while its stream is moving.
+
+    Like a unary call's retries (connection.py): at least the broker's
+    ``retry_after`` apart, with backoff, until ``retry_deadline`` has passed
+    since the first refusal in a row; a redirect is followed at once, up to
+    MAX_REDIRECTS in a row.
+    """
+
+    def __init__(self, retry_deadline: float) -> None:
+        self._retry_deadline = retry_deadline
+        self.reset()
+
+    def reset(self) -> None:
+        self._since: float | None = None
+        self._redirects = 0
+        self._backoff = RETRY_INITIAL_BACKOFF_S
+
+    def wait(self, refused: NpstreamError, pending: int) -> None:
+        """Return when the next call may start; raise ``refused`` past the deadline."""
+        now = time.monotonic()
+        self._since = now if self._since is None else self._since
+        if isinstance(refused, NotOwner):
+            self._redirects += 1
+            if self._redirects <= MAX_REDIRECTS:
+                log.debug("publish stream redirected to %s; resending %d request(s)",
+                          refused.owner, pending)
+                return
+        remaining = self._since + self._retry_deadline - now
+        retry_after = refused.retry_after if isinstance(refused, StreamMoving) else 0.0
+        sleep = max(retry_after, random.uniform(0, self._backoff))
+        if sleep >= remaining:
+            refused.add_note(f"gave up resending {pending} request(s) after "
+                             f"{self._retry_deadline:g}s")
+            raise refused
+        log.debug("publish stream refused (%s); resending %d request(s) in %.3fs",
+                  type(refused).__name__, pending, sleep)
+        time.sleep(sleep)
+        self._backoff = min(self._backoff * RETRY_BACKOFF_MULTIPLIER, RETRY_MAX_BACKOFF_S)
 
 
 class Publisher(ClientCore):
@@ -171,7 +222,9 @@ class Publisher(ClientCore):
         """An iterator of tables as one stream of requests (see publish_batch).
 
         The tables are built by the caller's iterator while earlier requests
-        are in flight. No fallback to unary calls: the input cannot be rewound.
+        are in flight. No fallback to unary calls: the input cannot be rewound;
+        instead the requests not yet answered are kept (resend.py) and sent
+        again on a new call when the stream is being moved or moved away.
         """
 
         def prepare(item: object) -> tuple[pa.Table, list[tuple[int, int]]]:
@@ -184,13 +237,27 @@ class Publisher(ClientCore):
         plan = RequestPlan(tables, prepare,
                            lambda part: encode_publish_request(name, ack_mode, part))
         tally = PublishTally()
+        requests = Resendable(iter(plan))
         try:
-            for index, response in enumerate(pipelined(
-                functools.partial(self._open_publish_stream, name, timeout=None),
-                iter(plan),
-            )):
-                start, stop = plan.ranges[index]
-                tally.add(start, stop - start, response)
+            refusals = _Refusals(self._conn.retry_deadline)
+            while True:
+                try:
+                    for response in pipelined(
+                        functools.partial(self._open_publish_stream, name, timeout=None),
+                        requests.feed(),
+                    ):
+                        start, stop = plan.ranges[requests.answered()]
+                        tally.add(start, stop - start, response)
+                        refusals.reset()
+                    break
+                except (NotSent, NotOwner, StreamMoving) as refused:
+                    # Nothing unanswered was stored (resend.py): wait for the move or
+                    # follow the redirect, then send the unanswered requests again.
+                    refusals.wait(refused, requests.pending)
+                    if isinstance(refused, NotOwner) and refused.owner:
+                        self._brokers.learn(name, refused.owner)
+                    else:
+                        self._brokers.forget(name)
             if plan.error is not None:
                 raise plan.error
         except NpstreamError as exc:
