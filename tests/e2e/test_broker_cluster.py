@@ -15,49 +15,26 @@ the way members ask each other.
 from __future__ import annotations
 
 import itertools
-import socket
 import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import pyarrow as pa
 import pytest
 
+from e2e.cluster_members import LOCAL, free_ports, held, start_members
 from harness import BrokerProcess
 from npstream import BrokerUnavailable, Client, StreamNotFound
 from npstream.broker.cluster.placement import rendezvous_owner
 from npstream.broker.faults import FAULT_EXIT_CODE, SINK_FAULT_ENV
-from npstream.proto import metadata_keys, pb, pb_grpc
+from npstream.proto import pb, pb_grpc
 from npstream.proto.schema import MESSAGE_SCHEMA
 
 pytestmark = pytest.mark.slow
 
-LOCAL = ((metadata_keys.CLUSTER_LOCAL, "1"),)
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports free now (the members must know each other's before any starts)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def start_members(root: Path, ports: list[int], members: list[str],
-                  names: list[str]) -> list[BrokerProcess]:
-    brokers = []
-    for name, port in zip(names, ports, strict=True):
-        broker = BrokerProcess(root / name, args=["--cluster-members", ",".join(members)])
-        broker.port = port
-        brokers.append(broker.start())
-    return brokers
+CLUSTER_SIZE = 3  # the module's cluster_members (tests/e2e/conftest.py)
 
 
 @dataclass
@@ -80,14 +57,6 @@ class Cluster:
             (name for name in candidates if self.owner(name) is broker), count))
 
 
-def held(broker: BrokerProcess) -> set[str]:
-    """The streams this member holds itself (its registry, as members ask each other)."""
-    with grpc.insecure_channel(broker.address) as channel:
-        reply = pb_grpc.StreamServiceStub(channel).ListStreams(
-            pb.ListStreamsRequest(page_size=10_000), metadata=LOCAL, timeout=10)
-    return {info.name for info in reply.streams}
-
-
 def local_groups(broker: BrokerProcess, stream: str) -> set[str]:
     """The groups of ``stream`` in this member's own metadata (none: it lacks the stream)."""
     with grpc.insecure_channel(broker.address) as channel:
@@ -108,14 +77,9 @@ def read_ids(client: Client, stream: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("cluster")
-    ports = free_ports(3)
-    members = [f"127.0.0.1:{port}" for port in ports]
-    brokers = start_members(root, ports, members, ["a", "b", "c"])
-    yield Cluster(brokers)
-    for broker in brokers:
-        broker.stop()
+def cluster(cluster_members: list[BrokerProcess]) -> Cluster:
+    """The module's three members (tests/e2e/conftest.py)."""
+    return Cluster(cluster_members)
 
 
 @pytest.fixture(autouse=True)
@@ -185,7 +149,7 @@ def test_an_existing_stream_stays_where_it_is_when_a_member_is_added(tmp_path, p
     """Two members, then a third: placement changes for some names, their streams do not move."""
     ports = free_ports(3)
     members = [f"127.0.0.1:{port}" for port in ports]
-    first = start_members(tmp_path, ports[:2], members[:2], ["a", "b"])
+    first = start_members(tmp_path, ["a", "b"], ports=ports[:2])
     added: list[BrokerProcess] = []
     try:
         # A name that two members place on one of them, and three on the newcomer.
@@ -201,7 +165,7 @@ def test_an_existing_stream_stays_where_it_is_when_a_member_is_added(tmp_path, p
             broker.stop()
             broker.extra_args = ["--cluster-members", ",".join(members)]
             broker.start()
-        added = start_members(tmp_path, ports[2:], members, ["c"])
+        added = start_members(tmp_path, ["c"], ports=ports[2:], members=members)
         with Client(added[0].address) as client:  # through the newcomer
             assert client.broker_of(name) == holder.address
             assert client.publish(name, b"after", id="a0").offset == 3
@@ -482,16 +446,11 @@ def test_members_call_each_other_over_mutual_tls_with_the_callers_token(
         tmp_path, prefix, tls_files):
     """With client certificates required, members present their own to each other, and
     forward the caller's token (every member knows the same tokens)."""
-    ports = free_ports(2)
-    members = [f"127.0.0.1:{port}" for port in ports]
-    brokers = []
+    brokers: list[BrokerProcess] = []
     try:
-        for name, port in zip("ab", ports, strict=True):
-            broker = BrokerProcess(tmp_path / name, args=["--cluster-members", ",".join(members)],
-                                   env={**tls_files.broker_env, "NPSTREAM_AUTH_TOKEN": "s3cret",
-                                        "NPSTREAM_PEER_CA_FILE": str(tls_files.ca)})
-            broker.port = port
-            brokers.append(broker.start())
+        brokers = start_members(tmp_path, ["a", "b"], env={
+            **tls_files.broker_env, "NPSTREAM_AUTH_TOKEN": "s3cret",
+            "NPSTREAM_PEER_CA_FILE": str(tls_files.ca)})
         cluster = Cluster(brokers)
         (far,) = cluster.names_on(brokers[1], prefix)
         with Client(brokers[0].address, "s3cret", root_certificates=tls_files.ca.read_bytes(),

@@ -16,14 +16,13 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from e2e.cluster_members import free_ports, names_on
 from harness import BrokerProcess
 from npstream import Client
-from npstream.broker.cluster.placement import rendezvous_owner
 
 pytestmark = pytest.mark.slow
 
@@ -39,17 +38,6 @@ def status(broker: str) -> tuple[int, dict[str, dict]]:
     done = npstream("cluster", "status", "--json", "--broker", broker)
     assert done.stdout, done.stderr
     return done.returncode, {m["address"]: m for m in json.loads(done.stdout)["members"]}
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def consecutive_free_ports(count: int) -> int:
@@ -73,30 +61,12 @@ def consecutive_free_ports(count: int) -> int:
     raise RuntimeError("no consecutive free ports")
 
 
-def names_on(member: str, members: list[str], prefix: str, count: int) -> list[str]:
-    names: list[str] = []
-    index = 0
-    while len(names) < count:
-        name = f"{prefix}-{index}"
-        if rendezvous_owner(name, members) == member:
-            names.append(name)
-        index += 1
-    return names
+CLUSTER_SIZE = 3  # the module's cluster_members (tests/e2e/conftest.py)
 
 
 @pytest.fixture(scope="module")
-def members(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[BrokerProcess]]:
-    root = tmp_path_factory.mktemp("cluster-status")
-    ports = free_ports(3)
-    addresses = [f"127.0.0.1:{port}" for port in ports]
-    brokers = []
-    for name, port in zip("abc", ports, strict=True):
-        broker = BrokerProcess(root / name, args=["--cluster-members", ",".join(addresses)])
-        broker.port = port
-        brokers.append(broker.start())
-    yield brokers
-    for broker in brokers:
-        broker.stop()
+def members(cluster_members: list[BrokerProcess]) -> list[BrokerProcess]:
+    return cluster_members
 
 
 def test_status_lists_members_with_their_streams_and_a_killed_one_as_down(members):

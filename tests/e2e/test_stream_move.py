@@ -27,45 +27,23 @@ import grpc
 import pyarrow as pa
 import pytest
 
+from e2e.cluster_members import LOCAL, held, names_on, start_members
 from harness import BrokerProcess
 from npstream import Client, NpstreamError
 from npstream.broker.cluster.placement import rendezvous_owner
 from npstream.broker.faults import FAULT_EXIT_CODE, MOVE_FAULT_ENV
-from npstream.proto import metadata_keys, pb, pb_grpc
+from npstream.proto import pb, pb_grpc
 from npstream.proto.schema import MESSAGE_SCHEMA
 
 pytestmark = pytest.mark.slow
 
-LOCAL = ((metadata_keys.CLUSTER_LOCAL, "1"),)
 MESSAGES = 40
 
 
-def _free_ports(count: int) -> list[int]:
-    import socket
-
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 @pytest.fixture(scope="module")
-def members(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[BrokerProcess]]:
-    root = tmp_path_factory.mktemp("move")
-    ports = _free_ports(2)
-    addresses = [f"127.0.0.1:{port}" for port in ports]
-    brokers = []
-    for name, port in zip(("a", "b"), ports, strict=True):
-        broker = BrokerProcess(root / name, args=["--cluster-members", ",".join(addresses)])
-        broker.port = port
-        brokers.append(broker.start())
-    yield brokers
-    for broker in brokers:
-        broker.stop()
+def members(cluster_members: list[BrokerProcess]) -> list[BrokerProcess]:
+    """The module's two members (tests/e2e/conftest.py)."""
+    return cluster_members
 
 
 @pytest.fixture(autouse=True)
@@ -79,16 +57,7 @@ def both_up(members: list[BrokerProcess]) -> Iterator[None]:
 
 
 def name_on(members: list[BrokerProcess], broker: BrokerProcess, prefix: str) -> str:
-    addresses = [b.address for b in members]
-    return next(f"{prefix}-{i}" for i in range(1000)
-                if rendezvous_owner(f"{prefix}-{i}", addresses) == broker.address)
-
-
-def held(broker: BrokerProcess) -> set[str]:
-    with grpc.insecure_channel(broker.address) as channel:
-        reply = pb_grpc.StreamServiceStub(channel).ListStreams(
-            pb.ListStreamsRequest(page_size=10_000), metadata=LOCAL, timeout=10)
-    return {info.name for info in reply.streams}
+    return names_on(broker.address, [b.address for b in members], prefix)[0]
 
 
 def local_groups(broker: BrokerProcess, stream: str) -> dict[str, int]:
@@ -109,12 +78,14 @@ def read_ids(client: Client, stream: str) -> list[str]:
     return pa.Table.from_batches(batches, schema=MESSAGE_SCHEMA).column("id").to_pylist()
 
 
-def move_raw(broker: BrokerProcess, stream: str, to: str) -> grpc.StatusCode:
+def move_raw(broker: BrokerProcess, stream: str, to: str,
+             token: str | None = None) -> grpc.StatusCode:
     """MoveStream sent once, without the SDK's retries: OK or the status it ended with."""
+    metadata = () if token is None else (("authorization", f"Bearer {token}"),)
     with grpc.insecure_channel(broker.address) as channel:
         try:
             pb_grpc.ClusterServiceStub(channel).MoveStream(
-                pb.MoveStreamRequest(stream=stream, to=to), timeout=60)
+                pb.MoveStreamRequest(stream=stream, to=to), timeout=60, metadata=metadata)
         except grpc.RpcError as exc:
             return exc.code()
     return grpc.StatusCode.OK
@@ -383,14 +354,7 @@ write = ["*"]
 def test_with_auth_a_move_needs_the_admin_right_and_forwards_the_token(tmp_path):
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(TOKENS)
-    ports = _free_ports(2)
-    addresses = [f"127.0.0.1:{port}" for port in ports]
-    brokers = []
-    for name, port in zip(("a", "b"), ports, strict=True):
-        broker = BrokerProcess(tmp_path / name, args=[
-            "--cluster-members", ",".join(addresses), "--tokens-file", str(tokens)])
-        broker.port = port
-        brokers.append(broker.start())
+    brokers = start_members(tmp_path, ["a", "b"], args=["--tokens-file", str(tokens)])
     try:
         source, target = brokers
         stream = name_on(brokers, source, "auth")
@@ -398,23 +362,93 @@ def test_with_auth_a_move_needs_the_admin_right_and_forwards_the_token(tmp_path)
             reader.publish_batch(stream, [{"value": b"x", "id": f"a{i}"} for i in range(3)])
             with pytest.raises(NpstreamError, match="lacks the 'admin' right"):
                 reader.move_stream(stream, target.address)
-        assert stream in held_with(source, ADMIN_TOKEN)
+        assert stream in held(source, ADMIN_TOKEN)
         with Client(target.address, ADMIN_TOKEN) as admin:
             assert admin.move_stream(stream, target.address).end_offset == 3
             assert read_ids(admin, stream) == ["a0", "a1", "a2"]
-        assert stream in held_with(target, ADMIN_TOKEN)
-        assert stream not in held_with(source, ADMIN_TOKEN)
+        assert stream in held(target, ADMIN_TOKEN)
+        assert stream not in held(source, ADMIN_TOKEN)
     finally:
         for broker in brokers:
             broker.stop()
 
 
-def held_with(broker: BrokerProcess, token: str) -> set[str]:
-    with grpc.insecure_channel(broker.address) as channel:
-        reply = pb_grpc.StreamServiceStub(channel).ListStreams(
-            pb.ListStreamsRequest(page_size=10_000),
-            metadata=(*LOCAL, ("authorization", f"Bearer {token}")), timeout=10)
-    return {info.name for info in reply.streams}
+CLUSTER_TOKEN = "members-only-7d3a"
+
+
+def receiving_some(receiving: Path) -> bool:
+    """Whether the target has received bytes of a move (the source is copying)."""
+    try:
+        return any(f.stat().st_size > 0 for f in receiving.rglob("*") if f.is_file())
+    except OSError:
+        return False
+# How the source dies mid-move: at a fault point (os._exit, what kill -9 leaves),
+# or SIGKILL from outside while the target receives the files of a 20 MB stream.
+AUTH_KILLS = ["copied", "switching", "sigkill-while-copying"]
+
+
+@pytest.mark.parametrize("how", AUTH_KILLS)
+def test_with_auth_and_a_cluster_token_an_interrupted_move_finishes_by_itself(tmp_path, how):
+    """The source restarts knowing nobody's token and finishes the move as the cluster."""
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(TOKENS)
+    brokers = start_members(tmp_path, ["a", "b"], args=["--tokens-file", str(tokens)],
+                            env={"NPSTREAM_CLUSTER_TOKEN": CLUSTER_TOKEN})
+    try:
+        source, target = brokers
+        stream = name_on(brokers, source, f"mva{uuid.uuid4().hex[:6]}")
+        sink_id = f"sink-{stream}"
+        count = 20_000 if how.startswith("sigkill") else MESSAGES - 5
+        ids = [f"m{i}" for i in range(count)]
+        with Client(source.address, ADMIN_TOKEN) as admin:
+            admin.create_stream(stream, dedup_window="1h")
+            for start in range(0, count, 5000):
+                admin.publish_batch(stream, pa.table({
+                    "value": [b"v" * (1000 if count > 1000 else 1)] * len(ids[start:start + 5000]),
+                    "id": ids[start:start + 5000]}))
+            cursor = admin.consumer(stream, "cursor")
+            assert len(cursor.pull(15)) == 15
+            cursor.commit()
+            sink = admin.sink()
+            staged = sink.stage(sink_id, 0, "s0", stream, pa.table({"value": [b"s"], "id": ["s0"]}))
+            sink.commit_all(sink_id, 0, {b: ["s0"] for b in staged.brokers})
+        ids.append("s0")
+        # The cluster's token has no right on any stream, and cannot move one.
+        with Client(source.address, CLUSTER_TOKEN, retry_deadline=5) as member:
+            with pytest.raises(NpstreamError, match="lacks the 'read' right"):
+                member.fetch(stream, 0)
+            with pytest.raises(NpstreamError, match="lacks the 'admin' right"):
+                member.move_stream(stream, target.address)
+        if how.startswith("sigkill"):
+            receiving = target.data_dir / "moves-in"
+            mover = threading.Thread(target=move_raw, args=(
+                source, stream, target.address, ADMIN_TOKEN))
+            mover.start()
+            deadline = time.monotonic() + 30
+            while not receiving_some(receiving) and time.monotonic() < deadline:
+                time.sleep(0.002)
+            source.kill()  # the log's "resuming the move" below shows it was mid-move
+            mover.join(60)
+        else:
+            source.extra_env[MOVE_FAULT_ENV] = how
+            source.restart()
+            assert move_raw(source, stream, target.address, ADMIN_TOKEN) != grpc.StatusCode.OK
+            assert source.proc is not None and source.proc.wait(30) == FAULT_EXIT_CODE
+            source.extra_env.pop(MOVE_FAULT_ENV)
+        source.start()
+        # Nobody runs the move again: the source resumes it with the cluster's token.
+        wait_until(lambda: stream in held(target, ADMIN_TOKEN)
+                   and stream not in held(source, ADMIN_TOKEN), 90)
+        assert not (source.data_dir / "streams" / stream).exists()
+        with Client(source.address, ADMIN_TOKEN) as admin:
+            assert read_ids(admin, stream) == ids  # nothing lost, nothing twice, in order
+            assert admin.describe_group(stream, "cursor").committed_offset == 15
+            assert admin.publish(stream, b"again", id="m7").duplicate
+        assert "resuming the move" in source.log_text()
+        assert CLUSTER_TOKEN not in source.log_text() + target.log_text()
+    finally:
+        for broker in brokers:
+            broker.stop()
 
 
 def test_a_long_poll_on_the_stream_does_not_hold_up_its_move(members):
@@ -461,6 +495,50 @@ def test_a_pipelined_batch_publish_without_ids_goes_on_through_a_move(members):
         assert moved.end_offset < len(values)  # paused in the middle of the publish
         publisher.join(120)
         assert stored == [len(values)]
+        batches = list(client.read_range(stream, 0, len(values)))
+        info = client.stream_info(stream)
+    assert info.end_offset == len(values)  # none lost, none twice, although without ids
+    read = pa.Table.from_batches(batches, schema=MESSAGE_SCHEMA).column("value").to_pylist()
+    assert read == values  # in order
+    assert stream in held(target) and stream not in held(source)
+
+
+def test_a_batch_publish_of_an_iterator_goes_on_through_a_move(members):
+    """An iterator cannot be rewound: the client resends what was not answered, to the new
+    member, without ids, and nothing is lost, stored twice or reordered."""
+    source, target = members
+    stream = name_on(members, source, f"mvi{uuid.uuid4().hex[:6]}")
+    values = [f"{i:06d}".encode() * 200 for i in range(50_000)]  # ~60 MB over 25 tables
+    taken: list[int] = []
+    stored: list[int] = []
+    errors: list[BaseException] = []
+
+    def tables() -> Iterator[pa.Table]:
+        for start in range(0, len(values), 2000):
+            taken.append(start)
+            yield pa.table({"value": values[start:start + 2000]})
+
+    with Client(source.address) as client:
+        client.create_stream(stream)
+
+        def publish() -> None:
+            try:
+                with Client(source.address, retry_deadline=60) as writer:
+                    stored.append(writer.publish_batch(stream, tables()).stored_count)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        publisher = threading.Thread(target=publish)
+        publisher.start()
+        deadline = time.monotonic() + 30
+        while client.stream_info(stream).end_offset == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        moved = client.move_stream(stream, target.address)
+        publisher.join(120)
+        assert not errors, errors
+        assert moved.end_offset < len(values)  # paused in the middle of the publish
+        assert stored == [len(values)]
+        assert taken == list(range(0, len(values), 2000))  # each table taken once
         batches = list(client.read_range(stream, 0, len(values)))
         info = client.stream_info(stream)
     assert info.end_offset == len(values)  # none lost, none twice, although without ids

@@ -1,0 +1,84 @@
+"""Clusters of real broker processes on loopback, shared by the cluster e2e tests.
+
+Members of a cluster must know each other's addresses before any of them
+starts, so their ports are picked free first and then given to every
+member's ``--cluster-members``. ``tests/e2e/conftest.py`` builds its
+module-scoped ``cluster_members`` fixture from ``start_members``; tests that
+need a cluster of their own (auth on, a member added later) call it directly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import grpc
+
+from harness import BrokerProcess
+from npstream.broker.cluster.placement import rendezvous_owner
+from npstream.proto import metadata_keys, pb, pb_grpc
+
+__all__ = ["LOCAL", "free_ports", "held", "names_on", "start_members", "stop_members"]
+
+# What members send each other: answer from your own streams, ask no further.
+LOCAL = ((metadata_keys.CLUSTER_LOCAL, "1"),)
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free now (the members must know each other's before any starts)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def start_members(root: Path, names: Sequence[str], *, ports: Sequence[int] | None = None,
+                  members: Sequence[str] | None = None, args: Sequence[str] = (),
+                  env: Mapping[str, str] | None = None) -> list[BrokerProcess]:
+    """Start one broker per name (data dir ``root/<name>``) as members of one cluster.
+
+    ``ports``: theirs (default: free ones); ``members``: the cluster's member
+    list (default: these brokers), for a member added to a running cluster;
+    ``args``/``env``: extra broker flags and environment, the same for each.
+    """
+    ports = list(ports) if ports is not None else free_ports(len(names))
+    addresses = list(members) if members is not None else [f"127.0.0.1:{p}" for p in ports]
+    brokers: list[BrokerProcess] = []
+    try:
+        for name, port in zip(names, ports, strict=True):
+            broker = BrokerProcess(root / name, env=dict(env or {}), args=[
+                "--cluster-members", ",".join(addresses), *args])
+            broker.port = port
+            brokers.append(broker.start())
+    except BaseException:
+        stop_members(brokers)
+        raise
+    return brokers
+
+
+def stop_members(brokers: Sequence[BrokerProcess]) -> None:
+    for broker in brokers:
+        broker.stop()
+
+
+def names_on(member: str, members: Sequence[str], prefix: str, count: int = 1) -> list[str]:
+    """``count`` names of the form prefix-N that placement puts on ``member``."""
+    candidates = (f"{prefix}-{i}" for i in itertools.count())
+    return list(itertools.islice(
+        (name for name in candidates if rendezvous_owner(name, list(members)) == member),
+        count))
+
+
+def held(broker: BrokerProcess, token: str | None = None) -> set[str]:
+    """The streams this member holds itself (its registry, as members ask each other)."""
+    metadata = LOCAL if token is None else (*LOCAL, ("authorization", f"Bearer {token}"))
+    with grpc.insecure_channel(broker.address) as channel:
+        reply = pb_grpc.StreamServiceStub(channel).ListStreams(
+            pb.ListStreamsRequest(page_size=10_000), metadata=metadata, timeout=10)
+    return {info.name for info in reply.streams}
