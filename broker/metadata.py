@@ -52,6 +52,7 @@ class Metadata:
         )
         self._conn.row_factory = sqlite3.Row
         self._in_transaction = False
+        self._full_sync = synchronous == "full"
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
         self._conn.execute("PRAGMA foreign_keys=ON")
@@ -95,6 +96,27 @@ class Metadata:
                 self._conn.execute("COMMIT")
             finally:
                 self._in_transaction = False
+
+    @contextmanager
+    def durable_transaction(self) -> Iterator[Metadata]:
+        """``transaction()`` whose commit is fsynced whatever ``metadata_sync`` says.
+
+        For rows that stand in for fsynced message data (the registry's
+        nursery: a new stream's first message, acknowledged with ack=fsync):
+        the WAL is synced at this commit (``synchronous=FULL`` for it only).
+        Not nested in another transaction.
+        """
+        with self._lock:
+            if self._in_transaction:
+                raise RuntimeError("durable_transaction inside a transaction")
+            if not self._full_sync:
+                self._conn.execute("PRAGMA synchronous=FULL")
+            try:
+                with self.transaction():
+                    yield self
+            finally:
+                if not self._full_sync:
+                    self._conn.execute("PRAGMA synchronous=NORMAL")
 
     def checkpoint(self) -> None:
         """Fold the WAL into the main file (done at shutdown)."""

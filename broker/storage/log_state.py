@@ -48,7 +48,7 @@ from npstream.broker.storage.stream_files import (
 )
 from npstream.broker.storage.value_schemas import UNTYPED, ValueSchemas
 
-__all__ = ["LogState"]
+__all__ = ["LogState", "new_id_prefix"]
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,8 @@ log = logging.getLogger(__name__)
 _ID_PREFIXES = itertools.count(secrets.randbits(64))
 
 
-def _new_id_prefix() -> str:
+def new_id_prefix() -> str:
+    """A fresh prefix of broker-filled ids (the module comment above)."""
     return f"{next(_ID_PREFIXES) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
 
 
@@ -107,7 +108,7 @@ class LogState:
         self._listeners_lock = threading.Lock()
         self._written_seq = 0
         self._synced_seq = 0
-        self._id_prefix_text = _new_id_prefix()
+        self._id_prefix_text = new_id_prefix()
         self._id_prefix = self._id_prefix_text.encode()
         self._closed: BrokerError | None = None
         self._failure: OSError | None = None

@@ -28,6 +28,7 @@ from npstream.broker.errors import (
 )
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.files import fsync_dir, stream_dir, streams_root
+from npstream.broker.storage.first_frame import lone_first_frame, write_first_segment
 from npstream.broker.storage.flusher import Flusher
 from npstream.broker.storage.loader import load_log, repair_log
 from npstream.broker.storage.log import StreamLog
@@ -80,6 +81,7 @@ class Storage:
         self._idle_sweep: Iterator[os.DirEntry[str]] | None = None
         self._closed = False
         self._schemas_of: Callable[[str], ValueSchemas] = lambda _name: UNTYPED
+        self._retention_tasks: list[Callable[[int], None]] = []
         streams_root(settings.data_dir).mkdir(parents=True, exist_ok=True)
         self._flusher = Flusher(settings.flush_interval_ms)
 
@@ -144,6 +146,27 @@ class Storage:
                 existing.set_value_schemas(value_schemas)
             return existing
 
+    def first_frame(self, value: bytes) -> tuple[bytes, int]:
+        """(frame, timestamp) of a lone message as offset 0 of a new log (first_frame.py)."""
+        now = self._clock()
+        return lone_first_frame(value, now), now
+
+    def write_first_frame(self, name: str, config: StreamConfig, frame: bytes) -> None:
+        """Write a stream's kept first frame out as its log, durably, before it is opened.
+
+        The nursery's stream (npstream.broker.streams.nursery) becomes an
+        ordinary log directory; idempotent across crashes (first_frame.py).
+        """
+        directory = self._directory(name)
+        with self._name_lock(name):
+            if name in self._logs:
+                raise RuntimeError(f"stream {name}: written out while its log is open")
+            write_first_segment(directory, frame, config)
+
+    def add_retention_task(self, task: Callable[[int], None]) -> None:
+        """Run ``task(now_ms)`` at every retention pass (the registry's nursery expiry)."""
+        self._retention_tasks.append(task)
+
     def peek_stats(self, name: str) -> LogStats | None:
         """``name``'s stats without opening its log when it is not open (peek.py); None:
         only opening it can tell."""
@@ -197,6 +220,11 @@ class Storage:
     def enforce_retention(self) -> None:
         """One retention pass over every stream: open logs, then streams not open."""
         now = self._clock()
+        for task in self._retention_tasks:
+            try:
+                task(now)
+            except (OSError, BrokerError) as exc:
+                log.error("retention task %r failed: %s", task, exc)
         for stream_log in self._logs.live():
             try:
                 stream_log.apply_retention(now)

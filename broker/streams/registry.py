@@ -44,7 +44,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -53,6 +53,7 @@ from npstream.broker.errors import (
     AlreadyExistsError,
     CorruptRecordError,
     InvalidArgumentError,
+    MessageTooLargeError,
     OffsetOutOfRangeError,
     SchemaIncompatibleError,
     SchemaInvalidError,
@@ -71,6 +72,8 @@ from npstream.broker.storage import (
     ValueSchemas,
 )
 from npstream.broker.storage.group_commit import CommitQueue, CommitRequest
+from npstream.broker.storage.small_append import MessageRows, lone_message
+from npstream.broker.streams.nursery import GroupWriter, Nursery
 from npstream.proto.defaults import DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE
 from npstream.proto.names import validate_stream_name
 from npstream.proto.stream_config import STREAM_CONFIG_FIELDS
@@ -201,6 +204,9 @@ class _NewRow:
     config_json: str
     schema: SchemaVersion | None
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    frame: bytes = b""  # a nursery stream's first frame (nursery.py)
+    timestamp_ms: int = 0  # the frame's message timestamp
+    error: BaseException | None = None  # its insert failed
 
 
 class StreamRegistry:
@@ -229,6 +235,10 @@ class StreamRegistry:
         self._open_locks = [threading.RLock() for _ in range(_OPEN_LOCKS)]
         self._inserts: CommitQueue[_NewRow] = CommitQueue(
             1 << 30, self._insert_rows, lambda _sequence: None)
+        self._nursery = Nursery(metadata)
+        self._first_writer: GroupWriter[_NewRow] = GroupWriter(self._insert_nursery_rows,
+                                                               "nursery-writer")
+        storage.add_retention_task(self._expire_nursery)
         metadata.executescript(_SCHEMAS_TABLE)
         schemas: dict[str, list[SchemaVersion]] = {}
         for row in metadata.execute("SELECT stream, version, arrow_schema, ddl, created_ms "
@@ -333,6 +343,7 @@ class StreamRegistry:
             if broken is not None:
                 raise StreamNeedsRepairError(name, broken)
             record = self._record(name)
+            self._write_out_locked(name, record)
             try:
                 stream_log = self._storage.open_log(name, self.effective_config(record.overrides),
                                                     record.value_schemas())
@@ -342,6 +353,33 @@ class StreamRegistry:
             with self._lock:
                 self._logs[name] = stream_log
             return stream_log
+
+    def _write_out_locked(self, name: str, record: _Record) -> None:
+        """Give a nursery stream its directory before its log opens (nursery.py).
+
+        The caller holds the name's open lock. The frame is durable in its
+        segment before the row goes, so a crash in between finds both and
+        writes nothing twice (first_frame.py).
+        """
+        frame = self._nursery.frame_of(name)
+        if frame is None:
+            return  # not (or no longer) in the nursery
+        self._storage.write_first_frame(name, self.effective_config(record.overrides), frame)
+        self._nursery.forget(name)
+
+    def _write_out(self, name: str) -> None:
+        """``_write_out_locked`` under the name's open lock (update, repair, expiry)."""
+        with self._open_lock(name):
+            record = self._records.get(name)
+            if record is not None:
+                self._write_out_locked(name, record)
+
+    def _expire_nursery(self, now: int) -> None:
+        """A retention pass: write out nursery streams whose message may have expired."""
+        max_age = self._defaults.max_age_ms
+        if max_age:
+            for name in self._nursery.sweep_older_than(now - max_age):
+                self._write_out(name)
 
     def mark_broken(self, name: str, exc: CorruptRecordError) -> None:
         """Refuse reads and writes of this stream until it is repaired."""
@@ -366,6 +404,69 @@ class StreamRegistry:
                 log.info("created stream '%s' on first publish", name,
                          extra=event_fields(stream=name))
         return self._open(name)
+
+    def create_by_first_publish(self, name: str, rows: MessageRows,
+                                ) -> tuple[int, Callable[[], None]] | None:
+        """Create ``name`` in the nursery with ``rows`` as its first message, without waiting.
+
+        Only when ``name`` is new, auto-creation is on and ``rows`` is one plain
+        message (small_append.lone_message); None otherwise (the caller takes the
+        usual path). Returns the message's timestamp and a ``wait`` that returns
+        once the stream and its message are durable (raises if they could not be
+        stored). The name is a stream for every other caller only after that.
+        """
+        if not self.auto_create or name in self._records or name in self._creating:
+            return None
+        try:
+            lone = lone_message(rows, name, self._defaults.max_message_bytes)
+        except MessageTooLargeError:
+            return None  # the usual path creates the stream, then refuses the message
+        if lone is None:
+            return None
+        frame, timestamp = self._storage.first_frame(lone.value)
+        with self._lock:
+            if name in self._records or name in self._creating:
+                return None
+            row = self._creating[name] = _NewRow(
+                _Record(name, _NO_OVERRIDES, self._clock()), "{}", None, frame=frame,
+                timestamp_ms=timestamp)
+        self._first_writer.submit(row)
+
+        def wait() -> None:
+            row.done.wait()
+            if row.error is not None:
+                raise row.error
+
+        return timestamp, wait
+
+    def _insert_nursery_rows(self, rows: Sequence[_NewRow]) -> None:
+        """The nursery writer: one fsynced transaction for the streams and their first frames."""
+        error: BaseException | None = None
+        try:
+            with self._metadata.durable_transaction():
+                self._metadata.executemany(
+                    "INSERT INTO streams (name, config_json, created_ms) VALUES (?, ?, ?)",
+                    [(row.record.name, row.config_json, row.record.created_ms) for row in rows])
+                self._metadata.executemany(  # rows a crash may have left behind
+                    "DELETE FROM stream_schemas WHERE stream = ?",
+                    [(row.record.name,) for row in rows])
+                self._nursery.insert((row.record.name, row.frame, 1, row.timestamp_ms)
+                                     for row in rows)
+        except BaseException as exc:
+            error = exc
+            log.error("could not create %d stream(s) by first publish: %s", len(rows), exc)
+        with self._lock:
+            if error is None:
+                for row in rows:
+                    self._records[row.record.name] = row.record
+            for row in rows:
+                self._creating.pop(row.record.name, None)
+        for row in rows:
+            row.error = error
+            row.done.set()
+        if error is None and log.isEnabledFor(logging.DEBUG):
+            log.debug("created %d stream(s) by first publish: %s", len(rows),
+                      ", ".join(row.record.name for row in rows[:10]))
 
     def _insert(self, name: str, overrides: Mapping[str, int],
                 schema: SchemaVersion | None) -> _Record | None:
@@ -468,7 +569,8 @@ class StreamRegistry:
         config = self.effective_config(record.overrides)
         try:
             stats = (None if record.name in self._broken or record.name in self._creating
-                     else self._storage.peek_stats(record.name))  # a listing opens nothing
+                     else self._nursery.stats_of(record.name)
+                     or self._storage.peek_stats(record.name))  # a listing opens nothing
             if stats is None:
                 stats = self._open(record.name).stats()
         except StreamNeedsRepairError as exc:
@@ -544,6 +646,7 @@ class StreamRegistry:
         """
         record = self._record(name)
         changes = self._check_overrides(record.name, overrides)
+        self._write_out(record.name)  # nursery streams follow the defaults only
         if value_schema:
             self._change_schema(record.name, value_schema)
         if not changes and value_schema:
@@ -662,6 +765,7 @@ class StreamRegistry:
             # new stream that inherits old data.
             self._storage.drop_log(name)
             with self._lock, self._metadata.transaction():
+                self._nursery.forget(name)
                 self._metadata.execute("DELETE FROM streams WHERE name = ?", (name,))
                 self._metadata.execute("DELETE FROM stream_schemas WHERE stream = ?", (name,))
                 self._records.pop(name, None)
@@ -695,6 +799,7 @@ class StreamRegistry:
     def repair(self, name: str) -> tuple[StreamStatus, int, str]:
         """Truncate the log at its first bad frame and reopen it: (status, bytes cut, where)."""
         record = self._record(name)
+        self._write_out(record.name)
         with self._open_lock(record.name):
             with self._lock:
                 was_open = self._logs.pop(record.name, None) is not None
@@ -727,6 +832,10 @@ class StreamRegistry:
             wanted.update(dict.fromkeys(self.matching(pattern=pattern, visible=visible)))
         result: list[tuple[str, int, int]] = []
         for name in wanted:
+            kept = self._nursery.stats_of(name)  # no log to open for it
+            if kept is not None:
+                result.append((name, kept.start_offset, kept.end_offset))
+                continue
             try:
                 stream_log = self._open(name)
             except StreamNotFoundError:  # deleted meanwhile; only named ones are errors

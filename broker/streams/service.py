@@ -329,6 +329,14 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         """
         request, arrow = _split_publish(raw, "Publish")
         stream, rows, ack = self._prepare_publish(request, context, arrow)
+        started = time.perf_counter()
+        first = (self._registry.create_by_first_publish(stream, rows)
+                 if isinstance(rows, MessageRows) else None)
+        if first is not None:  # a new stream: its message kept in the nursery (nursery.py)
+            timestamp, wait = first
+            wait()
+            return self._published(stream, AppendResult(0, 1, [], timestamp), rows, ack,
+                                   started)
         stream_log = self._registry.get(stream, create_if_missing=True)
         if rows is None:
             return pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
@@ -362,6 +370,10 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         try:
             request, arrow = _split_publish(raw, "PublishStream")
             stream, rows, ack = self._prepare_publish(request, context, arrow)
+            if isinstance(rows, MessageRows):
+                first = self._registry.create_by_first_publish(stream, rows)
+                if first is not None:
+                    return self._first_publish_reply(stream, rows, ack, *first)
             stream_log = self._registry.get(stream, create_if_missing=True)
             if rows is None:
                 empty = pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
@@ -376,6 +388,25 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
             if ack is AckMode.FSYNC:
                 self._on_log(stream, lambda: stream_log.sync_through(sequence))
             return self._published(stream, result, rows, ack, started)
+
+        return reply
+
+    def _first_publish_reply(self, stream: str, rows: MessageRows, ack: AckMode,
+                             timestamp: int, wait: Callable[[], None],
+                             ) -> Callable[[], pb.PublishResponse]:
+        """The reply of a PublishStream request that created its stream in the nursery.
+
+        The stream and its message are stored by the nursery writer while
+        this call reads on (its transaction is fsynced whatever the ack), so
+        the reply waits for that transaction.
+        """
+        started = time.perf_counter()
+        self._publish_fault.written()
+
+        def reply() -> pb.PublishResponse:
+            wait()
+            return self._published(stream, AppendResult(0, 1, [], timestamp), rows, ack,
+                                   started)
 
         return reply
 
