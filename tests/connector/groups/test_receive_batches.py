@@ -31,7 +31,7 @@ def test_draining_takes_every_message_once_and_acks_each_batch_when_the_next_is_
             assert len(batch) <= 700
             offsets += batch.offsets.tolist()
             assert set(batch.table.column("attempt").to_pylist()) == {1}
-    # Two calls in flight may be served in either order: each batch is a run of
+    # Calls in flight may be served in any order: each batch is a run of
     # offsets, and together they are every message once.
     assert len(offsets) == 5000 and sorted(offsets) == list(range(5000))
     info = client.describe_group(stream_name, "g")
@@ -53,18 +53,22 @@ def test_the_next_batch_is_leased_while_the_application_holds_one(client, stream
     assert client.describe_group(stream_name, "g").committed_offset == 200
 
 
-def test_by_default_two_calls_are_in_flight_beside_the_batch_held(client, stream_name):
+def test_by_default_three_calls_are_in_flight_beside_the_batch_held(client, stream_name):
     publish(client, stream_name, 1000)
     with client.receive_batches(stream_name, "g", max=100) as it:
         held = [next(it)]
-        wait_for_in_flight(client, stream_name, "g", 300)  # held + 2 prefetched
+        wait_for_in_flight(client, stream_name, "g", 400)  # held + 3 prefetched
         held += [next(it), next(it)]
-        # Taking the third acked the first two (each on the call sent when the next was taken).
-        wait_for_in_flight(client, stream_name, "g", 300)
-        assert client.describe_group(stream_name, "g").committed_offset == 200
+        # Taking the third acked the first two (each on the call sent when the next was
+        # taken), and three calls are in flight beside the one held again.
+        deadline = time.monotonic() + 10
+        while (info := client.describe_group(stream_name, "g")).committed_offset != 200:
+            assert time.monotonic() < deadline, info
+            time.sleep(0.01)
+        wait_for_in_flight(client, stream_name, "g", 400)
         offsets = sorted(o for batch in held for o in batch.offsets.tolist())
         assert offsets == list(range(300))
-    # close() nacked the held batch and the two prefetched: nothing is left in flight.
+    # close() nacked the held batch and the three prefetched: nothing is left in flight.
     info = client.describe_group(stream_name, "g")
     assert (info.committed_offset, info.in_flight) == (200, 0)
 
@@ -110,3 +114,19 @@ def test_bad_arguments_fail_before_any_call(client, stream_name):
         client.receive_batches(stream_name, "g", max=0)
     with pytest.raises(InvalidArgument, match="wait=-1"):
         client.receive_batches(stream_name, "g", wait=-1)
+
+
+def test_key_order_holds_with_calls_in_flight(client, stream_name):
+    client.create_stream(stream_name)
+    client.publish_batch(stream_name, [{"key": f"k{i % 7}", "value": f"m{i}"}
+                                       for i in range(700)])
+    seen: dict[bytes, list[int]] = {}
+    with client.receive_batches(stream_name, "g", max=50, wait=0.2, ordering="key",
+                                prefetch=3, until_empty=True) as it:
+        for batch in it:
+            keys = batch.table.column("key").to_pylist()
+            assert len(set(keys)) == len(keys)  # at most one message of a key in flight
+            for key, offset in zip(keys, batch.offsets.tolist(), strict=True):
+                seen.setdefault(key, []).append(offset)
+    assert {key: offsets for key, offsets in seen.items()} == {
+        f"k{k}".encode(): list(range(k, 700, 7)) for k in range(7)}
