@@ -206,7 +206,9 @@ class _NewRow:
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     frame: bytes = b""  # a nursery stream's first frame (nursery.py)
     timestamp_ms: int = 0  # the frame's message timestamp
-    error: BaseException | None = None  # its insert failed
+
+
+_NO_EVENT = threading.Event()  # a nursery row's stand-in until its writer round's is known
 
 
 class StreamRegistry:
@@ -424,23 +426,21 @@ class StreamRegistry:
         if lone is None:
             return None
         frame, timestamp = self._storage.first_frame(lone.value)
-        with self._lock:
+        with self._lock:  # the writer's round reaches _records through this lock too
             if name in self._records or name in self._creating:
                 return None
-            row = self._creating[name] = _NewRow(
-                _Record(name, _NO_OVERRIDES, self._clock()), "{}", None, frame=frame,
-                timestamp_ms=timestamp)
-        self._first_writer.submit(row)
-
-        def wait() -> None:
-            row.done.wait()
-            if row.error is not None:
-                raise row.error
-
-        return timestamp, wait
+            row = _NewRow(_Record(name, _NO_OVERRIDES, self._clock()), "{}", None, _NO_EVENT,
+                          frame, timestamp)
+            written = self._first_writer.submit(row)
+            row.done = written.done  # what a concurrent get() of the name waits for
+            self._creating[name] = row
+        return timestamp, written.wait
 
     def _insert_nursery_rows(self, rows: Sequence[_NewRow]) -> None:
-        """The nursery writer: one fsynced transaction for the streams and their first frames."""
+        """The nursery writer: one fsynced transaction for the streams and their first frames.
+
+        Raises when the transaction failed (the writer fails the round's waiters).
+        """
         error: BaseException | None = None
         try:
             with self._metadata.durable_transaction():
@@ -454,17 +454,15 @@ class StreamRegistry:
                                      for row in rows)
         except BaseException as exc:
             error = exc
-            log.error("could not create %d stream(s) by first publish: %s", len(rows), exc)
         with self._lock:
             if error is None:
                 for row in rows:
                     self._records[row.record.name] = row.record
             for row in rows:
                 self._creating.pop(row.record.name, None)
-        for row in rows:
-            row.error = error
-            row.done.set()
-        if error is None and log.isEnabledFor(logging.DEBUG):
+        if error is not None:
+            raise error
+        if log.isEnabledFor(logging.DEBUG):
             log.debug("created %d stream(s) by first publish: %s", len(rows),
                       ", ".join(row.record.name for row in rows[:10]))
 
