@@ -18,7 +18,9 @@ import os
 import shutil
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -58,10 +60,54 @@ def number(text: str) -> int:
     return int(text.replace(",", ""))
 
 
+ORDERS = 120  # published to orders before the trickle
+TRICKLE = 10  # messages per batch of the trickle: one batch per history sample
+
+
+def history(broker: BrokerProcess) -> dict:
+    """The console's /api/history (what the charts page draws)."""
+    with urllib.request.urlopen(broker.http_address + "/api/history", timeout=10) as reply:
+        return json.load(reply)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch of the trickle: the history sample it followed, when it was sent and acked
+    (wall clock, as the broker's sample times)."""
+
+    after_sample: float
+    sent: float
+    acked: float
+
+
+def interval_batches(trickle: list[Batch], times: list[float], k: int) -> int | None:
+    """How many trickle batches the broker's sample ``k`` counted since sample ``k - 1``,
+    or None where a batch's ack may fall on either side of a sample.
+
+    A sample reads the end offsets, then takes its time, and the next one reads at least a
+    second (the interval) after that: sample ``k``'s read lies in
+    [times[k-1] + 1, times[k]]. A batch sent after times[k-1] and acked before
+    times[k-1] + 1 is in interval k, one acked before times[k-2] + 1 is in an earlier
+    one, one sent after times[k] in a later one.
+    """
+    # (Only for intervals after the trickle's first sample: it alone publishes to orders then.)
+    lo, hi, before = times[k - 1], times[k], times[k - 2] + 1.0
+    inside = 0
+    for batch in trickle:
+        if batch.acked < before or batch.sent > hi:
+            continue
+        if batch.sent > lo and batch.acked < lo + 1.0:
+            inside += 1
+        else:
+            return None
+    return inside
+
+
 @pytest.fixture(scope="module")
 def workload(console_broker: BrokerProcess) -> Iterator[dict[str, object]]:
-    """orders: 120 JSON orders (and a trickle), cursor group billing at 70, shared group
-    shipping with 6 leases out and 1 dead letter; audit: 15 lines, subscriber indexer."""
+    """orders: 120 JSON orders (then a trickle: TRICKLE per history sample), cursor group
+    billing at 70, shared group shipping with 6 leases out and 1 dead letter; audit: 15
+    lines, subscriber indexer."""
     client = Client(console_broker.address)
     orders = [{"order": i, "customer": f"c{i % 7}", "total": round(i * 1.25, 2),
                "items": [{"sku": f"sku-{i % 5}", "qty": 1 + i % 3}]} for i in range(120)]
@@ -80,17 +126,27 @@ def workload(console_broker: BrokerProcess) -> Iterator[dict[str, object]]:
     subscription = client.subscribe("audit", "indexer", lambda lease: release.wait(120),
                                     max_in_flight=2, ack_wait=600)       # 1 member, 2 leased
     stop = threading.Event()
+    trickle: list[Batch] = []
 
-    def publish() -> None:  # a steady trickle, so the charts have a rate
+    def publish() -> None:
+        """The trickle, so the charts have a rate: one batch of TRICKLE messages right after
+        each sample of the console's history (seen on /api/history), so each interval
+        between two samples takes exactly one batch however slow the machine is."""
         with Client(console_broker.address) as producer:
+            seen = None
             while not stop.is_set():
-                producer.publish("orders", json.dumps({"order": "live"}).encode())
-                time.sleep(0.1)
+                last = history(console_broker)["times"][-1]
+                if last != seen:
+                    seen, start = last, time.time()
+                    producer.publish_batch("orders", [{"value": b'{"order": "live"}'}]
+                                           * TRICKLE)
+                    trickle.append(Batch(seen, start, time.time()))
+                stop.wait(0.05)
 
     producer = threading.Thread(target=publish)
     producer.start()
     try:
-        yield {"client": client, "orders": orders}
+        yield {"client": client, "orders": orders, "trickle": trickle}
     finally:
         stop.set()
         producer.join()
@@ -197,19 +253,50 @@ def test_groups_page_matches_the_broker(console_broker, workload, browser, tmp_p
 
 
 def test_charts_show_publish_rate_and_group_lag(console_broker, workload, browser, tmp_path):
-    client: Client = workload["client"]  # type: ignore[assignment]
-    browser.goto(console_broker.http_address + "/#/charts")
-    browser.wait_for("document.querySelector('#rate-chart path[data-series=\"orders\"]') && "
-                     "document.querySelector('#lag-chart path[data-series=\"orders/billing\"]')",
-                     "both charts drawn", timeout=30)
-    legend = browser.evaluate("""Object.fromEntries([...document.querySelectorAll(
-        '.legend span')].map(s => [s.dataset.series, s.innerText]))""")
+    trickle: list[Batch] = workload["trickle"]  # type: ignore[assignment]
+    for _attempt in range(5):
+        browser.goto(console_broker.http_address + "/#/charts")
+        browser.wait_for("document.querySelector('#rate-chart path[data-series=\"orders\"]') "
+                         "&& document.querySelector('#lag-chart path[data-series="
+                         "\"orders/billing\"]')", "both charts drawn", timeout=30)
+        legend = browser.evaluate("""Object.fromEntries([...document.querySelectorAll(
+            '.legend span')].map(s => [s.dataset.series, s.innerText]))""")
+        # the x axis ends at the page's last sample, HH:MM:SS (samples are >= 1 s apart)
+        last_label = browser.evaluate("[...document.querySelectorAll('#rate-chart text')]"
+                                      ".at(-1).textContent")
+        times = history(console_broker)["times"]
+        k = next(i for i, t in enumerate(times)
+                 if datetime.fromtimestamp(t, UTC).strftime("%H:%M:%S UTC") == last_label)
+        if (k >= 2 and trickle and times[k - 1] > trickle[0].after_sample
+                and interval_batches(trickle, times, k) == 1):
+            break
+        # the page's last interval is before the trickle, or (a very slow machine) the
+        # trickle missed a sample or a batch's ack is on both sides of one: a later page
+        time.sleep(2)
+    else:
+        raise AssertionError(f"no page whose last interval holds one trickle batch: {trickle}")
+    # The broker counted exactly the trickle's batch between the page's last two samples.
+    expected_rate = TRICKLE / (times[k] - times[k - 1])  # ~10/s: samples ~1 s apart
     rate = float(legend["orders"].split(": ")[1].split()[0])
-    # The trickle publishes about 10 a second (1.7 measured on a loaded CI machine).
-    assert 0.5 <= rate <= 40
+    assert abs(rate - expected_rate) <= 0.05 + 0.01, (rate, expected_rate)  # shown as 9.9
+    # ... and every sample of its lag: all batches sent before sample k were acked before it
+    sent_before = sum(1 for b in trickle if b.sent < times[k])
     lag = number(legend["orders/billing"].split(": ")[1].split()[0])
-    assert abs(lag - client.describe_group("orders", "billing").lag) <= 40
+    assert lag == ORDERS + TRICKLE * sent_before - 70
     assert legend["audit/indexer"] == "audit/indexer: 15 messages"
+    # The whole window the broker serves: each interval the trickle covered took its batch.
+    snapshot = history(console_broker)
+    times, rates = snapshot["times"], snapshot["rates"]["orders"]
+    checked = 0
+    for i in range(2, len(times)):
+        if times[i - 1] <= trickle[0].after_sample:
+            continue  # the orders before the trickle may be in it
+        count = interval_batches(trickle, times, i)
+        if count is not None:
+            assert abs(rates[i - 1] - count * TRICKLE / (times[i] - times[i - 1])) <= 0.01, (
+                i, rates, times, trickle)
+            checked += 1
+    assert checked >= 2, (times, trickle)
     browser.screenshot(tmp_path / "charts.png")
     assert browser.errors() == []
     outside = [u for u in browser.requested_urls()
