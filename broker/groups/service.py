@@ -328,7 +328,7 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
         """The unbatched form: one stream message per delivery (clients before batching)."""
         sent = self._manager.metrics.subscribe_messages
         with contextlib.closing(self._subscribe(request_iterator, context)) as ready:
-            for _first, delivered in ready:
+            for _first, delivered, _count in ready:
                 batch = pb.DeliveryBatch()
                 _add_deliveries(batch.deliveries, grants(delivered))
                 for delivery in batch.deliveries:
@@ -348,9 +348,8 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
         """
         sent = self._manager.metrics.subscribe_messages
         with contextlib.closing(self._subscribe(request_iterator, context)) as ready:
-            for first, delivered in ready:
+            for first, delivered, count in ready:
                 sent.inc()
-                count = sum(span.end - span.start for span in delivered)
                 if first.open.arrow_deliveries and count >= ARROW_DELIVERIES_MIN_ROWS:
                     table = delivery_table(delivered)
                     yield encode_with_bytes(pb.DeliveryBatch(count=table.num_rows),
@@ -362,8 +361,11 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
 
     def _subscribe(self, request_iterator: Iterator[pb.SubscribeRequest],
                    context: grpc.ServicerContext,
-                   ) -> Generator[tuple[pb.SubscribeRequest, list[Delivered]], None, None]:
-        """The leases of one Subscribe call as they become ready (never empty), with its opening."""
+                   ) -> Generator[tuple[pb.SubscribeRequest, list[Delivered], int], None, None]:
+        """The leases of one Subscribe call as they become ready (never empty).
+
+        Each with the call's opening request and the number of deliveries.
+        """
         first = next(request_iterator, None)
         if first is None:
             return
@@ -406,8 +408,9 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
                                         SUBSCRIBE_POLL_S, config.ack_wait_ms,
                                         should_stop=session.stopping)
                 if delivered:
-                    session.spend(sum(span.end - span.start for span in delivered))
-                    yield first, delivered
+                    count = sum(span.end - span.start for span in delivered)
+                    session.spend(count)
+                    yield first, delivered, count
         finally:
             session.end()
             group.disconnect(member)
