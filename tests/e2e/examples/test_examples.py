@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import ast
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from quick_jvm import quick_jvm_env
 
 from harness import REPO_ROOT, BrokerProcess
 
@@ -19,7 +19,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 
 def spark_submit(script: str, broker: BrokerProcess, *args: str) -> str:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "NPSTREAM_BROKER": broker.address}
+    env = {**quick_jvm_env(), "PYSPARK_PYTHON": sys.executable,
+           "NPSTREAM_BROKER": broker.address}
     proc = subprocess.run(
         [str(SPARK_SUBMIT), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
          "--conf", "spark.sql.shuffle.partitions=2", str(ROOT / "examples" / script), *args],
@@ -61,6 +62,7 @@ def test_notebook_runs_headless(broker: BrokerProcess, monkeypatch: pytest.Monke
 
     monkeypatch.setenv("NPSTREAM_BROKER", broker.address)
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", quick_jvm_env()["SPARK_SUBMIT_OPTS"])
     nb = nbformat.read(ROOT / "examples" / "notebook.ipynb", as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3").execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]

@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from quick_jvm import quick_jvm_env
 
 from harness import REPO_ROOT, build_wheel
 from npstream.spark import FORMAT, NpstreamDataSource, register
@@ -92,7 +93,7 @@ def test_discovery_from_wheel_install_reads_without_register(broker, client, str
     job.write_text(DISCOVERY_JOB)
     out = tmp_path / "out.json"
     env = {
-        **os.environ,
+        **quick_jvm_env(),
         "PYTHONPATH": f"{target}{os.pathsep}{site_packages}",
         "PYSPARK_PYTHON": str(python),
         "PYSPARK_DRIVER_PYTHON": str(python),

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from quick_jvm import quick_jvm_env
 
 from npstream import Client
 from npstream.proto.schema import MESSAGE_SCHEMA
@@ -27,9 +28,12 @@ from npstream.spark.writer_options import checkpoint_sink_id
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-TOTAL = 2400
 PER_BATCH = 300
-KILLS = 2  # the chaos test (test_chaos.py) adds driver and broker kills at random
+KILLS = 3
+# A run copies at most a batch a second (the trigger), so the runs before the kills (a
+# commit each, then 0, 2.9 and 1.5 s: the seeded delays) copy at most ~11 batches: every
+# kill lands before the end.
+TOTAL = PER_BATCH * 12
 SEED = 20261122
 
 COPY_JOB = '''
@@ -73,7 +77,9 @@ def copied(client: Client, stream: str) -> int:
 
 
 def start_job(script: Path, args: list[str], log: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    # the quick JVM options: each start ~10 s instead of ~20 s under load (quick_jvm.py)
+    env = {**quick_jvm_env(), "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable}
     with open(log, "a") as stderr:
         return subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE,
                                 stderr=stderr, text=True, env=env, start_new_session=True)
@@ -139,7 +145,7 @@ def test_copy_with_driver_killed_at_random_points_is_exactly_once(broker, stream
         assert ids == [f"a-{i}" for i in range(TOTAL)]
         assert result.column("value").to_pylist() == [f"value-{i}".encode()
                                                       for i in range(TOTAL)]
-        assert any(0 < count < TOTAL for count in progress), progress
+        assert len(progress) == KILLS and all(0 < count < TOTAL for count in progress), progress
         spark_commits = [int(p.name) for p in (checkpoint / "commits").iterdir()
                          if p.name.isdigit()]
         assert sink.last_batch_id(sink_id) == max(spark_commits)
