@@ -6,6 +6,18 @@ move as a state machine whose state is a row of its metadata SQLite
 (move_state.py), in the spirit of Kafka's partition reassignment: every step
 is durable before the next one relies on it, and every step can be repeated.
 
+0. **drain** (in memory only): new sink Stage calls into the stream are
+   refused (STREAM_MOVING; writers send them again, to the new member in
+   the end) while the batches already staged into it here commit, for up to
+   ``DRAIN_WAIT_S``. Staged rows can only commit on the member they were
+   staged on, and a writer's batch may be committed on another member
+   already (a batch spanning members): were the stream to move under
+   them, the batch replayed at the new member would find it committed
+   there and leave these rows out. So a batch still uncommitted after the
+   wait (a writer that died, or a slow one) makes the move fail
+   (MOVE_FAILED, naming the sink and batch; nothing changed) until that
+   batch is committed or aborted. The check is repeated once the stream is
+   paused.
 1. **pause** (state ``copying``, recorded first): the stream's calls are
    refused with STREAM_MOVING (clients send them again), running ones are
    waited for, groups leave memory with their positions written, and the
@@ -71,6 +83,7 @@ from npstream.broker.errors import (
     StreamNotFoundError,
 )
 from npstream.broker.log_events import event_fields
+from npstream.broker.sink.staging import STAGING_DIR, uncommitted_batches
 from npstream.broker.storage.files import stream_dir
 from npstream.proto import metadata_keys, pb
 
@@ -87,6 +100,11 @@ CHUNK_BYTES = 1 << 20
 # How long a pause waits for the stream's running calls (a long poll ends
 # sooner: its group is closed; a Fetch long poll runs out by its wait).
 PAUSE_WAIT_S = 30.0
+# How long a move waits for sink batches staged into the stream to commit
+# (step 0, drain); Stage calls into it are refused meanwhile.
+DRAIN_WAIT_S = 5.0
+# How often the drain looks at the staging area again.
+DRAIN_POLL_S = 0.05
 # How often unfinished moves are tried again (a target that was down).
 RESUME_INTERVAL_S = 2.0
 # Per MoveIn call (a chunk, an install).
@@ -107,6 +125,16 @@ class MoveFailedError(BrokerError):
 
     grpc_code = grpc.StatusCode.FAILED_PRECONDITION
     reason = pb.ERROR_REASON_MOVE_FAILED
+
+
+def _staged_refusal(stream: str, waiting: list[tuple[str, int]], waited_s: float) -> str:
+    batches = ", ".join(f"sink '{sink}' batch {batch}" for sink, batch in waiting)
+    waited = f" and were not committed within {waited_s:g}s" if waited_s else ""
+    return (f"stream '{stream}' is not moved: rows of {batches} are staged into it on this "
+            f"member{waited}, and they can only be committed here. Let the writer commit or "
+            "abort that batch (a stopped Spark query: start it again, it commits the batch; "
+            "or SinkClient.abort), or wait for sink_staging_ttl to drop them, then run the "
+            "move again")
 
 
 class Mover:
@@ -170,7 +198,11 @@ class Mover:
                 if stream not in self._ctx.registry:
                     self._gone(stream)
                 self._check_no_pending_sink(stream)
-                record = self._book.begin(stream, target)
+                try:
+                    self._drain(stream, target)
+                    record = self._book.begin(stream, target)  # paused from here on
+                finally:
+                    self._book.undrain(stream)
                 log.info("moving stream '%s' to %s (move %s)", stream, target, record.move_id,
                          extra=event_fields(stream=stream))
                 faults.hit("move.paused", stream)
@@ -222,6 +254,37 @@ class Mover:
                     f"stream '{stream}' is a target of sink '{row[0]}''s unfinished commit; "
                     "the move starts once that commit is finished (retried by its writer)")
 
+    def _drain(self, stream: str, target: str) -> None:
+        """Step 0 (module doc): refuse new stagings, let the staged batches commit."""
+        self._book.drain(stream, target)
+        deadline = time.monotonic() + DRAIN_WAIT_S
+        self._book.wait_stages(stream, DRAIN_WAIT_S)
+        started, waited_for = time.monotonic(), ""
+        while True:
+            waiting = self._staged_batches(stream)
+            if not waiting:
+                if waited_for:
+                    log.info("stream '%s': %s committed before its move (waited %.0f ms)",
+                             stream, waited_for, (time.monotonic() - started) * 1000,
+                             extra=event_fields(stream=stream))
+                return
+            waited_for = ", ".join(f"sink '{sink}' batch {batch}" for sink, batch in waiting)
+            if time.monotonic() >= deadline:
+                raise MoveFailedError(_staged_refusal(stream, waiting, DRAIN_WAIT_S))
+            time.sleep(DRAIN_POLL_S)
+
+    def _check_no_staged_batches(self, stream: str) -> None:
+        """MoveFailedError when rows of an uncommitted sink batch are staged into ``stream``."""
+        waiting = self._staged_batches(stream)
+        if waiting:
+            raise MoveFailedError(_staged_refusal(stream, waiting, 0))
+
+    def _staged_batches(self, stream: str) -> list[tuple[str, int]]:
+        committed = {str(r[0]): int(r[1]) for r in self._ctx.metadata.execute(
+            "SELECT sink_id, last_batch_id FROM sink_state")}
+        return uncommitted_batches(self._ctx.config.server.data_dir / STAGING_DIR, stream,
+                                   committed)
+
     def _cancel(self, record: MoveRecord, metadata: Sequence[tuple[str, str]]) -> None:
         """Cancel a move still copying: the target drops what it got; served here again."""
         try:
@@ -246,6 +309,7 @@ class Mover:
             if record.state == "copying":
                 try:  # a commit that began before the pause must finish here first
                     self._check_no_pending_sink(stream)
+                    self._check_no_staged_batches(stream)
                 except MoveFailedError:
                     self._book.cancel(record)
                     raise

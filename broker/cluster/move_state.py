@@ -23,7 +23,10 @@ failing, and the sink's per-stream floors (markers.py ``sink_floors``).
 ``MoveBook`` is the in-memory view of the unfinished records, read by
 routing on every per-stream call, plus a gate counting each stream's calls
 in flight: pausing a stream refuses new calls and waits for running ones,
-so nothing writes while it is copied.
+so nothing writes while it is copied. Before the pause a move *drains* the
+stream's sink stagings (move.py): new Stage calls into it are refused
+(STREAM_MOVING) and counted while they write, while commits go on, so a
+batch staged before the move can commit before the copy.
 """
 
 from __future__ import annotations
@@ -86,6 +89,8 @@ class MoveBook:
         self._cond = threading.Condition()
         self._active: dict[str, MoveRecord] = {}
         self._in_flight: dict[str, int] = {}
+        self._draining: dict[str, str] = {}  # stream -> the member it is about to move to
+        self._stages: dict[str, int] = {}  # Stage calls writing rows for the stream
         for row in metadata.execute(
                 "SELECT stream, move_id, target, state, started_ms FROM stream_moves "
                 "WHERE state != 'done'"):
@@ -190,6 +195,49 @@ class MoveBook:
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while self._in_flight.get(stream, 0) > 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
+    # ------------------------------------------------------------ sink stagings
+
+    @contextmanager
+    def staging(self, stream: str) -> Iterator[None]:
+        """Around a Stage writing rows for ``stream``: StreamMovingError while the stream
+        is drained for a move or paused; counted while it writes (``wait_stages``)."""
+        with self._cond:
+            target = self._draining.get(stream)
+            if target is not None:
+                raise StreamMovingError(stream, target, RETRY_AFTER_MS)
+            self.check(stream)
+            self._stages[stream] = self._stages.get(stream, 0) + 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                left = self._stages.get(stream, 0) - 1
+                if left > 0:
+                    self._stages[stream] = left
+                else:
+                    self._stages.pop(stream, None)
+                    self._cond.notify_all()
+
+    def drain(self, stream: str, target: str) -> None:
+        """Refuse new Stage calls into ``stream`` (commits go on) until ``undrain``."""
+        with self._cond:
+            self._draining[stream] = target
+
+    def undrain(self, stream: str) -> None:
+        with self._cond:
+            self._draining.pop(stream, None)
+
+    def wait_stages(self, stream: str, timeout_s: float) -> bool:
+        """Wait until no Stage writes rows for ``stream``; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._stages.get(stream, 0) > 0:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False

@@ -36,7 +36,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import TypeVar
 
 import grpc
@@ -313,6 +313,18 @@ class Cluster:
         if target is not None and not self.holds(stream):
             raise NotOwnerError(stream, target, True)
         with self.moves.calling(stream):  # StreamMovingError while paused
+            yield
+
+    @contextmanager
+    def staging(self, streams: Iterable[str]) -> Iterator[None]:
+        """Around a Stage's write of rows for ``streams``: StreamMovingError while one of
+        them is drained or paused for a move, and counted meanwhile (move_state.py)."""
+        if self.moves is None:
+            yield
+            return
+        with ExitStack() as guards:
+            for stream in sorted(set(streams)):
+                guards.enter_context(self.moves.staging(stream))
             yield
 
     def close(self) -> None:

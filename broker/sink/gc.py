@@ -46,10 +46,14 @@ class StagingGC:
     """Deletes staging nothing will commit; thread-safe (each sink's lock, markers.py)."""
 
     def __init__(self, markers: SinkMarkers, staging: StagingArea, *,
-                 clock: Callable[[], int] = now_ms) -> None:
+                 clock: Callable[[], int] = now_ms,
+                 moved_away: Callable[[str], str | None] = lambda _stream: None) -> None:
+        """``moved_away(stream)``: the member a stream was moved to, when it leaves this
+        one by a move (cluster/move.py) rather than a delete (None)."""
         self._markers = markers
         self._staging = staging
         self._clock = clock
+        self._moved_away = moved_away
 
     def after_recovery(self) -> None:
         """Drop what recovery left: committed batches' staging, temp files, orphan indexes."""
@@ -100,8 +104,16 @@ class StagingGC:
         return dropped
 
     def on_stream_deleted(self, stream: str) -> None:
-        """Forget a deleted stream: its markers, unfinished commits' rows for it, its staging."""
+        """Forget a deleted stream: its markers, unfinished commits' rows for it, its staging.
+
+        A stream that moved to another member keeps its staging here until
+        the sweep (or a later commit of the sink): a late commit of it is then
+        refused naming the new member (NOT_OWNER, "stage the batch again
+        there") rather than "staging not found".
+        """
         self._markers.forget_stream(stream)
+        if self._moved_away(stream) is not None:
+            return
         protected = {(p.sink_id, p.batch_id) for p in self._markers.all_pending()}
         dropped = 0
         for item in list(self._staging.files()):

@@ -40,6 +40,7 @@ from npstream.broker.sink.inbox import INBOX_DIR_NAME, InboxRefused, StageInbox
 from npstream.broker.sink.markers import SinkMarkers
 from npstream.broker.sink.recovery import recover
 from npstream.broker.sink.staging import (
+    STAGING_DIR,
     StageTarget,
     StagingArea,
     check_batch_id,
@@ -188,7 +189,9 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
         table = prepare_stage(data, request.stream, writable_targets(
             self._access, context, self._cluster.owned(context, self._target)))
         try:
-            size = self._staging.write(sink_id, batch_id, staging_id, table)
+            # Counted per target stream while it writes: a move drains them first (move.py).
+            with self._cluster.staging(table.streams):
+                size = self._staging.write(sink_id, batch_id, staging_id, table)
         except OSError as exc:
             if is_disk_full(exc):  # the staging area removed what it had written
                 raise DiskFullError(request.stream, f"stage of sink '{sink_id}' batch "
@@ -258,14 +261,15 @@ def add_to_server(server: grpc.Server, ctx: BrokerContext) -> StagingSweeper:
     """Recover unfinished commits, register SinkService, start the staging sweep."""
     config = ctx.config
     faults.arm_from_env()  # tests' crash points; ValueError for a malformed value
-    staging = StagingArea(config.server.data_dir / "sink",
+    staging = StagingArea(config.server.data_dir / STAGING_DIR,
                           max_frame_bytes=config.storage.max_batch_bytes,
                           direct_writes=config.sink.sink_direct_writes)
     markers = SinkMarkers(ctx.metadata, durable=config.storage.metadata_sync != "full")
     committer = SinkCommitter(markers, ctx.registry, staging,
                               adopt_min_bytes=config.sink.sink_adopt_min_bytes,
                               write_guard=lambda stream: ctx.cluster.local_write(stream))
-    gc = StagingGC(markers, staging)
+    gc = StagingGC(markers, staging, moved_away=lambda stream: (
+        ctx.cluster.moves.moved_away(stream) if ctx.cluster.moves is not None else None))
     finished = recover(committer, gc)
     if finished:
         log.warning("sink recovery finished %d interrupted commit(s)", finished)

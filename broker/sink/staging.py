@@ -43,7 +43,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +72,7 @@ from npstream.proto.value_schema import ValueMismatchError as SchemaValueMismatc
 from npstream.proto.value_schema import stored_schema, value_sizes, value_struct
 
 __all__ = [
+    "STAGING_DIR",
     "STAGING_SUFFIX",
     "PreparedStage",
     "StageTarget",
@@ -83,11 +84,14 @@ __all__ = [
     "message_sizes",
     "prepare_stage",
     "remove_staging",
+    "uncommitted_batches",
 ]
 
 log = logging.getLogger(__name__)
 
 STAGING_SUFFIX = ".arrow"
+# The staging area's directory under the broker's data_dir.
+STAGING_DIR = "sink"
 _TMP_SUFFIX = ".tmp"
 # Frames per staging file are cut at the broker's max_batch_bytes (the server passes it).
 DEFAULT_MAX_FRAME_BYTES = 8 << 20
@@ -468,6 +472,31 @@ class StagingArea:
     def _remove_if_empty(directory: Path) -> None:
         with contextlib.suppress(OSError):  # not empty (or already gone): keep it
             directory.rmdir()
+
+
+def uncommitted_batches(root: Path, stream: str,
+                        committed: Mapping[str, int]) -> list[tuple[str, int]]:
+    """(sink id, batch id) of the stagings under ``root`` holding rows for ``stream`` whose
+    batch is above ``committed[sink id]`` (its last committed batch; -1 when absent).
+
+    A stream move waits for these to commit before it copies the stream
+    (cluster/move.py). Reads the small index files only.
+    """
+    found: list[tuple[str, int]] = []
+    for sink_dir in _subdirs(root):
+        last = committed.get(sink_dir.name, -1)
+        for batch_dir in _subdirs(sink_dir):
+            if not batch_dir.name.isdigit() or int(batch_dir.name) <= last:
+                continue
+            for index in batch_dir.glob(f"*{INDEX_SUFFIX}"):
+                try:
+                    streams = json.loads(index.read_bytes()).get("streams", [])
+                except (OSError, ValueError, AttributeError):
+                    continue  # being written or dropped right now
+                if stream in streams:
+                    found.append((sink_dir.name, int(batch_dir.name)))
+                    break
+    return sorted(found)
 
 
 def _subdirs(directory: Path) -> list[Path]:

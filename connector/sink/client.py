@@ -55,6 +55,7 @@ __all__ = [
     "SinkClient",
     "SinkConflict",
     "StageResult",
+    "StagedRowsMoved",
     "arrow_stream_buffer",
     "encode_arrow_stream",
     "encode_stage_request",
@@ -94,6 +95,21 @@ def encode_stage_request(head: pb.StageRequest, table: pa.Table | pa.RecordBatch
     (npstream.proto.wire appends it to the encoded small fields instead).
     """
     return encode_with_bytes(head, "arrow_stream", [arrow_stream_buffer(table)])
+
+
+class StagedRowsMoved(NotOwner):
+    """A commit's staged rows cannot commit where they were staged: their stream moved.
+
+    Rows are staged on the member that holds their stream; a stream moved to
+    another member after that (``npstream streams move``, which first waits a
+    few seconds for such batches to commit) leaves them on the old member,
+    which never appends them (it would create the stream there again).
+    Nothing of the commit was appended on that member. Stage the batch again,
+    which sends the rows to the new member (``owner``), and commit it there:
+    the sink floors that moved with the stream keep the batch exactly once. A
+    Spark query fails the batch with this error; restarted from its
+    checkpoint it runs the batch again and does exactly that.
+    """
 
 
 def _sink_error(exc: NpstreamError) -> NpstreamError:
@@ -244,9 +260,19 @@ class SinkClient:
 
         On ``broker`` (an address; None: the client's own broker).
         """
-        reply: pb.CommitBatchResponse = self._converted(
-            lambda: sink_rpc.commit_batch(self._client, sink_id, batch_id, staging_ids,
-                                          broker=broker))
+        try:
+            reply: pb.CommitBatchResponse = self._converted(
+                lambda: sink_rpc.commit_batch(self._client, sink_id, batch_id, staging_ids,
+                                              broker=broker))
+        except NotOwner as moved:
+            where = broker or self._client.address
+            raise StagedRowsMoved(
+                f"sink '{sink_id}' batch {batch_id}: rows staged on {where} for stream "
+                f"'{moved.stream}' cannot commit there, the stream moved to {moved.owner} after "
+                f"they were staged; nothing of this commit was appended on {where}. Stage the "
+                f"batch again (its rows then go to {moved.owner}) and commit it: it stays "
+                "exactly once (a Spark query fails this batch; restarted from its checkpoint, "
+                "it runs the batch again)", stream=moved.stream, owner=moved.owner) from None
         return CommitResult(
             already_committed=reply.already_committed,
             written={w.stream: (w.start_offset, w.end_offset) for w in reply.written},
