@@ -91,6 +91,40 @@ def spread_names(address: str, run_tag: str) -> tuple[str, str]:
     return f"sensor-readings-{run_tag}", f"sensor-windows-{run_tag}"
 
 
+class CaughtUp:
+    """The pipeline's stop condition: the producer is done, every query has read the source
+    to its end, and two more triggers passed (the no-data batch that closes the windows
+    the last watermark passed runs at the next one)."""
+
+    def __init__(self, spark: object, broker: str, source: str, producing: threading.Thread,
+                 trigger_seconds: float) -> None:
+        self.spark, self.broker, self.source = spark, broker, source
+        self.producing, self.grace = producing, 2 * trigger_seconds
+        self.end: int | None = None
+        self.since: float | None = None
+
+    def read_to(self, query: object) -> int:
+        progress = query.lastProgress  # type: ignore[attr-defined]
+        if not progress:
+            return -1
+        offsets = progress["sources"][0]["endOffset"]
+        offsets = json.loads(offsets) if isinstance(offsets, str) else offsets
+        return int((offsets or {}).get(self.source, -1))
+
+    def __call__(self) -> bool:
+        if self.producing.is_alive():
+            return False
+        if self.end is None:
+            with Client(self.broker) as client:
+                self.end = client.stream_info(self.source).end_offset
+        queries = self.spark.streams.active  # type: ignore[attr-defined]
+        if self.since is None:
+            if queries and all(self.read_to(q) >= self.end for q in queries):
+                self.since = time.monotonic()
+            return False
+        return time.monotonic() - self.since >= self.grace
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--broker", default=os.environ.get("NPSTREAM_BROKER", "localhost:7070"))
@@ -145,10 +179,11 @@ def main(argv: list[str] | None = None) -> int:
             "--output-dir", str(out_dir), "--webhook-url", receiver.url,
             "--slide", "5 seconds", "--trigger-seconds", "2",
             "--checkpoint-dir", str(out_dir / "checkpoints"),
-            "--run-seconds", str(args.seconds + 20),
+            "--run-seconds", str(args.seconds + 20),  # at most; it stops once caught up
         ])
+        caught_up = CaughtUp(spark, args.broker, source, producing, trigger_seconds=2)
         try:
-            pipeline.run(spark, spark_args, metrics=metrics)
+            pipeline.run(spark, spark_args, should_stop=caught_up, metrics=metrics)
         finally:
             spark.stop()
         producing.join()

@@ -11,7 +11,6 @@ the JSON-lines sink, and after the run each stream in its member's data dir.
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
@@ -19,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from quick_jvm import quick_jvm_env
 
 from harness import REPO_ROOT
 
@@ -45,7 +45,7 @@ def two_free_ports() -> int:
 
 def test_the_demo_runs_on_two_brokers_with_its_streams_on_both(tmp_path: Path) -> None:
     port = two_free_ports()
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    env = {**quick_jvm_env(), "PYSPARK_PYTHON": sys.executable}
     env.pop("NPSTREAM_BROKER", None)
     proc = subprocess.run(
         [sys.executable, str(REPO_ROOT / "examples" / "sensor_pipeline" / "run_demo.py"),
