@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import itertools
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import grpc
+import pyarrow as pa
 
 from harness import BrokerProcess
+from npstream import Client, NpstreamError
 from npstream.broker.cluster.placement import rendezvous_owner
 from npstream.proto import metadata_keys, pb, pb_grpc
+from npstream.proto.schema import MESSAGE_SCHEMA
 
-__all__ = ["LOCAL", "free_ports", "held", "names_on", "start_members", "stop_members"]
+__all__ = ["LOCAL", "free_ports", "held", "names_on", "read_ids", "start_members",
+           "stop_members", "wait_until"]
 
 # What members send each other: answer from your own streams, ask no further.
 LOCAL = ((metadata_keys.CLUSTER_LOCAL, "1"),)
@@ -82,3 +87,23 @@ def held(broker: BrokerProcess, token: str | None = None) -> set[str]:
         reply = pb_grpc.StreamServiceStub(channel).ListStreams(
             pb.ListStreamsRequest(page_size=10_000), metadata=metadata, timeout=10)
     return {info.name for info in reply.streams}
+
+
+def read_ids(client: Client, stream: str) -> list[str]:
+    """Every retained message id of ``stream``, in offset order."""
+    info = client.stream_info(stream)
+    batches = list(client.read_range(stream, info.start_offset, info.end_offset))
+    return pa.Table.from_batches(batches, schema=MESSAGE_SCHEMA).column("id").to_pylist()
+
+
+def wait_until(predicate: object, timeout: float = 60.0) -> None:
+    """Poll ``predicate`` (a member may be restarting: its errors count as False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():  # type: ignore[operator]
+                return
+        except (grpc.RpcError, NpstreamError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError("timed out")

@@ -24,13 +24,12 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from e2e.cluster_members import LOCAL, free_ports, held, start_members
+from e2e.cluster_members import LOCAL, free_ports, held, read_ids, start_members
 from harness import BrokerProcess
 from npstream import BrokerUnavailable, Client, StreamNotFound
 from npstream.broker.cluster.placement import rendezvous_owner
 from npstream.broker.faults import FAULT_EXIT_CODE, SINK_FAULT_ENV
 from npstream.proto import pb, pb_grpc
-from npstream.proto.schema import MESSAGE_SCHEMA
 
 pytestmark = pytest.mark.slow
 
@@ -68,12 +67,6 @@ def local_groups(broker: BrokerProcess, stream: str) -> set[str]:
                 raise
             return set()
     return {group.group for group in reply.groups}
-
-
-def read_ids(client: Client, stream: str) -> list[str]:
-    info = client.stream_info(stream)
-    batches = list(client.read_range(stream, info.start_offset, info.end_offset))
-    return pa.Table.from_batches(batches, schema=MESSAGE_SCHEMA).column("id").to_pylist()
 
 
 @pytest.fixture(scope="module")

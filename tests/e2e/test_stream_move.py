@@ -27,7 +27,7 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from e2e.cluster_members import LOCAL, held, names_on, start_members
+from e2e.cluster_members import LOCAL, held, names_on, read_ids, start_members, wait_until
 from harness import BrokerProcess
 from npstream import Client, NpstreamError
 from npstream.broker.cluster.placement import rendezvous_owner
@@ -70,12 +70,6 @@ def local_groups(broker: BrokerProcess, stream: str) -> dict[str, int]:
                 raise
             return {}
     return {group.group: group.committed_offset for group in reply.groups}
-
-
-def read_ids(client: Client, stream: str) -> list[str]:
-    info = client.stream_info(stream)
-    batches = list(client.read_range(stream, info.start_offset, info.end_offset))
-    return pa.Table.from_batches(batches, schema=MESSAGE_SCHEMA).column("id").to_pylist()
 
 
 def move_raw(broker: BrokerProcess, stream: str, to: str,
@@ -193,18 +187,6 @@ def test_publishers_writing_through_a_move_lose_and_duplicate_nothing(members):
 CRASHES = [("source", "paused"), ("source", "copied"), ("source", "switching"),
            ("source", "switched"), ("source", "removed"), ("target", "file"),
            ("target", "installed")]
-
-
-def wait_until(predicate: object, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():  # type: ignore[operator]
-                return
-        except (grpc.RpcError, NpstreamError):
-            pass
-        time.sleep(0.2)
-    raise AssertionError("timed out")
 
 
 @pytest.mark.parametrize(("who", "step"), CRASHES, ids=[f"{w}-{s}" for w, s in CRASHES])
