@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Protocol
 
 from npstream.broker.errors import (
     BrokerError,
@@ -41,7 +42,7 @@ from npstream.broker.storage.stream_files import read_retention_config
 from npstream.broker.storage.value_schemas import UNTYPED, ValueSchemas
 from npstream.proto.names import STREAM_NAME_RE
 
-__all__ = ["Storage", "wall_clock_ms"]
+__all__ = ["StatsKeeper", "Storage", "wall_clock_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,27 @@ IDLE_RETENTION_BATCH = 2000
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+class StatsKeeper(Protocol):
+    """Where the stats of streams with no live log are kept for listings (the registry's
+    npstream.broker.streams.listing_stats); the storage keeps them right (``drop`` under
+    the name lock before anything changes a stream's files)."""
+
+    def get(self, name: str) -> LogStats | None: ...
+    def put(self, name: str, stats: LogStats) -> None: ...
+    def drop(self, name: str) -> None: ...
+
+
+class _NoKeeper:
+    def get(self, name: str) -> LogStats | None:
+        return None
+
+    def put(self, name: str, stats: LogStats) -> None:
+        pass
+
+    def drop(self, name: str) -> None:
+        pass
 
 
 class Storage:
@@ -82,6 +104,7 @@ class Storage:
         self._closed = False
         self._schemas_of: Callable[[str], ValueSchemas] = lambda _name: UNTYPED
         self._retention_tasks: list[Callable[[int], None]] = []
+        self._kept: StatsKeeper = _NoKeeper()
         streams_root(settings.data_dir).mkdir(parents=True, exist_ok=True)
         self._flusher = Flusher(settings.flush_interval_ms)
 
@@ -102,6 +125,7 @@ class Storage:
                        value_schemas: ValueSchemas = UNTYPED) -> StreamLog:
         """Open (recover) ``name``; the caller holds its name lock and it is not open."""
         directory = stream_dir(self.settings.data_dir, name)
+        self._kept.drop(name)  # its files may change from now on
         loaded = load_log(directory, self._cache, self.settings.index_interval_bytes, name)
         stream_log = StreamLog(
             name, config, directory, loaded, settings=self.settings, cache=self._cache,
@@ -113,6 +137,10 @@ class Storage:
         return stream_log
 
     # ------------------------------------------------------------------ contract
+
+    def set_stats_keeper(self, keeper: StatsKeeper) -> None:
+        """Keep the stats peek_stats reads of streams with no live log in ``keeper``."""
+        self._kept = keeper
 
     def set_value_schema_lookup(self, lookup: Callable[[str], ValueSchemas]) -> None:
         """Where a stream's value schemas come from when storage opens it by itself.
@@ -161,6 +189,7 @@ class Storage:
         with self._name_lock(name):
             if name in self._logs:
                 raise RuntimeError(f"stream {name}: written out while its log is open")
+            self._kept.drop(name)
             write_first_segment(directory, frame, config)
 
     def add_retention_task(self, task: Callable[[int], None]) -> None:
@@ -168,12 +197,27 @@ class Storage:
         self._retention_tasks.append(task)
 
     def peek_stats(self, name: str) -> LogStats | None:
-        """``name``'s stats without opening its log when it is not open (peek.py); None:
-        only opening it can tell."""
+        """``name``'s stats without opening its log when it is not open; None: only
+        opening it can tell.
+
+        Kept stats first (the keeper's row: no file read), else read from its files
+        (peek.py) and kept for the next listing.
+        """
         live = self._logs.get(name)
         if live is not None:
             return live.stats()
-        return peek_stats(self._directory(name))
+        kept = self._kept.get(name)
+        if kept is not None:
+            return kept
+        directory = self._directory(name)
+        with self._name_lock(name):
+            live = self._logs.get(name)
+            if live is not None:
+                return live.stats()
+            peeked = peek_stats(directory)
+            if peeked is not None:
+                self._kept.put(name, peeked)
+            return peeked
 
     def touch(self, name: str) -> None:
         """Mark ``name``'s log as just used, so the LRU of open logs keeps it."""
@@ -190,6 +234,7 @@ class Storage:
         """Close ``name`` and delete all its files."""
         directory = self._directory(name)
         with self._name_lock(name):
+            self._kept.drop(name)
             stream_log = self._logs.pop(name)
             with self._lock:
                 self._idle_due.pop(name, None)
@@ -209,6 +254,7 @@ class Storage:
         """
         directory = self._directory(name)
         with self._name_lock(name):
+            self._kept.drop(name)
             stream_log = self._logs.pop(name)
             if stream_log is not None:
                 stream_log.close()
@@ -277,6 +323,10 @@ class Storage:
                         self._logs.pop(name)
                         stream_log.close()
                         check = idle_stream_check(directory, config, now)
+                    if self._kept.get(name) is None:  # the next listing reads no files
+                        peeked = peek_stats(directory)
+                        if peeked is not None:
+                            self._kept.put(name, peeked)
                     with self._lock:
                         self._idle_due[name] = max(check.next_due_ms, now + 1)
             except (OSError, BrokerError) as exc:

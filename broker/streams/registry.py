@@ -73,6 +73,7 @@ from npstream.broker.storage import (
 )
 from npstream.broker.storage.group_commit import CommitQueue, CommitRequest
 from npstream.broker.storage.small_append import MessageRows, lone_message
+from npstream.broker.streams.listing_stats import ListingStats
 from npstream.broker.streams.nursery import GroupWriter, Nursery
 from npstream.proto.defaults import DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE
 from npstream.proto.names import validate_stream_name
@@ -241,6 +242,9 @@ class StreamRegistry:
         self._first_writer: GroupWriter[_NewRow] = GroupWriter(self._insert_nursery_rows,
                                                                "nursery-writer")
         storage.add_retention_task(self._expire_nursery)
+        self._listing_stats = ListingStats(metadata)
+        storage.set_stats_keeper(self._listing_stats)
+        storage.add_retention_task(lambda _now: self._listing_stats.flush())
         metadata.executescript(_SCHEMAS_TABLE)
         schemas: dict[str, list[SchemaVersion]] = {}
         for row in metadata.execute("SELECT stream, version, arrow_schema, ddl, created_ms "
@@ -633,6 +637,7 @@ class StreamRegistry:
             except StreamNotFoundError:  # deleted while listing
                 continue
         token = next_page_token(page[-1]) if len(names) > size else ""
+        self._listing_stats.flush()  # what this page read from files: kept for the next one
         return statuses, token
 
     def update(self, name: str, overrides: Mapping[str, int],

@@ -209,3 +209,71 @@ def test_write_first_segment_is_idempotent_after_a_crash(tmp_path):
     path.write_bytes(frame[:7])  # torn by a crash mid-write: written again
     write_first_segment(directory, frame, config)
     assert path.read_bytes() == frame
+
+
+def kept_stats(data_dir: Path) -> dict[str, tuple[int, int]]:
+    with sqlite3.connect(data_dir / "meta.sqlite3") as db:
+        return {row[0]: (row[1], row[2]) for row in db.execute(
+            "SELECT stream, start_offset, end_offset FROM stream_stats")}
+
+
+def listed(stub: pb_grpc.StreamServiceStub, prefix: str) -> dict[str, pb.StreamInfo]:
+    return {s.name: s for s in stub.ListStreams(
+        pb.ListStreamsRequest(prefix=prefix, page_size=1000), timeout=30).streams}
+
+
+def described_opened(stub: pb_grpc.StreamServiceStub, name: str) -> pb.StreamInfo:
+    """DescribeStream of the stream with its log opened (EndOffsets opens it)."""
+    stub.EndOffsets(pb.EndOffsetsRequest(streams=[name]), timeout=30)
+    return stub.DescribeStream(pb.DescribeStreamRequest(name=name), timeout=30)
+
+
+def test_listings_keep_idle_streams_stats_exact_after_eviction_restart_and_kill_9(
+        broker_factory):
+    """Idle streams' stats kept in SQLite (streams/listing_stats.py) are what opening reports."""
+    broker = broker_factory(env=SMALL_LRU)
+    names = [f"idle-{i:02d}" for i in range(12)]
+    with grpc.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.StreamServiceStub(channel)
+        for i, name in enumerate(names):  # several messages each: written out, then evicted
+            for j in range(i % 3 + 2):
+                stub.Publish(pb.PublishRequest(stream=name, messages=[
+                    pb.Message(value=b"v" * (j + 1))] * (j + 1)), timeout=30)
+        stub.DeleteMessages(pb.DeleteMessagesRequest(name=names[5], before_offset=2))
+        first = listed(stub, "idle-")  # evicted ones read from files, then kept
+        kept = kept_stats(broker.data_dir)
+        assert len(kept) >= len(names) - 2  # all but the two the LRU holds
+        assert {n: (first[n].start_offset, first[n].end_offset) for n in kept} == kept
+        assert listed(stub, "idle-") == first  # now from the kept rows
+        for name in names:
+            assert described_opened(stub, name) == first[name], name
+        for name in names[:4]:  # opened and changed: their rows went at the open
+            stub.Publish(pb.PublishRequest(stream=name, messages=[pb.Message(value=b"x")]),
+                         timeout=30)
+        assert not set(names[:4]) & set(kept_stats(broker.data_dir))
+        second = listed(stub, "idle-")
+        for name in names:
+            assert described_opened(stub, name) == second[name], name
+        assert [second[n].end_offset - first[n].end_offset for n in names] == (
+            [1] * 4 + [0] * 8)
+    broker.stop()
+    broker.start()  # a clean restart: the kept rows describe the idle streams
+    with grpc.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.StreamServiceStub(channel)
+        assert listed(stub, "idle-") == second
+        for name in names[4:8]:
+            stub.Publish(pb.PublishRequest(stream=name, messages=[pb.Message(value=b"y")]),
+                         timeout=30)
+        for name in names[8:]:
+            stub.EndOffsets(pb.EndOffsetsRequest(streams=[name]), timeout=30)
+    broker.kill()  # right after the publishes: their rows went when their logs opened
+    broker.start()
+    with grpc.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.StreamServiceStub(channel)
+        third = listed(stub, "idle-")
+        for name in names:
+            assert described_opened(stub, name) == third[name], name
+        assert [third[n].end_offset - second[n].end_offset for n in names] == (
+            [0] * 4 + [1] * 4 + [0] * 4)
+        assert stub.DeleteStream(pb.DeleteStreamRequest(name=names[0]), timeout=30).deleted
+        assert names[0] not in kept_stats(broker.data_dir)
