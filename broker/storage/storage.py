@@ -219,6 +219,10 @@ class Storage:
                 self._kept.put(name, peeked)
             return peeked
 
+    def logs_full(self) -> bool:
+        """The LRU of open logs holds ``max_open_logs``: a newly opened log evicts one."""
+        return self._logs.held_count() >= self._logs.max_open_logs
+
     def touch(self, name: str) -> None:
         """Mark ``name``'s log as just used, so the LRU of open logs keeps it."""
         self._logs.get(name)

@@ -415,13 +415,17 @@ class StreamRegistry:
                                 ) -> tuple[int, Callable[[], None]] | None:
         """Create ``name`` in the nursery with ``rows`` as its first message, without waiting.
 
-        Only when ``name`` is new, auto-creation is on and ``rows`` is one plain
-        message (small_append.lone_message); None otherwise (the caller takes the
-        usual path). Returns the message's timestamp and a ``wait`` that returns
-        once the stream and its message are durable (raises if they could not be
-        stored). The name is a stream for every other caller only after that.
+        Only when ``name`` is new, auto-creation is on, ``rows`` is one plain
+        message (small_append.lone_message) and the LRU of open logs is full (a
+        broker with many streams: the new log would push another out; while it
+        has room the stream is opened at once, and stays in the per-stream
+        metrics); None otherwise (the caller takes the usual path). Returns the
+        message's timestamp and a ``wait`` that returns once the stream and its
+        message are durable (raises if they could not be stored). The name is a
+        stream for every other caller only after that.
         """
-        if not self.auto_create or name in self._records or name in self._creating:
+        if (not self.auto_create or name in self._records or name in self._creating
+                or not self._storage.logs_full()):
             return None
         try:
             lone = lone_message(rows, name, self._defaults.max_message_bytes)
@@ -466,9 +470,9 @@ class StreamRegistry:
                 self._creating.pop(row.record.name, None)
         if error is not None:
             raise error
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("created %d stream(s) by first publish: %s", len(rows),
-                      ", ".join(row.record.name for row in rows[:10]))
+        for row in rows:  # the same event as the usual path's, after the commit
+            log.info("created stream '%s' on first publish", row.record.name,
+                     extra=event_fields(stream=row.record.name))
 
     def _insert(self, name: str, overrides: Mapping[str, int],
                 schema: SchemaVersion | None) -> _Record | None:

@@ -567,16 +567,22 @@ def test_kill_9_during_a_move_of_a_big_stream_leaves_exactly_one_owner(members, 
         assert client.publish(stream, b"again", id="k7").duplicate
 
 
-def test_a_stream_still_in_the_nursery_moves_with_its_first_message(members):
-    """A stream made by a one-message first publish has no directory yet (its row and
-    frame are in the nursery, broker/streams/nursery.py); the move writes it out first."""
-    source, target = members
-    stream = name_on(members, source, f"mvnur{uuid.uuid4().hex[:6]}")
-    with Client(source.address) as client:
-        assert client.publish(stream, b"first").offset == 0
-        assert not (source.data_dir / "streams" / stream).exists()
-        assert move_raw(source, stream, target.address) == grpc.StatusCode.OK
-        assert stream in held(target) and stream not in held(source)
-        assert client.fetch(stream, 0).column("value").to_pylist() == [b"first"]
-        assert client.publish(stream, b"second").offset == 1
-        assert client.fetch(stream, 0).column("value").to_pylist() == [b"first", b"second"]
+def test_a_stream_still_in_the_nursery_moves_with_its_first_message(tmp_path):
+    """A one-message first publish once the LRU of open logs is full: no directory yet (its
+    row and frame are in the nursery, broker/streams/nursery.py); the move writes it out."""
+    brokers = start_members(tmp_path, ["a", "b"], env={"NPSTREAM_MAX_OPEN_LOGS": "1"})
+    source, target = brokers
+    try:
+        stream = name_on(brokers, source, f"mvnur{uuid.uuid4().hex[:6]}")
+        with Client(source.address) as client:
+            client.publish_batch(name_on(brokers, source, "warm"), [{"value": b"w"}] * 2)
+            assert client.publish(stream, b"first").offset == 0
+            assert not (source.data_dir / "streams" / stream).exists()
+            assert move_raw(source, stream, target.address) == grpc.StatusCode.OK
+            assert stream in held(target) and stream not in held(source)
+            assert client.fetch(stream, 0).column("value").to_pylist() == [b"first"]
+            assert client.publish(stream, b"second").offset == 1
+            assert client.fetch(stream, 0).column("value").to_pylist() == [b"first", b"second"]
+    finally:
+        for broker in brokers:
+            broker.stop()

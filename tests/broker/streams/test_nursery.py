@@ -1,9 +1,10 @@
 """The nursery (broker/streams/nursery.py): streams created by a one-message first publish.
 
-They are kept as SQLite rows until their log is first opened. Real broker
-processes over gRPC: every reader sees the same stream as before, the
-acknowledged first messages survive kill -9 right after the acks, and a
-stream gets its directory only when something opens its log.
+Once the LRU of open logs is full they are kept as SQLite rows until their
+log is first opened. Real broker processes over gRPC with max_open_logs = 2,
+the LRU filled first (``fill_lru``): every reader sees the same stream as
+before, the acknowledged first messages survive kill -9 right after the acks,
+and a stream gets its directory only when something opens its log.
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ from npstream.proto.frames.payload import decode_payload
 from npstream.proto.schema import MESSAGE_SCHEMA
 
 SMALL_LRU = {"NPSTREAM_MAX_OPEN_LOGS": "2"}
+
+
+def fill_lru(address: str) -> None:
+    """Open two logs (two-message publishes take the usual path): the LRU of 2 is full."""
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.StreamServiceStub(channel)
+        for name in ("warm-0", "warm-1"):
+            stub.Publish(pb.PublishRequest(stream=name, messages=[
+                pb.Message(value=b"a"), pb.Message(value=b"b")]), timeout=30)
 
 
 def rows_of(batches: list[bytes]) -> list[tuple[int, str, bytes]]:
@@ -72,6 +82,11 @@ def create_by_stream(address: str, names: list[str], calls: int) -> list[str]:
 
 def test_first_publish_keeps_no_directory_until_the_log_is_opened(broker_factory):
     broker = broker_factory(env=SMALL_LRU)
+    with grpc.insecure_channel(broker.address) as channel:  # room in the LRU: opened at once
+        stub = pb_grpc.StreamServiceStub(channel)
+        stub.Publish(pb.PublishRequest(stream="early", messages=[pb.Message(value=b"e")]))
+    assert has_dir(broker.data_dir, "early") and not nursery_names(broker.data_dir)
+    fill_lru(broker.address)
     names = [f"chat-{i:03d}" for i in range(40)]
     assert sorted(create_by_stream(broker.address, names, 4)) == names
     assert nursery_names(broker.data_dir) >= set(names)
@@ -109,6 +124,7 @@ def test_first_publish_keeps_no_directory_until_the_log_is_opened(broker_factory
 
 def test_first_publishes_acked_then_kill_9_all_there_and_usable(broker_factory):
     broker = broker_factory(env=SMALL_LRU)
+    fill_lru(broker.address)
     names = [f"sensor-{i:04d}" for i in range(400)]
     acked = create_by_stream(broker.address, names, 8)
     broker.kill()  # at once after the last ack
@@ -138,10 +154,12 @@ def test_first_publishes_acked_then_kill_9_all_there_and_usable(broker_factory):
 
 
 def test_delete_update_and_a_publish_racing_the_create(broker_factory):
-    broker = broker_factory()
+    broker = broker_factory(env=SMALL_LRU)
+    fill_lru(broker.address)
     with grpc.insecure_channel(broker.address) as channel:
         stub = pb_grpc.StreamServiceStub(channel)
         assert create_by_stream(broker.address, ["gone", "tuned"], 1) == ["gone", "tuned"]
+        assert nursery_names(broker.data_dir) == {"gone", "tuned"}
         assert stub.DeleteStream(pb.DeleteStreamRequest(name="gone"), timeout=30).deleted
         assert "gone" not in nursery_names(broker.data_dir)
         reply = stub.Publish(pb.PublishRequest(stream="gone", messages=[
@@ -175,8 +193,9 @@ def test_delete_update_and_a_publish_racing_the_create(broker_factory):
 
 
 def test_expired_nursery_streams_are_written_out_and_expire(broker_factory):
-    broker = broker_factory(env={"NPSTREAM_DEFAULT_MAX_AGE": "300ms",
+    broker = broker_factory(env={**SMALL_LRU, "NPSTREAM_DEFAULT_MAX_AGE": "300ms",
                                  "NPSTREAM_RETENTION_CHECK_INTERVAL": "100ms"})
+    fill_lru(broker.address)
     names = [f"old-{i}" for i in range(5)]
     assert sorted(create_by_stream(broker.address, names, 2)) == names
     with grpc.insecure_channel(broker.address) as channel:
