@@ -341,7 +341,10 @@ class Mover:
         """Quiesce a paused stream (module doc, step 1); its end offset."""
         for listener in list(self._ctx.on_stream_leaving):
             listener(stream)
-        if not self._book.wait_idle(stream, PAUSE_WAIT_S):
+        # Stage calls writing rows for it too: the staged-batch check after the pause
+        # must see every staging that exists.
+        if not (self._book.wait_idle(stream, PAUSE_WAIT_S)
+                and self._book.wait_stages(stream, PAUSE_WAIT_S)):
             raise MoveFailedError(f"calls on stream '{stream}' did not end within "
                                   f"{PAUSE_WAIT_S:g}s of its pause; the move goes on when "
                                   "they have (run it again)")
