@@ -73,7 +73,7 @@ import grpc
 
 from npstream.broker import faults
 from npstream.broker.cluster.move_state import MoveBook, MoveRecord
-from npstream.broker.cluster.peers import forwarded_metadata
+from npstream.broker.cluster.peers import forwarded_metadata, member_metadata
 from npstream.broker.errors import (
     AlreadyExistsError,
     BrokerError,
@@ -111,13 +111,6 @@ RESUME_INTERVAL_S = 2.0
 STEP_TIMEOUT_S = 60.0
 # A resumed move's calls when no token is known (after a restart, no cluster_token).
 _MEMBER_ONLY = ((metadata_keys.CLUSTER_LOCAL, "1"),)
-
-
-def member_metadata(cluster_token: str) -> tuple[tuple[str, str], ...] | None:
-    """What a member's own calls carry: the cluster token (None when none is configured)."""
-    if not cluster_token:
-        return None
-    return (*_MEMBER_ONLY, (metadata_keys.AUTHORIZATION, f"Bearer {cluster_token}"))
 
 
 class MoveFailedError(BrokerError):

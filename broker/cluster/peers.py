@@ -6,7 +6,9 @@ cluster-wide answer (ListStreams, EndOffsets, StreamStats). Every such call
 carries ``x-npstream-cluster-local: 1``, so the member asked answers from its
 own streams and never asks further (no loops), and the *caller's* own
 ``authorization`` header, so the member asked applies the caller's rights
-(every member must therefore know the same tokens). Requests and replies
+(every member must therefore know the same tokens). Calls a member makes on
+its own behalf (a move's steps, the dead-letter holder check) carry the
+cluster's token instead when one is configured (``member_metadata``). Requests and replies
 travel as bytes: a fan-out forwards the request it received and merges the
 replies, with no per-method code here.
 
@@ -29,7 +31,7 @@ import grpc
 
 from npstream.proto import metadata_keys
 
-__all__ = ["PeerFailure", "Peers", "forwarded_metadata"]
+__all__ = ["PeerFailure", "Peers", "forwarded_metadata", "member_metadata"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,15 @@ def forwarded_metadata(context: grpc.ServicerContext) -> tuple[tuple[str, str], 
         if key == metadata_keys.AUTHORIZATION:
             forwarded.append((key, value if isinstance(value, str) else value.decode()))
     return tuple(forwarded)
+
+
+def member_metadata(cluster_token: str) -> tuple[tuple[str, str], ...] | None:
+    """What a member's calls on its own behalf carry: the cluster's token ([cluster]
+    cluster_token, npstream.broker.auth.tokens); None when none is configured."""
+    if not cluster_token:
+        return None
+    return ((metadata_keys.CLUSTER_LOCAL, "1"),
+            (metadata_keys.AUTHORIZATION, f"Bearer {cluster_token}"))
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ import grpc
 
 from npstream.broker.auth.access import AccessControl, Right
 from npstream.broker.cluster.move_state import MoveBook
-from npstream.broker.cluster.peers import Peers, forwarded_metadata
+from npstream.broker.cluster.peers import Peers, forwarded_metadata, member_metadata
 from npstream.broker.cluster.placement import rendezvous_owner
 from npstream.broker.errors import BrokerError, MemberUnavailableError, NotOwnerError
 from npstream.proto import metadata_keys, pb
@@ -91,8 +91,10 @@ class Cluster:
     """
 
     def __init__(self, identity: str, members: Sequence[str], holds: Callable[[str], bool],
-                 access: AccessControl, peers: Peers | None) -> None:
+                 access: AccessControl, peers: Peers | None, cluster_token: str = "") -> None:
+        """``cluster_token``: what this member's own calls carry with auth on (peers.py)."""
         self.identity = identity
+        self._own_metadata = member_metadata(cluster_token) if access.enabled else None
         self.members = tuple(members)
         self.others = tuple(m for m in self.members if m != identity)
         self.enabled = bool(self.members)
@@ -126,7 +128,8 @@ class Cluster:
         if not self._access.enabled:
             return True
         grant = self._access.grant_of(context)
-        return grant is None or any(grant.allows(stream, right) for right in Right)
+        return grant is None or grant.internal or any(
+            grant.allows(stream, right) for right in Right)
 
     # ------------------------------------------------------------ owners
 
@@ -285,13 +288,14 @@ class Cluster:
         a name another member holds: then this raises (the dead-lettering is
         retried later, its messages delivered again meanwhile) naming the member,
         so that an operator moves one of them. The upkeep thread that
-        dead-letters has no caller, so the members are asked without a token:
-        with auth on they refuse, and the stream is created here as before.
+        dead-letters has no caller, so the members are asked as the cluster
+        (``cluster_token``); with auth on and no cluster token they refuse,
+        and the stream is created here as before.
         """
         if not self.enabled:
             return
-        found = self._find_holders([name], ((metadata_keys.CLUSTER_LOCAL, "1"),),
-                                   refusals_ok=True)
+        found = self._find_holders([name], self._own_metadata or (
+            (metadata_keys.CLUSTER_LOCAL, "1"),), refusals_ok=True)
         holder = found.get(name)
         if holder is not None:
             raise DeadLetterElsewhereError(name, holder, self.identity)

@@ -31,7 +31,7 @@ def build_cluster(config: BrokerConfig, holds: Callable[[str], bool],
         peer_ca_file=cluster.peer_ca_file, cert_file=server.tls_cert_file,
         key_file=server.tls_key_file, present_cert=bool(server.tls_client_ca_file),
         max_message_bytes=server.grpc_max_message_bytes)
-    return Cluster(identity, cluster.members, holds, access, peers)
+    return Cluster(identity, cluster.members, holds, access, peers, cluster.cluster_token)
 
 
 def routing_interceptors(cluster: Cluster) -> list[grpc.ServerInterceptor]:

@@ -24,7 +24,7 @@ from npstream.broker.cluster.placement import rendezvous_owner
 from npstream.proto import metadata_keys, pb, pb_grpc
 from npstream.proto.schema import MESSAGE_SCHEMA
 
-__all__ = ["LOCAL", "free_ports", "held", "names_on", "read_ids", "start_members",
+__all__ = ["LOCAL", "free_ports", "held", "move_raw", "names_on", "read_ids", "start_members",
            "stop_members", "wait_until"]
 
 # What members send each other: answer from your own streams, ask no further.
@@ -107,3 +107,16 @@ def wait_until(predicate: object, timeout: float = 60.0) -> None:
             pass
         time.sleep(0.2)
     raise AssertionError("timed out")
+
+
+def move_raw(broker: BrokerProcess, stream: str, to: str,
+             token: str | None = None) -> grpc.StatusCode:
+    """MoveStream sent once, without the SDK's retries: OK or the status it ended with."""
+    metadata = () if token is None else (("authorization", f"Bearer {token}"),)
+    with grpc.insecure_channel(broker.address) as channel:
+        try:
+            pb_grpc.ClusterServiceStub(channel).MoveStream(
+                pb.MoveStreamRequest(stream=stream, to=to), timeout=60, metadata=metadata)
+        except grpc.RpcError as exc:
+            return exc.code()
+    return grpc.StatusCode.OK
