@@ -4,7 +4,7 @@ message must be there exactly once at the end.
 
     .venv/bin/python bench/soak.py                  # 10 minutes
     .venv/bin/python bench/soak.py --kills 200      # exactly 200 kills, load between them
-    .venv/bin/python -m pytest tests/broker/test_soak.py -s   # the suite's: 6 kills
+    .venv/bin/python -m pytest tests/broker/test_soak.py -s   # the suite's: 5 kills
 
 Publishes checksummed messages with ids to ``--streams`` streams from ``--publishers``
 threads (ack=fsync and ack=write), consumes them with a cursor group, a shared group (two
