@@ -40,7 +40,8 @@ def main(address: str, stream: str) -> int:
         spark = (SparkSession.builder.master("local[1]").appName("beside-a-client")
                  .config("spark.ui.enabled", "false")
                  .config("spark.sql.shuffle.partitions", "1")
-                 .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
+                 .config("spark.driver.extraJavaOptions",
+                         "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
                  .getOrCreate())
         during = published[0] - before
         rows = spark.range(100).selectExpr("sum(id) AS total").collect()[0]["total"]
