@@ -20,6 +20,7 @@ from npstream.client.client import Client
 from npstream.client.models import (
     BatchPublishResult,
     MoveResult,
+    PublishManyResult,
     PublishResult,
     RepairResult,
     SchemaVersion,
@@ -83,6 +84,7 @@ __all__ = [
     "OffsetOutOfRange",
     "Overloaded",
     "PermissionDenied",
+    "PublishManyResult",
     "PublishResult",
     "RepairResult",
     "SchemaVersion",

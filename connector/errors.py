@@ -58,6 +58,7 @@ __all__ = [
     "ValueMismatch",
     "error_class",
     "from_rpc_error",
+    "from_status",
     "reason_of",
 ]
 
@@ -367,7 +368,13 @@ def from_rpc_error(exc: grpc.RpcError, address: str) -> NpstreamError:
     """Translate a gRPC error into the matching NpstreamError (message kept)."""
     code = exc.code() if hasattr(exc, "code") else None
     details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
-    meta = _trailing(exc)
+    return from_status(code, details, _trailing(exc), address)
+
+
+def from_status(code: grpc.StatusCode | None, details: str, meta: Mapping[str, str],
+                address: str) -> NpstreamError:
+    """The NpstreamError for a status: a failed call's, or one PublishMany entry's
+    (``pb.EntryError`` carries the same code, details and trailing metadata)."""
     reason = reason_of(meta)
     cls = error_class(reason, code)
     error: NpstreamError

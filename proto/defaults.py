@@ -19,6 +19,8 @@ __all__ = [
     "DEFAULT_LIST_PAGE_SIZE",
     "GRPC_MAX_MESSAGE_BYTES",
     "MAX_LIST_PAGE_SIZE",
+    "MAX_PUBLISH_MANY_BYTES",
+    "MAX_PUBLISH_MANY_ENTRIES",
 ]
 
 # Where clients look for a broker when no address is given, and where the
@@ -40,3 +42,11 @@ MAX_LIST_PAGE_SIZE = 10_000
 # grpc_max_message_bytes and the limit every client channel is opened with, so
 # a full default fetch or a 4 MiB publish chunk never meets gRPC's 4 MiB default.
 GRPC_MAX_MESSAGE_BYTES = 64 << 20
+
+# The bounds of one PublishManyRequest (entries, wire bytes): the broker refuses
+# a larger one whole with INVALID_ARGUMENT naming the bound, and the SDK's
+# publish_many splits its entries below them. 10,000 one-message entries are
+# ~0.5 MiB; the byte bound keeps one request's data a few of PublishStream's
+# ~4 MiB requests, well inside the publish memory budget and gRPC's limit.
+MAX_PUBLISH_MANY_ENTRIES = 10_000
+MAX_PUBLISH_MANY_BYTES = 16 << 20

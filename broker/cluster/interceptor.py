@@ -72,11 +72,12 @@ STREAMING: dict[str, tuple[tuple[int, ...], bool]] = {
     _PACKAGE + "GroupService/Subscribe": ((1, 1), False),  # SubscribeRequest.open.stream
     _PACKAGE + "GroupService/SubscribeBatches": ((1, 1), False),
 }
-# Each member's own: never routed (the sink's Stage routes its targets itself).
+# Each member's own: never routed (the sink's Stage routes its targets itself, and
+# PublishMany each entry: broker/streams/publish_many.py).
 MEMBER_METHODS = frozenset(_PACKAGE + name for name in (
-    "SinkService/Stage", "SinkService/CommitBatch", "SinkService/AbortBatch",
-    "SinkService/SinkState", "SinkService/StageInbox", "ClusterService/Owners",
-    "ClusterService/MoveIn",
+    "StreamService/PublishMany", "SinkService/Stage", "SinkService/CommitBatch",
+    "SinkService/AbortBatch", "SinkService/SinkState", "SinkService/StageInbox",
+    "ClusterService/Owners", "ClusterService/MoveIn",
 ))
 # Not counted as calls on their stream, since a move waits for the counted
 # ones: MoveStream (it waits for its own move) and the calls that change

@@ -35,7 +35,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import TypeVar
 
@@ -141,11 +141,12 @@ class Cluster:
         return record is None or record.state != "removing"
 
     def route(self, stream: str, context: grpc.ServicerContext, *,
-              paused_ok: bool = False) -> None:
+              paused_ok: bool = False, found: Mapping[str, str] | None = None) -> None:
         """Return when this member serves ``stream``; NotOwnerError (a redirect) otherwise.
 
         StreamMovingError while the stream is paused for a move, unless
-        ``paused_ok`` (MoveStream itself, which finishes that move).
+        ``paused_ok`` (MoveStream itself, which finishes that move). ``found``:
+        the other members were asked already (``route_many``), these are the holders.
         """
         if not self.enabled or not self.may_see(context, stream):
             return
@@ -157,9 +158,49 @@ class Cluster:
                 self.moves.check(stream)  # type: ignore[union-attr]
         if self._holds(stream):
             return
-        owner, exists = self.owner(stream, context)
+        owner, exists = self.owner(stream, context, found)
         if owner != self.identity:
             raise NotOwnerError(stream, owner, exists)
+
+    def route_many(self, streams: Iterable[str],
+                   context: grpc.ServicerContext) -> dict[str, BrokerError]:
+        """``route`` for each of ``streams`` (a PublishMany's valid names): the error of each
+        stream not served here (NotOwnerError, StreamMovingError, MemberUnavailableError).
+
+        The names no member is known to hold (new streams, mostly) are looked up
+        with one Owners call per member for all of them, not one per name. A call
+        another member made is never routed (interceptor.py).
+        """
+        if not self.enabled or is_member_call(context):
+            return {}
+        names = list(dict.fromkeys(streams))
+        unknown = [name for name in names if self.may_see(context, name)
+                   and not self._holds(name) and self._cached(name) is None]
+        errors: dict[str, BrokerError] = {}
+        found: dict[str, str] = {}
+        try:
+            found = self.find_holders(unknown, context)
+        except MemberUnavailableError as exc:
+            errors = dict.fromkeys(unknown, exc)
+        asked = set(unknown)
+        for name in names:
+            if name in errors:
+                continue
+            try:
+                self.route(name, context, found=found if name in asked else None)
+            except BrokerError as exc:
+                errors[name] = exc
+        return errors
+
+    @contextmanager
+    def serving(self, stream: str) -> Iterator[None]:
+        """Around the write of one routed entry: counted as a call on ``stream`` (what the
+        interceptor does for a whole per-stream call), StreamMovingError while paused."""
+        if self.moves is None:
+            yield
+            return
+        with self.moves.calling(stream):
+            yield
 
     def owned(self, context: grpc.ServicerContext,
               target_of: Callable[[str], T]) -> Callable[[str], T]:
@@ -173,18 +214,20 @@ class Cluster:
 
         return routed
 
-    def owner(self, stream: str, context: grpc.ServicerContext) -> tuple[str, bool]:
+    def owner(self, stream: str, context: grpc.ServicerContext,
+              found: Mapping[str, str] | None = None) -> tuple[str, bool]:
         """(member, exists): the holder of ``stream``, else its placement (exists False).
 
         MemberUnavailableError when no answering member holds it and some
-        member did not answer.
+        member did not answer. ``found``: the members' answer, when asked already.
         """
         if self.holds(stream):
             return self.identity, True
         cached = self._cached(stream)
         if cached is not None:
             return cached, True
-        found = self.find_holders([stream], context)
+        if found is None:
+            found = self.find_holders([stream], context)
         if stream in found:
             return found[stream], True
         return self.placement(stream), False

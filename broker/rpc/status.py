@@ -32,7 +32,14 @@ from npstream.broker.errors import (
 )
 from npstream.proto import metadata_keys, pb
 
-__all__ = ["AuthInterceptor", "abort_with", "observe_errors", "reason_metadata", "rpc_method"]
+__all__ = [
+    "AuthInterceptor",
+    "abort_with",
+    "error_status",
+    "observe_errors",
+    "reason_metadata",
+    "rpc_method",
+]
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +63,13 @@ def reason_metadata(reason: pb.ErrorReason) -> tuple[str, str]:
     return (metadata_keys.REASON, pb.ErrorReason.Name(reason))
 
 
-def abort_with(context: grpc.ServicerContext, exc: BaseException, method: str = "",
-               request: object = None) -> NoReturn:
-    """End the RPC with the status and reason for exc (INTERNAL, logged, for non-BrokerErrors).
+def error_status(exc: BaseException, method: str = "", request: object = None,
+                 ) -> tuple[grpc.StatusCode, str, list[tuple[str, str]]]:
+    """The status code, details and trailing metadata that report ``exc`` (see abort_with).
 
-    A full disk is no bug: an OSError (ENOSPC) or SQLite error that says so and
-    that no module turned into a DiskFullError itself is sent as one, naming
-    the ``request``'s stream when it has one.
+    Also what one failed entry of a PublishMany carries (broker/streams/publish_many.py),
+    so an entry's error reads exactly as the failed call of it alone would.
+    A non-BrokerError is a bug: logged at ERROR with its traceback, INTERNAL.
     """
     trailing: list[tuple[str, str]]
     if not isinstance(exc, BrokerError) and is_disk_full(exc):
@@ -88,6 +95,18 @@ def abort_with(context: grpc.ServicerContext, exc: BaseException, method: str = 
         trailing = [reason_metadata(pb.ERROR_REASON_INTERNAL)]
         details = f"internal broker error in {method}: {type(exc).__name__}: {exc}"
         log.error("unexpected error in %s", method, exc_info=exc)
+    return code, details, trailing
+
+
+def abort_with(context: grpc.ServicerContext, exc: BaseException, method: str = "",
+               request: object = None) -> NoReturn:
+    """End the RPC with the status and reason for exc (INTERNAL, logged, for non-BrokerErrors).
+
+    A full disk is no bug: an OSError (ENOSPC) or SQLite error that says so and
+    that no module turned into a DiskFullError itself is sent as one, naming
+    the ``request``'s stream when it has one.
+    """
+    code, details, trailing = error_status(exc, method, request)
     if _error_observer is not None:
         _error_observer(code.name)
     context.set_trailing_metadata(tuple(trailing))

@@ -68,6 +68,7 @@ LOCK_FILE = "broker.lock"
 # one by one by the stream service).
 ADMITTED_METHODS = (
     f"/{pb.DESCRIPTOR.services_by_name['StreamService'].full_name}/Publish",
+    f"/{pb.DESCRIPTOR.services_by_name['StreamService'].full_name}/PublishMany",
     f"/{pb.DESCRIPTOR.services_by_name['SinkService'].full_name}/Stage",
 )
 

@@ -43,6 +43,7 @@ from npstream.broker.rpc.status import rpc_method
 from npstream.broker.server.context import BrokerContext
 from npstream.broker.storage import AckMode, AppendResult, ReadResult, StreamLog
 from npstream.broker.storage.small_append import MessageRows
+from npstream.broker.streams.publish_many import serve_publish_many
 from npstream.broker.streams.publish_stream import serve_publish_stream
 from npstream.broker.streams.registry import (
     SchemaVersion,
@@ -354,6 +355,16 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
                                         lambda raw: self._write_publish(raw, context),
                                         self._stopping)
 
+    @rpc_method
+    def PublishMany(self, raw: bytes, context: grpc.ServicerContext) -> pb.PublishManyResponse:
+        """Many streams' publishes in one request (publish_many.py); ``raw``: its wire bytes.
+
+        Admitted against the publish memory budget before it was read, like Publish.
+        """
+        return serve_publish_many(raw, context,
+                                  lambda entry: self._write_request(entry, None, context),
+                                  self._ctx.cluster)
+
     def _write_publish(self, raw: bytes,
                        context: grpc.ServicerContext) -> Callable[[], pb.PublishResponse]:
         """Write one PublishStream request now; the returned reply waits for its fsync.
@@ -372,19 +383,25 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
             should_stop=lambda: self._stopping.is_set() or not context.is_active())
         try:
             request, arrow = _split_publish(raw, "PublishStream")
-            stream, rows, ack = self._prepare_publish(request, context, arrow)
-            if isinstance(rows, MessageRows):
-                first = self._registry.create_by_first_publish(stream, rows)
-                if first is not None:
-                    return self._first_publish_reply(stream, rows, ack, *first)
-            stream_log = self._registry.get(stream, create_if_missing=True)
-            if rows is None:
-                empty = pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
-                return lambda: empty
-            started = time.perf_counter()
-            result, sequence = self._on_log(stream, lambda: stream_log.append_unsynced(rows))
+            return self._write_request(request, arrow, context)
         finally:
             self._budget.release(len(raw))
+
+    def _write_request(self, request: pb.PublishRequest, arrow: memoryview | None,
+                       context: grpc.ServicerContext) -> Callable[[], pb.PublishResponse]:
+        """Write one publish request now (a PublishStream request, a PublishMany entry);
+        the returned reply waits for its fsync (or its nursery commit)."""
+        stream, rows, ack = self._prepare_publish(request, context, arrow)
+        if isinstance(rows, MessageRows):
+            first = self._registry.create_by_first_publish(stream, rows)
+            if first is not None:
+                return self._first_publish_reply(stream, rows, ack, *first)
+        stream_log = self._registry.get(stream, create_if_missing=True)
+        if rows is None:
+            empty = pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
+            return lambda: empty
+        started = time.perf_counter()
+        result, sequence = self._on_log(stream, lambda: stream_log.append_unsynced(rows))
         self._publish_fault.written()
 
         def reply() -> pb.PublishResponse:
@@ -506,6 +523,6 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
 
 
 def add_to_server(server: grpc.Server, ctx: BrokerContext) -> None:
-    """Register the service; Publish and PublishStream take raw requests (_split_publish)."""
+    """Register the service; the publish methods take raw requests (_split_publish)."""
     add_service(server, "StreamService", StreamServicer(ctx),
-                raw_requests={"Publish", "PublishStream"})
+                raw_requests={"Publish", "PublishStream", "PublishMany"})

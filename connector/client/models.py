@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from npstream.client.values import ms_to_iso
+from npstream.errors import NpstreamError
 from npstream.proto import pb
 from npstream.proto.stream_config import StreamConfig
 from npstream.proto.units import datetime_from_ms
@@ -21,6 +22,7 @@ from npstream.proto.value_schema import deserialize_schema
 
 __all__ = [
     "BatchPublishResult",
+    "PublishManyResult",
     "PublishResult",
     "RepairResult",
     "SchemaVersion",
@@ -246,6 +248,40 @@ class PublishResult:
 
     offset: int
     duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class PublishManyResult:
+    """One entry's outcome in ``publish_many`` (results come in entry order).
+
+    Stored (``error`` None): ``offsets[i]`` is the offset of the entry's
+    message ``i`` (for a duplicate, of the copy stored earlier), ``offset``
+    the first one's, and ``duplicates`` lists ``(message index, original
+    offset)``. Not stored: ``error`` is the exception ``publish`` would have
+    raised for this entry alone (InvalidArgument, PermissionDenied,
+    MessageTooLarge, ...), and nothing of the entry was stored, except for a
+    BrokerUnavailable, after which it may or may not have been (give messages
+    ids to make a resend safe).
+    """
+
+    stream: str
+    offsets: list[int] = field(default_factory=list)
+    duplicates: list[tuple[int, int]] = field(default_factory=list)
+    error: NpstreamError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def offset(self) -> int:
+        """Offset of the entry's first message, -1 when it was not stored."""
+        return self.offsets[0] if self.offsets and self.error is None else -1
+
+    @property
+    def duplicate(self) -> bool:
+        """Whether the entry's first message was already stored (dedup by id)."""
+        return bool(self.duplicates) and self.duplicates[0][0] == 0
 
 
 @dataclass(frozen=True, repr=False)

@@ -39,7 +39,8 @@ from npstream.client.connection import (
     StreamingCall,
 )
 from npstream.client.core import ClientCore
-from npstream.client.models import BatchPublishResult, PublishResult
+from npstream.client.models import BatchPublishResult, PublishManyResult, PublishResult
+from npstream.client.publish_many import publish_many
 from npstream.client.publishing import NotSent, PublishTally, RequestPlan, pipelined
 from npstream.client.resend import Resendable
 from npstream.client.routing import MAX_REDIRECTS
@@ -159,6 +160,27 @@ class Publisher(ClientCore):
         if response.duplicates:
             return PublishResult(offset=response.duplicates[0].offset, duplicate=True)
         return PublishResult(offset=response.first_offset, duplicate=False)
+
+    def publish_many(
+        self,
+        entries: Iterable[tuple[str, object] | Mapping[str, Any]],
+        ack: str = "fsync",
+    ) -> list[PublishManyResult]:
+        """Publish to many streams at once: one PublishMany request per ~1,000 entries.
+
+        Each entry is ``(stream, value)`` (one message, ``value`` as for
+        ``publish``) or a dict: ``{"stream": s, "value": v}`` with optional
+        ``id``, ``key``, ``headers``, or ``{"stream": s, "messages": [...]}``
+        with message dicts as ``publish_batch`` takes them. Returns one
+        PublishManyResult per entry, in order; an entry that fails (bad name,
+        no write right, too large, ...) gets the exception ``publish`` would
+        raise as its ``error``, and the others are stored all the same: this
+        raises only for a bad ``ack``. Entries for streams held by another
+        cluster member follow its redirect. A new stream created by its
+        first message is durable before the result comes back whatever
+        ``ack`` says; a stream's entries are stored in input order.
+        """
+        return publish_many(self._brokers, entries, _ack(ack), self._conn.retry_deadline)
 
     def publish_batch(
         self,

@@ -308,6 +308,43 @@ class PublishResponse(_message.Message):
     timestamp_ms: int
     def __init__(self, first_offset: _Optional[int] = ..., stored_count: _Optional[int] = ..., duplicates: _Optional[_Iterable[_Union[Duplicate, _Mapping]]] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
 
+class PublishManyRequest(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[PublishRequest]
+    def __init__(self, entries: _Optional[_Iterable[_Union[PublishRequest, _Mapping]]] = ...) -> None: ...
+
+class EntryError(_message.Message):
+    __slots__ = ("code", "message", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class PublishManyResult(_message.Message):
+    __slots__ = ("published", "error")
+    PUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    published: PublishResponse
+    error: EntryError
+    def __init__(self, published: _Optional[_Union[PublishResponse, _Mapping]] = ..., error: _Optional[_Union[EntryError, _Mapping]] = ...) -> None: ...
+
+class PublishManyResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PublishManyResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[PublishManyResult, _Mapping]]] = ...) -> None: ...
+
 class FetchRequest(_message.Message):
     __slots__ = ("stream", "offset", "max_messages", "max_bytes", "wait_ms", "end_offset")
     STREAM_FIELD_NUMBER: _ClassVar[int]

@@ -215,6 +215,11 @@ class StreamServiceStub:
                 request_serializer=npstream_dot_v1_dot_npstream__pb2.PublishRequest.SerializeToString,
                 response_deserializer=npstream_dot_v1_dot_npstream__pb2.PublishResponse.FromString,
                 _registered_method=True)
+        self.PublishMany = channel.unary_unary(
+                '/npstream.v1.StreamService/PublishMany',
+                request_serializer=npstream_dot_v1_dot_npstream__pb2.PublishManyRequest.SerializeToString,
+                response_deserializer=npstream_dot_v1_dot_npstream__pb2.PublishManyResponse.FromString,
+                _registered_method=True)
         self.StreamStats = channel.unary_unary(
                 '/npstream.v1.StreamService/StreamStats',
                 request_serializer=npstream_dot_v1_dot_npstream__pb2.StreamStatsRequest.SerializeToString,
@@ -308,6 +313,13 @@ class StreamServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PublishMany(self, request, context):
+        """Publishes to many streams in one request, one result per entry (above).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def StreamStats(self, request, context):
         """Streams with their traffic since the broker started (StreamStatsRequest).
         """
@@ -377,6 +389,11 @@ def add_StreamServiceServicer_to_server(servicer, server):
                     servicer.PublishStream,
                     request_deserializer=npstream_dot_v1_dot_npstream__pb2.PublishRequest.FromString,
                     response_serializer=npstream_dot_v1_dot_npstream__pb2.PublishResponse.SerializeToString,
+            ),
+            'PublishMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.PublishMany,
+                    request_deserializer=npstream_dot_v1_dot_npstream__pb2.PublishManyRequest.FromString,
+                    response_serializer=npstream_dot_v1_dot_npstream__pb2.PublishManyResponse.SerializeToString,
             ),
             'StreamStats': grpc.unary_unary_rpc_method_handler(
                     servicer.StreamStats,
@@ -708,6 +725,33 @@ class StreamService:
             '/npstream.v1.StreamService/PublishStream',
             npstream_dot_v1_dot_npstream__pb2.PublishRequest.SerializeToString,
             npstream_dot_v1_dot_npstream__pb2.PublishResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PublishMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/npstream.v1.StreamService/PublishMany',
+            npstream_dot_v1_dot_npstream__pb2.PublishManyRequest.SerializeToString,
+            npstream_dot_v1_dot_npstream__pb2.PublishManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

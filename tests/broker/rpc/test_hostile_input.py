@@ -247,6 +247,8 @@ REQUESTS: dict[str, tuple[str, st.SearchStrategy]] = {
     "StreamService/EndOffsets": (UNARY, st.builds(
         pb.EndOffsetsRequest, streams=st.lists(NAMES, max_size=3), pattern=PATTERNS)),
     "StreamService/PublishStream": (BIDI, st.lists(PUBLISH, min_size=0, max_size=3)),
+    "StreamService/PublishMany": (UNARY, st.builds(
+        pb.PublishManyRequest, entries=st.lists(PUBLISH, min_size=0, max_size=3))),
     "StreamService/StreamStats": (UNARY, st.builds(
         pb.StreamStatsRequest, streams=st.lists(NAMES, max_size=3), pattern=PATTERNS)),
     "StreamReadService/Locate": (UNARY, FETCH),
