@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 
+import npstream.broker as broker_package
 import npstream.broker.errors as broker_errors
 from npstream.broker.auth.access import AccessControl
 from npstream.broker.errors import (
@@ -25,13 +28,20 @@ AUTH = ((metadata_keys.AUTHORIZATION, "Bearer t0ken"),)
 
 
 def _broker_error_classes() -> list[type[BrokerError]]:
-    """Every BrokerError subclass the broker defines (errors module and the sink's)."""
+    """Every BrokerError subclass the broker defines (errors module and the sink's).
+
+    Every broker module is imported first, so what is found does not depend on
+    which other tests ran before (MOVE_FAILED's class lives in cluster/move.py).
+    """
+    for module_info in pkgutil.walk_packages(broker_package.__path__, "npstream.broker."):
+        if not module_info.name.endswith("__main__"):
+            importlib.import_module(module_info.name)
     found: set[type[BrokerError]] = set()
     for module in (broker_errors, committer):
         for _, obj in inspect.getmembers(module, inspect.isclass):
             if issubclass(obj, BrokerError) and obj is not BrokerError:
                 found.add(obj)
-    # Subclasses defined anywhere else that is already imported count too.
+    # Subclasses defined anywhere else in the broker count too.
     pending = list(BrokerError.__subclasses__())
     while pending:
         cls = pending.pop()
