@@ -103,15 +103,36 @@ def _message_batch(part: Rows) -> pa.RecordBatch:
 
 
 def delivery_table(delivered: list[Delivered]) -> pa.Table:
-    """The deliveries as one DELIVERY_SCHEMA table (no Python object per row)."""
+    """The deliveries as one DELIVERY_SCHEMA table (no Python object per row).
+
+    ``attempt`` and ``lease_expires`` are built once for the whole table
+    (each span's value repeated over its rows), not per part: with
+    ordering="key" a batch of 1,000 is often ~50 spans, and building the two
+    columns per span cost ~17 us each (~0.8 us per message).
+    """
     batches: list[pa.RecordBatch] = []
+    attempts: list[int] = []
+    expires: list[int] = []
     for span in delivered:
         for part in span.parts:
-            batch = _message_batch(part)
-            n = batch.num_rows
-            attempt = pa.array(np.full(n, span.attempt, dtype=np.int32))
-            expires = pa.array(np.full(n, span.expires_ms, dtype=np.int64)).cast(
-                DELIVERY_SCHEMA.field("lease_expires").type)
-            batches.append(pa.RecordBatch.from_arrays([*batch.columns, attempt, expires],
-                                                      schema=DELIVERY_SCHEMA))
-    return pa.Table.from_batches(batches, schema=DELIVERY_SCHEMA)
+            batches.append(_message_batch(part))
+            attempts.append(span.attempt)
+            expires.append(span.expires_ms)
+    counts = [batch.num_rows for batch in batches]
+    total = sum(counts)
+    messages = pa.Table.from_batches(batches, schema=MESSAGE_SCHEMA)
+    attempt = _int_array(_ATTEMPT_TYPE, np.repeat(np.array(attempts, dtype=np.int32), counts),
+                         total)
+    lease_expires = _int_array(_EXPIRES_TYPE,
+                               np.repeat(np.array(expires, dtype=np.int64), counts), total)
+    return pa.Table.from_arrays([*messages.columns, attempt, lease_expires],
+                                schema=DELIVERY_SCHEMA)
+
+
+_ATTEMPT_TYPE = DELIVERY_SCHEMA.field("attempt").type
+_EXPIRES_TYPE = DELIVERY_SCHEMA.field("lease_expires").type
+
+
+def _int_array(arrow_type: pa.DataType, values: np.ndarray, length: int) -> pa.Array:
+    """``values`` (int32/int64 matching ``arrow_type``'s width) as an Arrow array, no copy."""
+    return pa.Array.from_buffers(arrow_type, length, [None, pa.py_buffer(values)])
