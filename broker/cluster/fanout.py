@@ -32,7 +32,7 @@ from google.protobuf.message import Message
 from npstream.broker.cluster.peers import PeerFailure, forwarded_metadata
 from npstream.broker.cluster.router import Cluster
 from npstream.broker.errors import MemberUnavailableError, StreamNotFoundError
-from npstream.broker.streams.registry import next_page_token
+from npstream.broker.streams.names import next_page_token
 from npstream.proto import pb
 from npstream.proto.defaults import DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE
 

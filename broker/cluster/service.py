@@ -29,7 +29,7 @@ from npstream.broker.cluster.move_state import MoveBook
 from npstream.broker.errors import InvalidArgumentError
 from npstream.broker.rpc.registration import add_service
 from npstream.broker.rpc.status import rpc_method
-from npstream.broker.streams.registry import check_stream_name
+from npstream.broker.streams.names import check_stream_name
 from npstream.proto import pb, pb_grpc
 
 if TYPE_CHECKING:

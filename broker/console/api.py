@@ -39,7 +39,8 @@ if TYPE_CHECKING:
     from npstream.broker.console.history import History
     from npstream.broker.groups.manager import GroupManager, GroupStatus
     from npstream.broker.server.metrics import BrokerMetrics
-    from npstream.broker.streams.registry import StreamRegistry, StreamStatus
+    from npstream.broker.streams.records import StreamStatus
+    from npstream.broker.streams.registry import StreamRegistry
 
 __all__ = ["ConsoleApi", "message_json"]
 

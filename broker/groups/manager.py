@@ -43,7 +43,7 @@ from npstream.broker.groups.store import GroupRow, GroupStore, PositionWriter
 from npstream.broker.groups.tuning import TICK_INTERVAL_S
 from npstream.broker.log_events import event_fields
 from npstream.broker.server.context import BrokerContext
-from npstream.broker.streams.registry import check_stream_name
+from npstream.broker.streams.names import check_stream_name
 from npstream.proto import pb
 from npstream.proto.names import validate_group_name
 

@@ -34,8 +34,6 @@ append lock, so no untyped append slips in between.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import builtins
 import dataclasses
 import fnmatch
@@ -45,9 +43,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-
-import pyarrow as pa
 
 from npstream.broker.errors import (
     AlreadyExistsError,
@@ -65,7 +60,6 @@ from npstream.broker.metadata import Metadata
 from npstream.broker.server.config import BrokerConfig
 from npstream.broker.storage import (
     UNTYPED,
-    LogStats,
     Storage,
     StreamConfig,
     StreamLog,
@@ -74,9 +68,23 @@ from npstream.broker.storage import (
 from npstream.broker.storage.group_commit import CommitQueue, CommitRequest
 from npstream.broker.storage.small_append import MessageRows, lone_message
 from npstream.broker.streams.listing_stats import ListingStats
+from npstream.broker.streams.names import (
+    check_stream_name,
+    literal_prefix,
+    next_page_token,
+    page_after,
+)
 from npstream.broker.streams.nursery import GroupWriter, Nursery
+from npstream.broker.streams.records import (
+    NO_EVENT,
+    NO_OVERRIDES,
+    NewRow,
+    SchemaVersion,
+    StreamRecord,
+    StreamStatus,
+    overrides_of,
+)
 from npstream.proto.defaults import DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE
-from npstream.proto.names import validate_stream_name
 from npstream.proto.stream_config import STREAM_CONFIG_FIELDS
 from npstream.proto.value_schema import (
     IncompatibleSchemaError,
@@ -88,8 +96,7 @@ from npstream.proto.value_schema import (
     to_ddl,
 )
 
-__all__ = ["SchemaVersion", "StreamRegistry", "StreamStatus", "check_stream_name",
-           "next_page_token", "page_after"]
+__all__ = ["StreamRegistry"]
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +107,6 @@ _OPEN_LOCKS = 1024
 _LIST_CHUNK = 2000
 # Above every character a stream name may hold: prefix + this bounds a prefix's range.
 _AFTER_NAME_CHARS = "\x7f"
-_NO_OVERRIDES: Mapping[str, int] = {}  # shared by every stream that overrides nothing
 
 _SCHEMAS_TABLE = """
 CREATE TABLE IF NOT EXISTS stream_schemas (
@@ -114,102 +120,9 @@ CREATE TABLE IF NOT EXISTS stream_schemas (
 """
 
 
-def next_page_token(last: str) -> str:
-    """The ListStreams page token of the page after the name ``last``.
-
-    Only a name, so any member of a cluster can continue a listing another
-    member began (npstream.broker.cluster.fanout merges the members' pages).
-    """
-    return base64.urlsafe_b64encode(last.encode()).decode()
-
-
-def page_after(token: str) -> str:
-    """The name a page token continues after ("" for none); InvalidArgumentError if bad."""
-    if not token:
-        return ""
-    try:
-        return base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise InvalidArgumentError(f"invalid page_token {token!r}") from None
-
-
-def check_stream_name(name: object) -> str:
-    """The name, or InvalidArgumentError stating the naming rule."""
-    try:
-        return validate_stream_name(name)
-    except ValueError as exc:
-        raise InvalidArgumentError(str(exc)) from None
-
-
-@dataclass(frozen=True)
-class SchemaVersion:
-    """One version of a typed stream's value schema."""
-
-    version: int
-    schema: pa.Schema  # the value's fields
-    ddl: str
-    arrow_schema: bytes  # serialize_schema(schema), as stored and sent
-    created_ms: int
-
-
-@dataclass(frozen=True)
-class StreamStatus:
-    """What DescribeStream reports; ``stats`` is None when the log needs repair."""
-
-    name: str
-    config: StreamConfig
-    created_ms: int
-    stats: LogStats | None
-    error: str = ""
-    schemas: tuple[SchemaVersion, ...] = ()  # oldest first; empty: untyped
-
-
-@dataclass(frozen=True, slots=True)
-class _Record:
-    """What the registry keeps in memory per stream (tens of bytes with the name)."""
-
-    name: str
-    overrides: Mapping[str, int]
-    created_ms: int
-    schemas: tuple[SchemaVersion, ...] = ()
-
-    def value_schemas(self) -> ValueSchemas:
-        if not self.schemas:
-            return UNTYPED
-        return ValueSchemas.of({v.version: v.schema for v in self.schemas})
-
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
-
-def _overrides_of(config_json: str) -> Mapping[str, int]:
-    if config_json == "{}":
-        return _NO_OVERRIDES
-    return {k: int(v) for k, v in json.loads(config_json).items()}
-
-
-def _literal_prefix(pattern: str) -> str:
-    """The part of a glob before its first wildcard: every match starts with it."""
-    for index, char in enumerate(pattern):
-        if char in "*?[":
-            return pattern[:index]
-    return pattern
-
-
-@dataclass(eq=False)
-class _NewRow:
-    """A stream row waiting for the group insert (CommitQueue payload)."""
-
-    record: _Record
-    config_json: str
-    schema: SchemaVersion | None
-    done: threading.Event = dataclasses.field(default_factory=threading.Event)
-    frame: bytes = b""  # a nursery stream's first frame (nursery.py)
-    timestamp_ms: int = 0  # the frame's message timestamp
-
-
-_NO_EVENT = threading.Event()  # a nursery row's stand-in until its writer round's is known
 
 
 class StreamRegistry:
@@ -230,16 +143,16 @@ class StreamRegistry:
         self._on_deleted = on_stream_deleted if on_stream_deleted is not None else []
         self._clock = clock
         self._lock = threading.Lock()  # guards the dicts below
-        self._records: dict[str, _Record] = {}
+        self._records: dict[str, StreamRecord] = {}
         # Only weakly: the storage's LRU holds the logs (module docstring).
         self._logs: weakref.WeakValueDictionary[str, StreamLog] = weakref.WeakValueDictionary()
         self._broken: dict[str, CorruptRecordError] = {}
-        self._creating: dict[str, _NewRow] = {}  # rows queued for the group insert
+        self._creating: dict[str, NewRow] = {}  # rows queued for the group insert
         self._open_locks = [threading.RLock() for _ in range(_OPEN_LOCKS)]
-        self._inserts: CommitQueue[_NewRow] = CommitQueue(
+        self._inserts: CommitQueue[NewRow] = CommitQueue(
             1 << 30, self._insert_rows, lambda _sequence: None)
         self._nursery = Nursery(metadata)
-        self._first_writer: GroupWriter[_NewRow] = GroupWriter(self._insert_nursery_rows,
+        self._first_writer: GroupWriter[NewRow] = GroupWriter(self._insert_nursery_rows,
                                                                "nursery-writer")
         storage.add_retention_task(self._expire_nursery)
         self._listing_stats = ListingStats(metadata)
@@ -255,7 +168,7 @@ class StreamRegistry:
         records = self._records
         for name, config_json, created_ms in metadata.execute_tuples(
                 "SELECT name, config_json, created_ms FROM streams"):
-            records[name] = _Record(name, _overrides_of(config_json), created_ms,
+            records[name] = StreamRecord(name, overrides_of(config_json), created_ms,
                                     tuple(schemas.get(name, ())))
         storage.set_value_schema_lookup(self.value_schemas_of)
 
@@ -326,7 +239,7 @@ class StreamRegistry:
             (name, entry.version, entry.arrow_schema, entry.ddl, entry.created_ms),
         )
 
-    def _record(self, name: str) -> _Record:
+    def _record(self, name: str) -> StreamRecord:
         record = self._records.get(check_stream_name(name))
         if record is None:
             raise StreamNotFoundError(name)
@@ -360,7 +273,7 @@ class StreamRegistry:
                 self._logs[name] = stream_log
             return stream_log
 
-    def _write_out_locked(self, name: str, record: _Record) -> None:
+    def _write_out_locked(self, name: str, record: StreamRecord) -> None:
         """Give a nursery stream its directory before its log opens (nursery.py).
 
         The caller holds the name's open lock. The frame is durable in its
@@ -406,7 +319,7 @@ class StreamRegistry:
         if name not in self._records:
             if not (create_if_missing and self.auto_create):
                 raise StreamNotFoundError(name)
-            if self._insert(name, _NO_OVERRIDES, None) is None:
+            if self._insert(name, NO_OVERRIDES, None) is None:
                 log.info("created stream '%s' on first publish", name,
                          extra=event_fields(stream=name))
         return self._open(name)
@@ -437,14 +350,14 @@ class StreamRegistry:
         with self._lock:  # the writer's round reaches _records through this lock too
             if name in self._records or name in self._creating:
                 return None
-            row = _NewRow(_Record(name, _NO_OVERRIDES, self._clock()), "{}", None, _NO_EVENT,
+            row = NewRow(StreamRecord(name, NO_OVERRIDES, self._clock()), "{}", None, NO_EVENT,
                           frame, timestamp)
             written = self._first_writer.submit(row)
             row.done = written.done  # what a concurrent get() of the name waits for
             self._creating[name] = row
         return timestamp, written.wait
 
-    def _insert_nursery_rows(self, rows: Sequence[_NewRow]) -> None:
+    def _insert_nursery_rows(self, rows: Sequence[NewRow]) -> None:
         """The nursery writer: one fsynced transaction for the streams and their first frames.
 
         Raises when the transaction failed (the writer fails the round's waiters).
@@ -475,7 +388,7 @@ class StreamRegistry:
                      extra=event_fields(stream=row.record.name))
 
     def _insert(self, name: str, overrides: Mapping[str, int],
-                schema: SchemaVersion | None) -> _Record | None:
+                schema: SchemaVersion | None) -> StreamRecord | None:
         """Insert the stream's row; None when created here, else the existing record.
 
         Concurrent creators of different streams share one transaction (the
@@ -488,9 +401,9 @@ class StreamRegistry:
                 return existing
             queued = self._creating.get(name)
             if queued is None:
-                record = _Record(name, overrides or _NO_OVERRIDES, self._clock(),
+                record = StreamRecord(name, overrides or NO_OVERRIDES, self._clock(),
                                  (schema,) if schema is not None else ())
-                queued = self._creating[name] = _NewRow(
+                queued = self._creating[name] = NewRow(
                     record, json.dumps(overrides, sort_keys=True), schema)
                 mine = True
             else:
@@ -510,7 +423,7 @@ class StreamRegistry:
             queued.done.set()
         return None
 
-    def _insert_rows(self, group: builtins.list[CommitRequest[_NewRow]]) -> int:
+    def _insert_rows(self, group: builtins.list[CommitRequest[NewRow]]) -> int:
         """Group-commit writer: every queued row in one transaction, then in memory."""
         rows = [request.payload for request in group]
         if rows:
@@ -596,7 +509,7 @@ class StreamRegistry:
         longer of the prefix and the glob's literal prefix, in chunks: a page
         of a million streams costs the page, not the million.
         """
-        start = _literal_prefix(pattern) if pattern else ""
+        start = literal_prefix(pattern) if pattern else ""
         if not start.startswith(prefix):
             if not prefix.startswith(start):
                 return []  # the prefix and the glob cannot both match
@@ -755,7 +668,7 @@ class StreamRegistry:
                 "WHERE stream = ? ORDER BY version", (name,)))
         overrides = {k: int(v) for k, v in json.loads(rows[0]["config_json"]).items()}
         with self._lock:
-            self._records[name] = _Record(name, overrides, rows[0]["created_ms"], schemas)
+            self._records[name] = StreamRecord(name, overrides, rows[0]["created_ms"], schemas)
 
     def delete(self, name: str) -> bool:
         """Drop the files, then the row, then tell listeners; False if there was no stream."""

@@ -43,14 +43,11 @@ from npstream.broker.rpc.status import rpc_method
 from npstream.broker.server.context import BrokerContext
 from npstream.broker.storage import AckMode, AppendResult, ReadResult, StreamLog
 from npstream.broker.storage.small_append import MessageRows
+from npstream.broker.streams.names import check_stream_name
 from npstream.broker.streams.publish_many import serve_publish_many
 from npstream.broker.streams.publish_stream import serve_publish_stream
-from npstream.broker.streams.registry import (
-    SchemaVersion,
-    StreamRegistry,
-    StreamStatus,
-    check_stream_name,
-)
+from npstream.broker.streams.records import SchemaVersion, StreamStatus
+from npstream.broker.streams.registry import StreamRegistry
 from npstream.proto import pb, pb_grpc
 from npstream.proto.defaults import DEFAULT_FETCH_BYTES, DEFAULT_FETCH_MESSAGES
 from npstream.proto.schema import normalize_publish_table
