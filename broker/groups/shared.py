@@ -53,7 +53,7 @@ from npstream.broker.groups.deliveries import (
 )
 from npstream.broker.groups.key_order import KeyOrder
 from npstream.broker.groups.leases import LeaseTable, Span, merged_runs, offset_runs
-from npstream.broker.groups.log_rows import FreshRows, read_span
+from npstream.broker.groups.log_rows import FreshRows, read_span, read_spans
 from npstream.broker.groups.metrics import GroupMetrics
 from npstream.broker.groups.shared_config import SharedConfig
 from npstream.broker.groups.store import PositionWriter
@@ -214,17 +214,35 @@ class SharedGroup:
             self._follow_log_locked(stream_log)
             return []
 
+    def _read_ready_locked(self, stream_log: StreamLog,
+                           ready: list[Span]) -> list[tuple[Span, list[Rows]]]:
+        """The rows of spans leased for redelivery, read close ones together (read_spans).
+
+        A span whose rows retention removed meanwhile is left out (the next
+        look drops it from the table), as are the others of its read.
+        """
+        if not ready:
+            return []
+        try:
+            rows = read_spans(stream_log, [(span.start, span.end) for span in ready])
+        except OffsetOutOfRangeError:  # retention removed some: read one by one
+            self._follow_log_locked(stream_log)
+            out: list[tuple[Span, list[Rows]]] = []
+            for span in ready:
+                try:
+                    out.append((span, read_span(stream_log, span.start, span.end)))
+                except OffsetOutOfRangeError:
+                    continue
+            return out
+        return list(zip(ready, rows, strict=True))
+
     def _lease_locked(self, stream_log: StreamLog, member: str, limit: int, now: int,
                       ack_wait_ms: int) -> list[Delivered]:
         """Lease up to ``limit`` messages, due redeliveries first; each span with its rows."""
         out: list[Delivered] = []
         taken = 0
-        for span in self._table.lease_ready(member, now, ack_wait_ms, limit):
-            try:
-                parts = read_span(stream_log, span.start, span.end)
-            except OffsetOutOfRangeError:  # retention removed them: forget them
-                self._follow_log_locked(stream_log)
-                continue
+        for span, parts in self._read_ready_locked(
+                stream_log, self._table.lease_ready(member, now, ack_wait_ms, limit)):
             out.append(Delivered(span.start, span.end, span.attempt, span.expires_ms, parts))
             taken += span.count
         while taken < limit:

@@ -43,19 +43,21 @@ class ReadPath(LogState):
 
     def read(self, offset: int, *, max_messages: int = DEFAULT_FETCH_MESSAGES,
              max_bytes: int = DEFAULT_FETCH_BYTES,
-             end_offset: int | None = None, latest: bool = False) -> ReadResult:
+             end_offset: int | None = None, latest: bool = False,
+             whole: bool = False) -> ReadResult:
         """Stored batches from ``offset``; OffsetOutOfRangeError outside [start, end].
 
         ``latest``: a typed stream's batches all in its current schema version
         (older ones decoded and converted, value_schema.conform_batch; the
         others are the stored bytes), that version in ``schema_version``.
+        ``whole``: stored batches uncut (reader.read_stored_batches).
         """
         self._check_readable()
         view = self._view
         try:
             result = read_stored_batches(view, self._cache, self.name, offset,
                                          max_messages=max_messages, max_bytes=max_bytes,
-                                         end_offset=end_offset)
+                                         end_offset=end_offset, whole=whole)
         except FileNotFoundError:  # retention deleted the segment under the read
             view = self._view
             raise OffsetOutOfRangeError(self.name, offset, view.start, view.end) from None

@@ -141,3 +141,41 @@ def test_append_never_waits_for_a_receive_holding_the_group_lock(parts):
         assert not writer.is_alive(), "the append waited for the group lock"
     waiter.join(10)
     assert got == [b"second"]
+
+
+def test_read_spans_cuts_many_spans_out_of_stored_batches_in_the_order_given(parts,
+                                                                           monkeypatch):
+    from npstream.broker.groups import log_rows
+
+    _group, stream_log, _store, _writer, _clock = parts
+    append(stream_log, *[b"%d" % i for i in range(0, 50)])  # stored batch 0-49
+    append(stream_log, *[b"%d" % i for i in range(50, 120)])  # stored batch 50-119
+    spans = [(70, 71), (3, 5), (49, 52), (119, 120), (10, 11)]
+    reads: list[tuple[int, int]] = []
+    real = log_rows.read_span
+    monkeypatch.setattr(log_rows, "read_span",
+                        lambda log, lo, hi: reads.append((lo, hi)) or real(log, lo, hi))
+
+    def values(rows: list) -> list[bytes]:
+        return [v for part in rows for v in part.column("value").to_pylist()]
+
+    got = log_rows.read_spans(stream_log, spans)
+    assert [values(rows) for rows in got] == [
+        [b"%d" % i for i in range(lo, hi)] for lo, hi in spans]
+    assert reads == [(3, 120)]  # one covering read for spans this close
+    reads.clear()
+    monkeypatch.setattr(log_rows, "SPAN_GROUP_OFFSETS", 20)
+    got = log_rows.read_spans(stream_log, spans)
+    assert [values(rows) for rows in got] == [
+        [b"%d" % i for i in range(lo, hi)] for lo, hi in spans]
+    assert reads == [(3, 11), (49, 52), (70, 71), (119, 120)]  # groups within 20 offsets
+
+
+def test_a_whole_read_returns_stored_batches_uncut(parts):
+    _group, stream_log, _store, _writer, _clock = parts
+    append(stream_log, *[b"%d" % i for i in range(10)])
+    cut = stream_log.read(3, max_messages=2, end_offset=5)
+    whole = stream_log.read(3, max_messages=2, end_offset=5, whole=True)
+    assert (cut.next_offset, cut.count) == (5, 2)
+    assert (whole.next_offset, whole.count) == (10, 7)  # the batch ends at 10
+    assert whole.batches[0] == stream_log.read(0, max_messages=10).batches[0]  # stored bytes
