@@ -303,11 +303,15 @@ def run_npstream(a: argparse.Namespace) -> dict[str, Any]:
             out["floor_batches"] = [floor_batches(_batch_count(a, size), size, a.batch)
                                     for size in BATCH_SIZES]
             keyed = _batch_count(a, BATCH_SIZES[0])
-            for ordering in (None, "key"):
-                print(f"# npstream keyed consumption {keyed:,} x {BATCH_SIZES[0]} B, "
-                      f"{ORDERING_KEYS:,} keys, ordering={ordering}", file=sys.stderr)
-                out.setdefault("keyed", []).append(npstream_batches(
-                    broker, client, keyed, BATCH_SIZES[0], a.batch, ORDERING_KEYS, ordering))
+            for entry, random_keys in (("keyed", False), ("keyed_random", True)):
+                count = keyed if not random_keys else keyed // 5  # ~5x slower ordered
+                for ordering in (None, "key"):
+                    print(f"# npstream keyed consumption {count:,} x {BATCH_SIZES[0]} B, "
+                          f"{ORDERING_KEYS:,} keys{' at random' if random_keys else ''}, "
+                          f"ordering={ordering}", file=sys.stderr)
+                    out.setdefault(entry, []).append(npstream_batches(
+                        broker, client, count, BATCH_SIZES[0], a.batch, ORDERING_KEYS,
+                        ordering, random_keys=random_keys))
             print(f"# npstream {a.inflight_messages:,} messages in flight", file=sys.stderr)
             out["inflight"] = inflight_memory(broker, client, a.inflight_messages, a.batch)
     with BrokerUnderTest() as broker, Client(broker.address) as client:
