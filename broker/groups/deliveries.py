@@ -125,10 +125,18 @@ def delivery_table(delivered: list[Delivered]) -> pa.Table:
                          total)
     lease_expires = _int_array(_EXPIRES_TYPE,
                                np.repeat(np.array(expires, dtype=np.int64), counts), total)
-    return pa.Table.from_arrays([*messages.columns, attempt, lease_expires],
-                                schema=DELIVERY_SCHEMA)
+    table = pa.Table.from_arrays([*messages.columns, attempt, lease_expires],
+                                 schema=DELIVERY_SCHEMA)
+    if len(batches) > COMBINE_PARTS_ABOVE:
+        # Many small parts (ordering="key" redelivering held messages one offset at a
+        # time): one batch on the wire instead of an IPC message per part, each with
+        # its own metadata for the broker to write and the client to read.
+        return table.combine_chunks()
+    return table
 
 
+# Parts above which a delivery table is made one batch (a copy of small rows).
+COMBINE_PARTS_ABOVE = 16
 _ATTEMPT_TYPE = DELIVERY_SCHEMA.field("attempt").type
 _EXPIRES_TYPE = DELIVERY_SCHEMA.field("lease_expires").type
 
