@@ -124,9 +124,12 @@ class KeyOrder:
                 busy = [o for o in key_of if lo <= o < hi]
             done = busy if not unfinished else [
                 o for o in busy if not any(a <= o < b for a, b in unfinished)]
-            if not self._held:  # nothing waits: free the keys in bulk
-                for key in map(key_of.pop, done):
-                    del self._busy[key]
+            if not self._held:  # nothing waits: free the keys in bulk, in C
+                if len(done) == len(key_of):  # every busy key (_busy is key_of inverted)
+                    key_of.clear()
+                    self._busy.clear()
+                else:
+                    deque(map(self._busy.pop, map(key_of.pop, done)), maxlen=0)
                 continue
             for offset in done:
                 released += self._next(offset, lo_bound=None)
