@@ -14,23 +14,31 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["REPO_ROOT", "BrokerProcess", "build_wheel", "write_tokens_file"]
+import grpc
+
+from npstream.proto import pb, pb_grpc
+
+__all__ = ["REPO_ROOT", "BrokerProcess", "build_wheel", "first_publishes",
+           "write_tokens_file"]
 
 # The repository checkout the tests run from (docs, examples, bench, conf).
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def write_tokens_file(path: Path, admin: str, reader: str, readable: str) -> list[str]:
+def write_tokens_file(path: Path, admin: str, reader: str, readable: str,
+                      writable: str | None = None) -> list[str]:
     """A tokens file (docs/security.md) with an admin token and a reader of ``readable``.
 
     ``admin`` may do everything on every stream; ``reader`` may only read
-    streams matching the glob ``readable``. Returns the broker arguments
-    that load it.
+    streams matching the glob ``readable`` (and write those matching
+    ``writable``, when given). Returns the broker arguments that load it.
     """
+    write = f'write = ["{writable}"]\n' if writable is not None else ""
     path.write_text(f"""
 [[tokens]]
 name = "admin"
@@ -43,8 +51,33 @@ write = ["*"]
 name = "reader"
 token = "{reader}"
 read = ["{readable}"]
-""")
+{write}""")
     return ["--tokens-file", str(path)]
+
+
+def first_publishes(address: str, names: list[str], calls: int) -> list[str]:
+    """One message to each new stream of ``names`` (creating it), ack=fsync, over ``calls``
+    concurrent PublishStream calls; returns the names acknowledged, each checked to be
+    the stream's first message (offset 0)."""
+    acked: list[str] = []
+    lock = threading.Lock()
+
+    def produce(part: list[str]) -> None:
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.StreamServiceStub(channel)
+            requests = (pb.PublishRequest(stream=n, messages=[pb.Message(value=n.encode())],
+                                          ack=pb.ACK_FSYNC) for n in part)
+            for name, reply in zip(part, stub.PublishStream(requests), strict=True):
+                assert (reply.first_offset, reply.stored_count) == (0, 1)
+                with lock:
+                    acked.append(name)
+
+    threads = [threading.Thread(target=produce, args=(names[k::calls],)) for k in range(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return acked
 
 
 class BrokerProcess:

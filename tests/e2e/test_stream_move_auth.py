@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 from e2e.cluster_members import held, move_raw, names_on, read_ids, start_members, wait_until
-from harness import BrokerProcess
+from harness import BrokerProcess, write_tokens_file
 from npstream import Client, NpstreamError
 from npstream.broker.cluster.placement import rendezvous_owner
 from npstream.broker.faults import FAULT_EXIT_CODE, MOVE_FAULT_ENV
@@ -33,26 +33,12 @@ def name_on(members: list[BrokerProcess], broker: BrokerProcess, prefix: str) ->
 
 
 ADMIN_TOKEN, READ_TOKEN = "move-admin-51c2", "move-reader-88e0"
-TOKENS = f"""
-[[tokens]]
-name = "admin"
-token = "{ADMIN_TOKEN}"
-admin = ["*"]
-read = ["*"]
-write = ["*"]
-
-[[tokens]]
-name = "reader"
-token = "{READ_TOKEN}"
-read = ["*"]
-write = ["*"]
-"""
 
 
 def test_with_auth_a_move_needs_the_admin_right_and_forwards_the_token(tmp_path):
-    tokens = tmp_path / "tokens.toml"
-    tokens.write_text(TOKENS)
-    brokers = start_members(tmp_path, ["a", "b"], args=["--tokens-file", str(tokens)])
+    tokens = write_tokens_file(tmp_path / "tokens.toml", ADMIN_TOKEN, READ_TOKEN, "*",
+                               writable="*")
+    brokers = start_members(tmp_path, ["a", "b"], args=tokens)
     try:
         source, target = brokers
         stream = name_on(brokers, source, "auth")
@@ -88,9 +74,9 @@ AUTH_KILLS = ["copied", "switching", "sigkill-while-copying"]
 @pytest.mark.parametrize("how", AUTH_KILLS)
 def test_with_auth_and_a_cluster_token_an_interrupted_move_finishes_by_itself(tmp_path, how):
     """The source restarts knowing nobody's token and finishes the move as the cluster."""
-    tokens = tmp_path / "tokens.toml"
-    tokens.write_text(TOKENS)
-    brokers = start_members(tmp_path, ["a", "b"], args=["--tokens-file", str(tokens)],
+    tokens = write_tokens_file(tmp_path / "tokens.toml", ADMIN_TOKEN, READ_TOKEN, "*",
+                               writable="*")
+    brokers = start_members(tmp_path, ["a", "b"], args=tokens,
                             env={"NPSTREAM_CLUSTER_TOKEN": CLUSTER_TOKEN})
     try:
         source, target = brokers
@@ -152,9 +138,9 @@ def test_with_auth_and_a_cluster_token_an_interrupted_move_finishes_by_itself(tm
 def test_with_a_cluster_token_a_dead_letter_stream_another_member_holds_is_not_created_twice(
         tmp_path):
     """The upkeep thread has no caller: it asks the other members as the cluster."""
-    tokens = tmp_path / "tokens.toml"
-    tokens.write_text(TOKENS)
-    brokers = start_members(tmp_path, ["a", "b"], args=["--tokens-file", str(tokens)],
+    tokens = write_tokens_file(tmp_path / "tokens.toml", ADMIN_TOKEN, READ_TOKEN, "*",
+                               writable="*")
+    brokers = start_members(tmp_path, ["a", "b"], args=tokens,
                             env={"NPSTREAM_CLUSTER_TOKEN": CLUSTER_TOKEN})
     try:
         source, target = brokers

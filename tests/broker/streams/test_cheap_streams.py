@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import fnmatch
 import sys
-import threading
 from pathlib import Path
 
 import grpc
 import pyarrow as pa
 import pytest
 
+from harness import first_publishes
 from npstream.proto import pb, pb_grpc
 from npstream.proto.frames.payload import decode_payload
 from npstream.proto.schema import MESSAGE_SCHEMA
@@ -89,25 +89,8 @@ def test_evicted_streams_reload_on_publish_read_and_groups(broker_factory):
 def test_streams_created_by_first_publish_survive_kill_9_right_after_the_ack(broker_factory):
     broker = broker_factory(env=SMALL_LRU)
     names = [f"sensor-{i:04d}" for i in range(300)]
-    acked: list[str] = []
-    lock = threading.Lock()
-
-    def produce(part: list[str]) -> None:
-        with grpc.insecure_channel(broker.address) as channel:
-            stub = pb_grpc.StreamServiceStub(channel)
-            requests = (pb.PublishRequest(stream=n, messages=[pb.Message(value=n.encode())],
-                                          ack=pb.ACK_FSYNC) for n in part)
-            for name, reply in zip(part, stub.PublishStream(requests), strict=True):
-                assert (reply.first_offset, reply.stored_count) == (0, 1)
-                with lock:
-                    acked.append(name)
-
     # Concurrent calls: creates share group inserts and filesystem syncs.
-    threads = [threading.Thread(target=produce, args=(names[k::6],)) for k in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    acked = first_publishes(broker.address, names, 6)
     broker.kill()  # SIGKILL at once: nothing flushed or closed after the acks
     assert sorted(acked) == names
     broker.start()

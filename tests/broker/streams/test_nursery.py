@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import pyarrow as pa
 
+from harness import first_publishes
 from npstream.broker.storage.files import segment_path, stream_dir
 from npstream.broker.storage.first_frame import lone_first_frame, write_first_segment
 from npstream.broker.storage.settings import StreamConfig
@@ -57,29 +58,6 @@ def has_dir(data_dir: Path, name: str) -> bool:
     return stream_dir(data_dir, name).is_dir()
 
 
-def create_by_stream(address: str, names: list[str], calls: int) -> list[str]:
-    """First publishes over ``calls`` PublishStream calls; the names acknowledged."""
-    acked: list[str] = []
-    lock = threading.Lock()
-
-    def produce(part: list[str]) -> None:
-        with grpc.insecure_channel(address) as channel:
-            stub = pb_grpc.StreamServiceStub(channel)
-            requests = (pb.PublishRequest(stream=n, messages=[pb.Message(value=n.encode())],
-                                          ack=pb.ACK_FSYNC) for n in part)
-            for name, reply in zip(part, stub.PublishStream(requests), strict=True):
-                assert (reply.first_offset, reply.stored_count) == (0, 1)
-                with lock:
-                    acked.append(name)
-
-    threads = [threading.Thread(target=produce, args=(names[k::calls],)) for k in range(calls)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return acked
-
-
 def test_first_publish_keeps_no_directory_until_the_log_is_opened(broker_factory):
     broker = broker_factory(env=SMALL_LRU)
     with grpc.insecure_channel(broker.address) as channel:  # room in the LRU: opened at once
@@ -88,7 +66,7 @@ def test_first_publish_keeps_no_directory_until_the_log_is_opened(broker_factory
     assert has_dir(broker.data_dir, "early") and not nursery_names(broker.data_dir)
     fill_lru(broker.address)
     names = [f"chat-{i:03d}" for i in range(40)]
-    assert sorted(create_by_stream(broker.address, names, 4)) == names
+    assert sorted(first_publishes(broker.address, names, 4)) == names
     assert nursery_names(broker.data_dir) >= set(names)
     assert not any(has_dir(broker.data_dir, n) for n in names)
     with grpc.insecure_channel(broker.address) as channel:
@@ -126,7 +104,7 @@ def test_first_publishes_acked_then_kill_9_all_there_and_usable(broker_factory):
     broker = broker_factory(env=SMALL_LRU)
     fill_lru(broker.address)
     names = [f"sensor-{i:04d}" for i in range(400)]
-    acked = create_by_stream(broker.address, names, 8)
+    acked = first_publishes(broker.address, names, 8)
     broker.kill()  # at once after the last ack
     assert sorted(acked) == names
     broker.start()
@@ -158,7 +136,7 @@ def test_delete_update_and_a_publish_racing_the_create(broker_factory):
     fill_lru(broker.address)
     with grpc.insecure_channel(broker.address) as channel:
         stub = pb_grpc.StreamServiceStub(channel)
-        assert create_by_stream(broker.address, ["gone", "tuned"], 1) == ["gone", "tuned"]
+        assert first_publishes(broker.address, ["gone", "tuned"], 1) == ["gone", "tuned"]
         assert nursery_names(broker.data_dir) == {"gone", "tuned"}
         assert stub.DeleteStream(pb.DeleteStreamRequest(name="gone"), timeout=30).deleted
         assert "gone" not in nursery_names(broker.data_dir)
@@ -197,7 +175,7 @@ def test_expired_nursery_streams_are_written_out_and_expire(broker_factory):
                                  "NPSTREAM_RETENTION_CHECK_INTERVAL": "100ms"})
     fill_lru(broker.address)
     names = [f"old-{i}" for i in range(5)]
-    assert sorted(create_by_stream(broker.address, names, 2)) == names
+    assert sorted(first_publishes(broker.address, names, 2)) == names
     with grpc.insecure_channel(broker.address) as channel:
         stub = pb_grpc.StreamServiceStub(channel)
         deadline = time.monotonic() + 20

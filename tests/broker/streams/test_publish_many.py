@@ -15,6 +15,7 @@ import grpc
 import pyarrow as pa
 import pytest
 
+from harness import write_tokens_file
 from npstream import (
     Client,
     InvalidArgument,
@@ -143,22 +144,8 @@ def test_request_bounds_are_refused_whole_naming_them(broker_factory):
 
 
 def test_entries_without_the_write_right_are_refused_alone(broker_factory, tmp_path):
-    tokens = tmp_path / "tokens.toml"
-    tokens.write_text("""
-[[tokens]]
-name = "admin"
-token = "admin-secret"
-admin = ["*"]
-read = ["*"]
-write = ["*"]
-
-[[tokens]]
-name = "chats"
-token = "chat-secret"
-read = ["chat-*"]
-write = ["chat-*"]
-""")
-    broker = broker_factory(args=["--tokens-file", str(tokens)])
+    broker = broker_factory(args=write_tokens_file(
+        tmp_path / "tokens.toml", "admin-secret", "chat-secret", "chat-*", writable="chat-*"))
     with Client(broker.address, token="chat-secret") as client:
         results = client.publish_many([("chat-1", "a"), ("audit-1", "b"), ("chat-2", "c")])
         assert [r.ok for r in results] == [True, False, True]
