@@ -330,14 +330,9 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         """
         request, arrow = _split_publish(raw, "Publish")
         stream, rows, ack = self._prepare_publish(request, context, arrow)
-        started = time.perf_counter()
-        first = (self._registry.create_by_first_publish(stream, rows)
-                 if isinstance(rows, MessageRows) else None)
+        first = self._first_publish(stream, rows, ack)
         if first is not None:  # a new stream: its message kept in the nursery (nursery.py)
-            timestamp, wait = first
-            wait()
-            return self._published(stream, AppendResult(0, 1, [], timestamp), rows, ack,
-                                   started)
+            return first()
         stream_log = self._registry.get(stream, create_if_missing=True)
         if rows is None:
             return pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
@@ -389,10 +384,10 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         """Write one publish request now (a PublishStream request, a PublishMany entry);
         the returned reply waits for its fsync (or its nursery commit)."""
         stream, rows, ack = self._prepare_publish(request, context, arrow)
-        if isinstance(rows, MessageRows):
-            first = self._registry.create_by_first_publish(stream, rows)
-            if first is not None:
-                return self._first_publish_reply(stream, rows, ack, *first)
+        first = self._first_publish(stream, rows, ack)
+        if first is not None:
+            self._publish_fault.written()
+            return first
         stream_log = self._registry.get(stream, create_if_missing=True)
         if rows is None:
             empty = pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
@@ -408,17 +403,22 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
 
         return reply
 
-    def _first_publish_reply(self, stream: str, rows: MessageRows, ack: AckMode,
-                             timestamp: int, wait: Callable[[], None],
-                             ) -> Callable[[], pb.PublishResponse]:
-        """The reply of a PublishStream request that created its stream in the nursery.
+    def _first_publish(self, stream: str, rows: MessageRows | pa.Table | None, ack: AckMode,
+                       ) -> Callable[[], pb.PublishResponse] | None:
+        """The reply of a publish that created its stream in the nursery, None if it did not.
 
-        The stream and its message are stored by the nursery writer while
-        this call reads on (its transaction is fsynced whatever the ack), so
-        the reply waits for that transaction.
+        A new stream's lone first message is stored by the nursery writer
+        (its transaction is fsynced whatever the ack) while the caller goes
+        on; the reply waits for that transaction (Publish at once,
+        PublishStream and PublishMany once their other requests are written).
         """
+        if not isinstance(rows, MessageRows):
+            return None
         started = time.perf_counter()
-        self._publish_fault.written()
+        first = self._registry.create_by_first_publish(stream, rows)
+        if first is None:
+            return None
+        timestamp, wait = first
 
         def reply() -> pb.PublishResponse:
             wait()
