@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from npstream.broker.groups.leases import DeliveryRow
+from npstream.broker.groups.tuning import COMBINE_PARTS_ABOVE
 from npstream.broker.groups.typed_values import json_values, untyped_batch
 from npstream.proto.schema import DELIVERY_SCHEMA, HEADERS_TYPE, MESSAGE_SCHEMA
 
@@ -127,16 +128,11 @@ def delivery_table(delivered: list[Delivered]) -> pa.Table:
                                np.repeat(np.array(expires, dtype=np.int64), counts), total)
     table = pa.Table.from_arrays([*messages.columns, attempt, lease_expires],
                                  schema=DELIVERY_SCHEMA)
-    if len(batches) > COMBINE_PARTS_ABOVE:
-        # Many small parts (ordering="key" redelivering held messages one offset at a
-        # time): one batch on the wire instead of an IPC message per part, each with
-        # its own metadata for the broker to write and the client to read.
+    if len(batches) > COMBINE_PARTS_ABOVE:  # many small parts: one batch (tuning.py)
         return table.combine_chunks()
     return table
 
 
-# Parts above which a delivery table is made one batch (a copy of small rows).
-COMBINE_PARTS_ABOVE = 16
 _ATTEMPT_TYPE = DELIVERY_SCHEMA.field("attempt").type
 _EXPIRES_TYPE = DELIVERY_SCHEMA.field("lease_expires").type
 

@@ -22,19 +22,20 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from npstream.broker.groups.deliveries import Rows
-from npstream.broker.groups.tuning import FRESH_READ_BYTES, FRESH_READ_CHUNK
+from npstream.broker.groups.tuning import (
+    FRESH_READ_BYTES,
+    FRESH_READ_CHUNK,
+    SPAN_GROUP_OFFSETS,
+)
 from npstream.proto.frames.payload import decode_payload
 
 if TYPE_CHECKING:
     from npstream.broker.storage import StreamLog
 
-__all__ = ["SPAN_GROUP_OFFSETS", "SPAN_READ_BYTES", "FreshRows", "read_span", "read_spans"]
+__all__ = ["SPAN_READ_BYTES", "FreshRows", "read_span", "read_spans"]
 
 # Read from the log per redelivered span read (bytes); a span is read in pieces.
 SPAN_READ_BYTES = FRESH_READ_BYTES
-# Spans due for redelivery whose offsets all lie within this many offsets are read
-# with one read of the range covering them (read_spans).
-SPAN_GROUP_OFFSETS = 65_536
 
 
 class FreshRows:

@@ -66,6 +66,15 @@ SUBSCRIBE_POLL_S = 1.0
 # reading an Arrow IPC stream costs ~0.1-0.3 ms whatever its size, protobuf
 # ~2.5 us per delivery: a lone message would pay that on its latency.
 ARROW_DELIVERIES_MIN_ROWS = 100
+# Redeliveries due together whose offsets all lie within this many offsets are read
+# with one read of the range covering them (log_rows.read_spans): a read returns
+# whole stored batches, and with ordering="key" held messages come back one offset
+# at a time, each read alone out of a stored batch of thousands (~16 us a message).
+SPAN_GROUP_OFFSETS = 65_536
+# A delivery table of more parts than this goes out as one batch (a copy of its
+# rows): one IPC message per part, each with its own metadata, was most of the
+# cost of ~1,000 one-row parts (ordering="key" redelivering held messages).
+COMBINE_PARTS_ABOVE = 16
 # When writing to the dead-letter stream fails, retry after this long.
 DEAD_LETTER_RETRY_MS = 5_000
 
