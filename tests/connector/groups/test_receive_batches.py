@@ -22,6 +22,13 @@ def wait_for_in_flight(client: Client, stream: str, group: str, count: int) -> N
         time.sleep(0.01)
 
 
+def wait_for_committed(client: Client, stream: str, group: str, offset: int) -> None:
+    deadline = time.monotonic() + 10
+    while (info := client.describe_group(stream, group)).committed_offset != offset:
+        assert time.monotonic() < deadline, info
+        time.sleep(0.01)
+
+
 def test_draining_takes_every_message_once_and_acks_each_batch_when_the_next_is_taken(
         client, stream_name):
     publish(client, stream_name, 5000)
@@ -46,9 +53,10 @@ def test_the_next_batch_is_leased_while_the_application_holds_one(client, stream
         wait_for_in_flight(client, stream_name, "g", 200)  # the prefetched one
         second = next(it)
         assert second.offsets.tolist() == list(range(100, 200))
-        # Taking the second acked the first (on the call that prefetched the third).
+        # Taking the second acked the first, on a call of its own that also leases the
+        # third: in flight stays 200 before and after it is served, so wait for the ack.
+        wait_for_committed(client, stream_name, "g", 100)
         wait_for_in_flight(client, stream_name, "g", 200)
-        assert client.describe_group(stream_name, "g").committed_offset == 100
         second.ack()
     assert client.describe_group(stream_name, "g").committed_offset == 200
 
@@ -69,10 +77,7 @@ def test_by_default_three_calls_are_in_flight_beside_the_batch_held(client, stre
         # offset not in those two.
         acked = {o for batch in held[:2] for o in batch.offsets.tolist()}
         committed = min(set(range(601)) - acked)
-        deadline = time.monotonic() + 10
-        while (info := client.describe_group(stream_name, "g")).committed_offset != committed:
-            assert time.monotonic() < deadline, (info, committed)
-            time.sleep(0.01)
+        wait_for_committed(client, stream_name, "g", committed)
         wait_for_in_flight(client, stream_name, "g", 400)
     # close() nacked the held batch and the three prefetched: nothing is left in flight.
     info = client.describe_group(stream_name, "g")
