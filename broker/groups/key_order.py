@@ -10,19 +10,37 @@ members join and leave with no rebalancing; messages without a key are not
 ordered. Kafka's share groups, JetStream and Redis offer no such mode;
 Pulsar's Key_Shared pins keys to consumers instead.
 
-``KeyOrder`` is the bookkeeping: which key is busy with which offset, and
-the held offsets of each key in order. It decides, row by row, which fresh
+``KeyOrder`` is the bookkeeping: which keys are busy, which offset holds each
+busy key, and the held offsets of each key in order. It decides which fresh
 messages are delivered and which are held (``plan``), and which held offset
-is released when a busy one finishes. The per-row work is one dict lookup;
-the rows stay Arrow slices.
+is released when a busy one finishes (``finished``).
+
+Why blocks: the goal is that ordering by key costs little more than not
+ordering (issue 16: within 20% with many keys). A per-offset record of the
+busy key (a dict entry made, looked up and popped per message) cost ~0.3 us
+per message, as much as the rest of a batched delivery. So the busy offsets
+of one planned part are kept as one ``_Block``: its first offset, its keys
+(one list, made once by Arrow) and a mask of the rows whose key they hold.
+The busy keys themselves are one set, filled and emptied with set operations
+that run in C; a part whose keys are distinct and free (the common case with
+many keys) is decided with one ``isdisjoint``. Parts with repeated or busy
+keys are decided with numpy masks; only held rows, and keys that have held
+rows when they finish, take a Python step each. A held offset released for
+delivery is busy alone (``_single``).
 """
 
 from __future__ import annotations
 
+import operator
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Iterable
+from itertools import compress, pairwise, repeat
+
+import numpy as np
 
 from npstream.broker.groups.deliveries import Rows
+from npstream.broker.groups.leases import merged_runs
 
 __all__ = ["KeyOrder", "Run"]
 
@@ -42,17 +60,47 @@ def _slice(part: Rows, start: int, stop: int) -> Rows:
     return part.slice(start, stop - start)
 
 
+def _mask(values: Iterable[bool], count: int) -> np.ndarray:
+    return np.fromiter(values, dtype=bool, count=count)
+
+
+class _Block:
+    """Busy offsets of one planned part: ``lo + i`` holds ``keys[i]`` where ``busy[i]``."""
+
+    __slots__ = ("busy", "keys", "left", "lo")
+
+    def __init__(self, lo: int, keys: list[bytes | None], busy: np.ndarray,
+                 left: int) -> None:
+        self.lo = lo
+        self.keys = keys
+        self.busy = busy
+        self.left = left  # rows still busy
+
+    @property
+    def hi(self) -> int:
+        return self.lo + len(self.keys)
+
+
 class KeyOrder:
     """Busy keys and held offsets of one group (see the module doc). Not thread-safe."""
 
     def __init__(self) -> None:
-        self._busy: dict[bytes, int] = {}  # key -> offset of its one unfinished message
-        self._key_of: dict[int, bytes] = {}  # that offset -> its key
+        self._busy: set[bytes] = set()  # keys with an unfinished message
+        self._blocks: dict[int, _Block] = {}  # by first offset
+        self._starts: list[int] = []  # sorted firsts of _blocks
+        self._single: dict[int, bytes] = {}  # released held offset -> its (busy) key
         self._held: dict[bytes, deque[int]] = {}  # key -> held offsets, oldest first
 
     @property
     def held(self) -> int:
         return sum(len(q) for q in self._held.values())
+
+    @property
+    def busy(self) -> int:
+        """Keys with an unfinished message (for tests and inspection)."""
+        return len(self._busy)
+
+    # ------------------------------------------------------------ planning
 
     def plan(self, first: int, parts: list[Rows]) -> list[Run]:
         """Split fresh rows from offset ``first`` into runs to deliver and runs to hold."""
@@ -67,46 +115,76 @@ class KeyOrder:
         offset = first
         for part in parts:
             keys = _keys(part)
-            if self._all_free(keys, offset):
-                add(True, part)
-                offset += len(keys)
+            count = len(keys)
+            if not count:
                 continue
-            start = 0
-            decision: bool | None = None
-            for i, key in enumerate(keys):
-                deliver = key is None or self._take(key, offset + i)
-                if decision is not None and deliver != decision:
-                    add(decision, _slice(part, start, i))
-                    start = i
-                decision = deliver
-            if decision is not None:
-                add(decision, part if start == 0 else _slice(part, start, len(keys)))
-            offset += len(keys)
+            deliver = self._all_free(keys, offset)
+            if deliver is None:
+                add(True, part)
+            else:
+                edges = np.flatnonzero(deliver[1:] != deliver[:-1]) + 1
+                bounds = [0, *edges.tolist(), count]
+                for lo, hi in pairwise(bounds):
+                    add(bool(deliver[lo]), part if hi - lo == count else _slice(part, lo, hi))
+            offset += count
         return runs
 
-    def _all_free(self, keys: list[bytes | None], first: int) -> bool:
-        """The common case with many keys, decided in bulk: no key of ``keys`` is busy and
-        none repeats, so every row is delivered; their keys are marked busy."""
-        offsets: Iterable[int] = range(first, first + len(keys))
-        if None in keys:
-            pairs = [(k, o) for k, o in zip(keys, offsets, strict=True) if k is not None]
-            keys, offsets = [k for k, _o in pairs], [o for _k, o in pairs]
-        distinct = set(keys)
-        if len(distinct) != len(keys) or not self._busy.keys().isdisjoint(distinct):
-            return False
-        # zip and dict.update run in C: no Python step per row in the common case.
-        self._busy.update(zip(keys, offsets, strict=True))  # type: ignore[arg-type]
-        self._key_of.update(zip(offsets, keys, strict=True))  # type: ignore[arg-type]
-        return True
+    def _all_free(self, keys: list[bytes | None], first: int) -> np.ndarray | None:
+        """Mark the keys of fresh rows from ``first`` busy; None if every row is delivered,
+        else the mask of rows delivered (the others are held).
 
-    def _take(self, key: bytes, offset: int) -> bool:
-        """True: ``offset`` may be delivered (its key becomes busy); False: it is held."""
-        if key in self._busy:
-            self._held.setdefault(key, deque()).append(offset)
-            return False
-        self._busy[key] = offset
-        self._key_of[offset] = key
-        return True
+        The common case with many keys, keys distinct and none busy, is decided
+        with set operations in C; otherwise numpy masks decide (``_split``).
+        """
+        distinct: set[bytes] = set(keys)  # type: ignore[arg-type]  # None is dropped next
+        count = len(keys)
+        keyless = None in distinct
+        if keyless:
+            distinct.discard(None)
+        nulls = keys.count(None) if keyless else 0
+        if len(distinct) + nulls == count and self._busy.isdisjoint(distinct):
+            self._busy |= distinct
+            busy = (_mask(map(operator.is_not, keys, repeat(None)), count) if keyless
+                    else np.ones(count, dtype=bool))
+            self._add_block(_Block(first, keys, busy, len(distinct)))
+            return None
+        return self._split(keys, first, keyless)
+
+    def _split(self, keys: list[bytes | None], first: int, keyless: bool) -> np.ndarray:
+        """Rows whose key is busy or repeats an earlier row of the part are held."""
+        count = len(keys)
+        # The first row of each key: a dict built from the end keeps the lowest index.
+        first_row = dict(zip(reversed(keys), range(count - 1, -1, -1), strict=True))
+        firsts = np.fromiter(map(first_row.__getitem__, keys), dtype=np.intp, count=count)
+        free = ~_mask(map(self._busy.__contains__, keys), count)
+        deliver = (firsts == np.arange(count)) & free
+        keyed = deliver
+        if keyless:
+            keyless_rows = _mask(map(operator.is_, keys, repeat(None)), count)
+            deliver = deliver | keyless_rows
+            keyed = deliver & ~keyless_rows
+        held = self._held
+        for row in np.flatnonzero(~deliver).tolist():  # a Python step per held row only
+            key = keys[row]
+            queue = held.get(key)  # type: ignore[arg-type]
+            if queue is None:
+                queue = held[key] = deque()  # type: ignore[index]
+            queue.append(first + row)
+        taken = list(compress(keys, keyed))
+        self._busy.update(taken)  # type: ignore[arg-type]
+        if taken:
+            self._add_block(_Block(first, keys, keyed, len(taken)))
+        return deliver
+
+    def _add_block(self, block: _Block) -> None:
+        self._blocks[block.lo] = block
+        insort(self._starts, block.lo)
+
+    def _drop_block(self, block: _Block) -> None:
+        del self._blocks[block.lo]
+        del self._starts[bisect_left(self._starts, block.lo)]
+
+    # ------------------------------------------------------------ finishing
 
     def finished(self, ranges: Iterable[tuple[int, int]],
                  unfinished: list[tuple[int, int]]) -> list[int]:
@@ -115,48 +193,83 @@ class KeyOrder:
         ``unfinished``: runs within the ranges whose messages are not finished
         after all (an ack of a message being dead-lettered); usually none.
         """
-        released: list[int] = []
-        key_of = self._key_of
-        for lo, hi in ranges:
-            if hi - lo <= len(key_of):
-                busy = list(filter(key_of.__contains__, range(lo, hi)))  # in C, not per row
-            else:
-                busy = [o for o in key_of if lo <= o < hi]
-            done = busy if not unfinished else [
-                o for o in busy if not any(a <= o < b for a, b in unfinished)]
-            if not self._held:  # nothing waits: free the keys in bulk, in C
-                if len(done) == len(key_of):  # every busy key (_busy is key_of inverted)
-                    key_of.clear()
-                    self._busy.clear()
-                else:
-                    deque(map(self._busy.pop, map(key_of.pop, done)), maxlen=0)
-                continue
-            for offset in done:
-                released += self._next(offset, lo_bound=None)
-        return released
+        return self._finish(merged_runs(ranges), unfinished, lo_bound=None)
 
-    def _next(self, offset: int, lo_bound: int | None) -> list[int]:
-        """Free the key of finished ``offset``; its next held offset (>= lo_bound) is busy now."""
-        key = self._key_of.pop(offset)
-        queue = self._held.get(key)
-        while queue:
-            following = queue.popleft()
-            if lo_bound is not None and following < lo_bound:
-                continue  # removed from the log as well
-            self._busy[key] = following
-            self._key_of[following] = key
+    def _finish(self, runs: list[tuple[int, int]], unfinished: list[tuple[int, int]],
+                lo_bound: int | None) -> list[int]:
+        """Free the keys busy at offsets in ``runs`` (sorted, disjoint), but ``unfinished``.
+
+        Acks with ordering="key" come as many short runs (held rows cut the
+        batches), so the rows of each block are matched against all runs at
+        once with numpy, not run by run.
+        """
+        if not runs:
+            return []
+        freed: list[bytes] = []
+        los = np.array([lo for lo, _hi in runs], dtype=np.int64)
+        his = np.array([hi for _lo, hi in runs], dtype=np.int64)
+        starts = self._starts
+        i = max(0, bisect_right(starts, runs[0][0]) - 1)
+        done: list[_Block] = []
+        while i < len(starts) and starts[i] < runs[-1][1]:
+            block = self._blocks[starts[i]]
+            i += 1
+            count = len(block.keys)
+            j = bisect_right(runs, (block.lo, _END)) - 1
+            if (j >= 0 and runs[j][1] >= block.hi and block.left == count
+                    and not _overlaps(unfinished, block.lo, block.hi)):
+                freed += block.keys  # type: ignore[arg-type]  # every row busy: no None
+                done.append(block)
+                continue
+            offsets = np.arange(block.lo, block.hi, dtype=np.int64)
+            rows = block.busy & _inside(los, his, offsets)
+            if unfinished:
+                rows &= ~_inside(*_bounds(unfinished), offsets)
+            taken = list(compress(block.keys, rows))
+            if not taken:
+                continue
+            freed += taken  # type: ignore[arg-type]
+            block.busy &= ~rows
+            block.left -= len(taken)
+            if not block.left:
+                done.append(block)
+        for block in done:
+            self._drop_block(block)
+        single = self._single
+        if single:
+            offsets = np.fromiter(single, dtype=np.int64, count=len(single))
+            rows = _inside(los, his, offsets)
+            if unfinished:
+                rows &= ~_inside(*_bounds(unfinished), offsets)
+            freed += map(single.pop, offsets[rows].tolist())
+        return self._free(freed, lo_bound)
+
+    def _free(self, keys: list[bytes], lo_bound: int | None) -> list[int]:
+        """Free ``keys`` (their message finished); a key with held offsets takes its next."""
+        if not keys:
+            return []
+        self._busy.difference_update(keys)
+        if not self._held:
+            return []
+        released: list[int] = []
+        for key in self._held.keys() & keys:  # a Python step only for keys that wait
+            queue = self._held[key]
+            while queue:
+                following = queue.popleft()
+                if lo_bound is not None and following < lo_bound:
+                    continue  # removed from the log as well
+                self._busy.add(key)
+                self._single[following] = key
+                released.append(following)
+                break
             if not queue:
                 del self._held[key]
-            return [following]
-        self._held.pop(key, None)
-        del self._busy[key]
-        return []
+        released.sort()
+        return released
 
     def drop_below(self, start: int) -> list[int]:
         """Offsets below ``start`` left the log: forget them; returns held offsets released."""
-        released: list[int] = []
-        for offset in sorted(o for o in self._key_of if o < start):
-            released += self._next(offset, lo_bound=start)
+        released = self._finish([(-1, start)], [], lo_bound=start)
         for key, queue in list(self._held.items()):
             while queue and queue[0] < start:
                 queue.popleft()
@@ -166,6 +279,26 @@ class KeyOrder:
 
     def clear(self) -> None:
         self._busy.clear()
-        self._key_of.clear()
+        self._blocks.clear()
+        self._starts.clear()
+        self._single.clear()
         self._held.clear()
 
+
+_END = 1 << 63  # sorts after every run end: bisect_right(runs, (offset, _END))
+
+
+def _overlaps(runs: list[tuple[int, int]], lo: int, hi: int) -> bool:
+    return any(a < hi and lo < b for a, b in runs)
+
+
+def _bounds(runs: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    merged = merged_runs(runs)
+    return (np.array([lo for lo, _hi in merged], dtype=np.int64),
+            np.array([hi for _lo, hi in merged], dtype=np.int64))
+
+
+def _inside(los: np.ndarray, his: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Which ``offsets`` lie in one of the sorted, disjoint runs ``[los[i], his[i])``."""
+    at = np.searchsorted(los, offsets, side="right") - 1
+    return (at >= 0) & (offsets < his[np.maximum(at, 0)])

@@ -7,10 +7,12 @@ import threading
 import time
 
 import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from npstream import Client
 from npstream.broker.groups.key_order import KeyOrder
-from npstream.broker.groups.leases import HELD, WAITING, LeaseTable
+from npstream.broker.groups.leases import HELD, WAITING, DeliveryRow, LeaseTable
 from npstream.broker.groups.shared_config import SharedConfig
 from npstream.errors import GroupNotFound
 
@@ -50,7 +52,7 @@ def test_a_part_of_distinct_free_keys_is_delivered_whole_keyless_rows_included()
     assert [(d, sum(len(p) for p in parts)) for d, parts in runs] == [(False, 1), (True, 2)]
     assert order.finished([(0, 3)], []) == [3]  # a and b free; b's held 3 is busy now
     assert order.finished([(3, 6)], []) == []
-    assert order.held == 0 and not order._busy and not order._key_of
+    assert order.held == 0 and order.busy == 0 and not order._blocks
 
 
 def test_plan_across_parts_and_a_busy_key_from_an_earlier_plan():
@@ -80,6 +82,87 @@ def test_held_spans_are_unfinished_and_released_one_at_a_time():
     (ready,) = t.lease_ready("m", 10, 100, 10)
     assert (ready.start, ready.end, ready.attempt) == (2, 3, 1)  # its first delivery
     assert t.release_all_held(20) == 2
+
+
+class RowByRow:
+    """The rule of ordering by key, one row at a time: what KeyOrder computes in bulk."""
+
+    def __init__(self) -> None:
+        self.busy: dict[bytes, int] = {}
+        self.held: dict[bytes, list[int]] = {}
+
+    def plan(self, first: int, keys: list[bytes | None]) -> list[bool]:
+        out = []
+        for i, key in enumerate(keys):
+            if key is not None and key in self.busy:
+                self.held.setdefault(key, []).append(first + i)
+                out.append(False)
+                continue
+            if key is not None:
+                self.busy[key] = first + i
+            out.append(True)
+        return out
+
+    def finished(self, ranges: list[tuple[int, int]], unfinished: list[tuple[int, int]],
+                 lo_bound: int | None = None) -> list[int]:
+        def inside(o: int, runs: list[tuple[int, int]]) -> bool:
+            return any(a <= o < b for a, b in runs)
+        released = []
+        for key, offset in list(self.busy.items()):
+            if not inside(offset, ranges) or inside(offset, unfinished):
+                continue
+            del self.busy[key]
+            queue = self.held.get(key, [])
+            while queue:
+                following = queue.pop(0)
+                if lo_bound is None or following >= lo_bound:
+                    self.busy[key] = following
+                    released.append(following)
+                    break
+            if not queue:
+                self.held.pop(key, None)
+        return sorted(released)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_key_order_decides_as_the_row_by_row_rule(data):
+    """Random plans (repeats, busy keys, keyless rows, list parts) and random finishes,
+    partial ones and unfinished runs included, against RowByRow."""
+    order, model = KeyOrder(), RowByRow()
+    next_offset = 0
+    keys = st.one_of(st.none(), st.sampled_from([b"a", b"b", b"c", b"d", b"e", b"f"]))
+    for _step in range(data.draw(st.integers(1, 12))):
+        action = data.draw(st.sampled_from(["plan", "plan", "finish", "drop"]))
+        if action == "plan":
+            sizes = data.draw(st.lists(st.integers(0, 8), min_size=1, max_size=3))
+            parts, all_keys = [], []
+            for size in sizes:
+                part_keys = data.draw(st.lists(keys, min_size=size, max_size=size))
+                as_rows = data.draw(st.booleans())  # a lone message the log kept as values
+                parts.append([DeliveryRow(0, "", k, b"", {}, 0) for k in part_keys] if as_rows
+                             else batch(part_keys))
+                all_keys += part_keys
+            runs = order.plan(next_offset, parts)
+            got = [d for d, rows in runs for part in rows for _ in range(len(part))]
+            assert got == model.plan(next_offset, all_keys)
+            next_offset += len(all_keys)
+        elif action == "finish" and next_offset:
+            lo = data.draw(st.integers(0, next_offset - 1))
+            hi = data.draw(st.integers(lo + 1, next_offset))
+            cut = data.draw(st.integers(lo, hi))
+            ranges = [(lo, cut), (cut, hi)] if data.draw(st.booleans()) else [(lo, hi)]
+            unfinished = [(cut, cut + 1)] if data.draw(st.booleans()) else []
+            assert order.finished(ranges, unfinished) == model.finished(ranges, unfinished)
+        elif action == "drop" and next_offset:
+            start = data.draw(st.integers(0, next_offset))
+            assert order.drop_below(start) == model.finished([(-1, start)], [], start)
+            for key in list(model.held):
+                model.held[key] = [o for o in model.held[key] if o >= start]
+                if not model.held[key]:
+                    del model.held[key]
+        assert order.held == sum(len(q) for q in model.held.values())
+        assert order.busy == len(model.busy)
 
 
 # ---------------------------------------------------------------- on a broker
