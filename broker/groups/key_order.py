@@ -26,7 +26,7 @@ that run in C; a part whose keys are distinct and free (the common case with
 many keys) is decided with one ``isdisjoint``. Parts with repeated or busy
 keys are decided with numpy masks; only held rows, and keys that have held
 rows when they finish, take a Python step each. A held offset released for
-delivery is busy alone (``_single``).
+delivery, and a part of a few rows, is busy alone (``_single``).
 """
 
 from __future__ import annotations
@@ -46,6 +46,12 @@ __all__ = ["KeyOrder", "Run"]
 
 # A run of consecutive fresh offsets with one decision: (deliver?, their rows).
 Run = tuple[bool, list[Rows]]
+
+# Parts of at most this many rows keep their busy offsets in _single, not as a
+# block: a block's numpy mask costs a few microseconds to make and match, a dict
+# entry well under one (a member following the tail gets one message at a time).
+_SINGLES_UP_TO = 4
+_END = 1 << 63  # sorts after every run end: bisect_right(runs, (offset, _END))
 
 
 def _keys(part: Rows) -> list[bytes | None]:
@@ -88,7 +94,7 @@ class KeyOrder:
         self._busy: set[bytes] = set()  # keys with an unfinished message
         self._blocks: dict[int, _Block] = {}  # by first offset
         self._starts: list[int] = []  # sorted firsts of _blocks
-        self._single: dict[int, bytes] = {}  # released held offset -> its (busy) key
+        self._single: dict[int, bytes] = {}  # offset busy alone -> its key (see _SINGLES_UP_TO)
         self._held: dict[bytes, deque[int]] = {}  # key -> held offsets, oldest first
 
     @property
@@ -144,6 +150,10 @@ class KeyOrder:
         nulls = keys.count(None) if keyless else 0
         if len(distinct) + nulls == count and self._busy.isdisjoint(distinct):
             self._busy |= distinct
+            if count <= _SINGLES_UP_TO:  # a lone message (a tailing member): no block
+                self._single.update((first + i, key) for i, key in enumerate(keys)
+                                    if key is not None)
+                return None
             busy = (_mask(map(operator.is_not, keys, repeat(None)), count) if keyless
                     else np.ones(count, dtype=bool))
             self._add_block(_Block(first, keys, busy, len(distinct)))
@@ -285,7 +295,6 @@ class KeyOrder:
         self._held.clear()
 
 
-_END = 1 << 63  # sorts after every run end: bisect_right(runs, (offset, _END))
 
 
 def _overlaps(runs: list[tuple[int, int]], lo: int, hi: int) -> bool:
