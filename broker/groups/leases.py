@@ -55,6 +55,7 @@ LEASED = "leased"
 WAITING = "waiting"
 DEAD_LETTERING = "dead_lettering"
 HELD = "held"
+_ACKABLE = (LEASED, WAITING)  # an ack finishes these (see ack)
 
 
 @dataclass(slots=True)
@@ -350,7 +351,12 @@ class LeaseTable:
             self.touch(member, now_ms)
         count = 0
         for lo, hi in merged_runs(ranges):
-            for span in self._overlapping(lo, hi, (LEASED, WAITING)):
+            span = self._spans.get(lo)
+            if span is not None and span.end == hi and span.state in _ACKABLE:
+                self._remove(span)  # the common case: a run of the ack is one span
+                count += hi - lo
+                continue
+            for span in self._overlapping(lo, hi, _ACKABLE):
                 piece = self._carve(span, max(lo, span.start), min(hi, span.end))
                 self._remove(piece)
                 count += piece.count

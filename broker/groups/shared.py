@@ -266,13 +266,18 @@ class SharedGroup:
                     taken += count
         return out
 
-    def _release_keys_locked(self, ranges: list[tuple[int, int]]) -> None:
-        """Ordering by key: hand out the held message of each key whose message finished."""
+    def _release_keys_locked(self, ranges: list[tuple[int, int]], finished: int = -1) -> None:
+        """Ordering by key: hand out the held message of each key whose message finished.
+
+        ``finished``: how many offsets of ``ranges`` (merged) were finished, when known.
+        """
         if self.config.ordering != "key" or not ranges:
             return
         # Offsets of the ranges still unfinished (an ack does not finish a message being
         # dead-lettered): usually none, so a busy offset is finished unless it is in one.
-        left = [(sp.start, sp.end) for lo, hi in ranges for sp in self._table.spans_in(lo, hi)]
+        # When every offset of the ranges was finished there are none to look for.
+        left = [] if finished == sum(hi - lo for lo, hi in ranges) else [
+            (sp.start, sp.end) for lo, hi in ranges for sp in self._table.spans_in(lo, hi)]
         released = self._keys.finished(ranges, left)
         if released:
             now = self._clock()
@@ -384,7 +389,7 @@ class SharedGroup:
             now = self._clock()
             runs = merged_runs([*offset_runs(offsets), *ranges])
             count = self._table.ack_ranges(runs, member, now)
-            self._release_keys_locked(runs)
+            self._release_keys_locked(runs, count)
             if count:
                 # Pop the acked leases' expiry entries now, while the heap is small,
                 # instead of a second's worth in one upkeep pass (a stall under the lock).
