@@ -52,7 +52,7 @@ from npstream.broker.rpc.registration import add_service
 from npstream.broker.rpc.status import rpc_method
 from npstream.broker.server.context import BrokerContext
 from npstream.proto import metadata_keys, pb, pb_grpc
-from npstream.proto.wire import arrow_stream_buffer, encode_with_bytes
+from npstream.proto.wire import arrow_stream_buffer, encode_with_arrow_stream, encode_with_bytes
 
 __all__ = ["GroupServicer", "add_to_server"]
 
@@ -301,7 +301,7 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
         self._manager.wait_durable(ticket)
         if not table.num_rows:
             return head.SerializeToString()
-        return encode_with_bytes(head, "arrow_stream", [arrow_stream_buffer(table)])
+        return encode_with_arrow_stream(head, "arrow_stream", table)
 
     @rpc_method
     def Ack(self, request: pb.AckRequest, context: grpc.ServicerContext) -> pb.AckResponse:

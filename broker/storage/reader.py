@@ -16,7 +16,7 @@ re-encoded.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
@@ -29,7 +29,7 @@ from npstream.broker.storage.batch_builder import reencode_rows
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.results import ReadResult, StoredRow
 from npstream.broker.storage.segment import Segment
-from npstream.broker.storage.settings import MIN_READ_BYTES
+from npstream.broker.storage.settings import LARGE_FRAME_BYTES, MIN_READ_BYTES
 from npstream.broker.storage.value_schemas import UNTYPED, ValueSchemas
 from npstream.proto.frames.payload import decode_payload
 from npstream.proto.frames.reader import BadFrame
@@ -103,25 +103,41 @@ def _segment_spans(view: LogView, offset: int, stop: int) -> Iterator[tuple[Segm
 
 def iter_frames(
     view: LogView, cache: FileCache, offset: int, *, read_size: int = MIN_READ_BYTES,
-    stop: int | None = None,
+    stop: int | None = None, wants: Callable[[FrameHeader], bool] | None = None,
 ) -> Iterator[tuple[Segment, int, FrameHeader, memoryview]]:
     """Frames holding offsets >= ``offset`` (and < ``stop``), from the indexed position on.
 
-    Raises CorruptRecordError for a frame that fails its checks.
+    Ends before the first frame at or past ``stop`` or refused by ``wants``
+    (given the header of each frame holding offsets >= ``offset``), without
+    reading its payload. Frames of LARGE_FRAME_BYTES or more are read one
+    pread each (FrameReader). Raises CorruptRecordError for a frame that
+    fails its checks.
     """
     stop = view.end if stop is None else stop
+    refused = False
+
+    def wanted(header: FrameHeader) -> bool:
+        nonlocal refused
+        if header.next_offset <= offset:
+            return True  # skipped below (within an index interval of ``offset``)
+        if header.base_offset >= stop or (wants is not None and not wants(header)):
+            refused = True
+            return False
+        return True
+
     for segment, start, end in _segment_spans(view, offset, stop):
         try:
             for position, header, payload in segment.frames(
-                cache, start, end, min(max(read_size, MIN_READ_BYTES), max(0, end - start))
+                cache, start, end, min(max(read_size, MIN_READ_BYTES), max(0, end - start)),
+                wants=wanted, large_frame=LARGE_FRAME_BYTES,
             ):
                 if header.next_offset <= offset:
                     continue
-                if header.base_offset >= stop:
-                    return
                 yield segment, position, header, payload
         except BadFrame as bad:
             raise CorruptRecordError(segment.path, bad.position, bad.detail) from None
+        if refused:
+            return
 
 
 def _range_stop(view: LogView, stream: str, offset: int, max_messages: int,
@@ -164,8 +180,17 @@ def read_stored_batches(
     position_offset = offset
     total_bytes = 0
     read_size = max(1, max_bytes) + HEADER_SIZE
+
+    def fits(header: FrameHeader) -> bool:
+        """False for a frame returned as stored that would go past ``max_bytes`` (not read)."""
+        uncut = whole or (position_offset <= header.base_offset
+                          and header.next_offset <= stop)
+        if not batches or not uncut:
+            return True  # the first frame, or one cut (re-encoded: size unknown until then)
+        return total_bytes + header.frame_size - HEADER_SIZE <= max_bytes
+
     for segment, position, header, payload in iter_frames(
-        view, cache, offset, read_size=read_size, stop=stop
+        view, cache, offset, read_size=read_size, stop=stop, wants=fits
     ):
         low = position_offset - header.base_offset
         high = min(stop, header.next_offset) - header.base_offset

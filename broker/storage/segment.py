@@ -19,7 +19,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -227,12 +227,17 @@ class Segment:
         return limit
 
     def frames(
-        self, cache: FileCache, start: int, end: int, read_size: int
+        self, cache: FileCache, start: int, end: int, read_size: int, *,
+        wants: Callable[[FrameHeader], bool] | None = None, large_frame: int = 0,
     ) -> Iterator[tuple[int, FrameHeader, memoryview]]:
-        """Verified frames in [start, end); raises BadFrame at a bad one."""
+        """Verified frames in [start, end); raises BadFrame at a bad one.
+
+        Ends before the first frame ``wants`` refuses, without reading it;
+        ``large_frame``: see FrameReader.
+        """
         with cache.borrow(self.path) as fd:
-            reader = FrameReader(fd, start, end, read_size=read_size)
-            while (frame := reader.next_frame()) is not None:
+            reader = FrameReader(fd, start, end, read_size=read_size, large_frame=large_frame)
+            while (frame := reader.next_frame(wants)) is not None:
                 yield frame
 
 

@@ -9,6 +9,7 @@ never sends bytes that are not what was written.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from npstream.proto.frames.record_batch import (
     HEADER_SIZE,
@@ -39,18 +40,34 @@ class BadFrame(Exception):
 
 
 class FrameReader:
-    """Frames of ``fd`` from byte ``start`` up to byte ``end`` (exclusive), in order."""
+    """Frames of ``fd`` from byte ``start`` up to byte ``end`` (exclusive), in order.
 
-    def __init__(self, fd: int, start: int, end: int, *, read_size: int) -> None:
+    Reads ``read_size`` bytes at a time (or a whole frame, when larger). With
+    ``large_frame`` (bytes, 0: off) a frame of at least that size is read by
+    itself (plus the next frame's header), and the first read is at most that
+    long: a fetch of a few large frames then reads what it returns, not up to
+    ``read_size`` bytes past it (a 16 MiB read returning one 10 MB frame read
+    the next frame twice: once partly, once whole to find it did not fit).
+    """
+
+    def __init__(self, fd: int, start: int, end: int, *, read_size: int,
+                 large_frame: int = 0) -> None:
         self.fd = fd
         self.position = start  # where the next frame starts
         self.end = end
         self.read_size = read_size
+        self.large_frame = large_frame
         self._buffer = b""
         self._buffer_start = start
 
-    def next_frame(self) -> tuple[int, FrameHeader, memoryview] | None:
-        """(position, header, payload) of the next frame, None at the end; raises BadFrame."""
+    def next_frame(
+        self, wants: Callable[[FrameHeader], bool] | None = None,
+    ) -> tuple[int, FrameHeader, memoryview] | None:
+        """(position, header, payload) of the next frame, None at the end; raises BadFrame.
+
+        ``wants(header)`` False also returns None, before the frame's payload
+        is read or checked (the reader stays at that frame).
+        """
         position = self.position
         if position >= self.end:
             return None
@@ -70,6 +87,8 @@ class FrameReader:
                 f"frame of {header.frame_size} bytes runs past the end at byte {self.end}",
                 past_end=True,
             )
+        if wants is not None and not wants(header):
+            return None
         self._ensure(position, header.frame_size)
         relative = position - self._buffer_start
         actual = frame_crc(self._buffer, relative, header)
@@ -88,7 +107,13 @@ class FrameReader:
         relative = position - self._buffer_start
         if relative >= 0 and relative + length <= len(self._buffer):
             return
-        size = min(self.end - position, max(length, self.read_size))
+        size = max(length, self.read_size)
+        if self.large_frame:
+            if length >= self.large_frame:
+                size = length + HEADER_SIZE  # this frame and the next one's header
+            elif not self._buffer:
+                size = max(length, min(self.read_size, self.large_frame))
+        size = min(self.end - position, size)
         data = os.pread(self.fd, size, position)
         if len(data) < length:
             raise BadFrame(position, f"file ends at byte {position + len(data)}, "
