@@ -1,11 +1,9 @@
 """The stream registry: which streams exist and with what config (SQLite), plus their logs.
 
-Creating a stream writes one SQLite row and nothing else; the log (and its
-directory) is opened on first use, so ten thousand idle streams cost ten
-thousand rows, not ten thousand directories or file handles. Only the fields
-a user set explicitly are stored; the rest follow the broker-wide defaults,
-so changing a default in broker.toml applies to every stream that never
-overrode it.
+Creating a stream writes one SQLite row (rows.py) and nothing else; the log
+(and its directory) is opened on first use, so ten thousand idle streams cost
+ten thousand rows, not ten thousand directories or file handles. A row holds
+only the config fields a user set (overrides.py).
 
 Streams as cheap as keys (issue 19, docs/scaling.md): the rows of streams
 created at the same time (thousands of first publishes a second) are inserted
@@ -13,30 +11,25 @@ in one transaction by whichever creator comes first (the group commit of
 storage/group_commit.py), each creator returning once its row is committed.
 In memory a stream is a small slotted record; its log is held by the
 storage's LRU of open logs (``max_open_logs``) and only weakly here, so an
-idle stream's log state is freed and reopened on use. Listings read the
-names from SQLite's primary-key order (a prefix, or a glob's literal prefix,
-is a range of it) instead of sorting every name in memory.
+idle stream's log state is freed and reopened on use. Which streams a
+listing covers is read from SQLite's primary-key order (listing.py).
 
 A log that fails to open with mid-log corruption is remembered as broken:
 describe/list report it with ``error`` and every read or write fails with
 StreamNeedsRepairError until ``repair`` truncates the log at the bad frame.
 
-Typed streams (docs/typed-streams.md): the versions of a stream's value
-schema are rows of ``stream_schemas`` (version, the value fields as an Arrow
-IPC schema message, canonical DDL, creation time), written with the stream's
-row at create, one more per compatible change, dropped with the stream. The
-registry parses and checks schemas (npstream.proto.value_schema) and hands
-every version to the stream's log. An untyped stream becomes typed only while
-it holds no messages (start_offset == end_offset): its stored bytes have no
-schema to be read in. The check and the new row are made under the log's
-append lock, so no untyped append slips in between.
+Typed streams (docs/typed-streams.md): schemas.py keeps the versions of a
+stream's value schema and checks new ones; the registry keeps them in the
+stream's record and hands every version to the stream's log. An untyped
+stream becomes typed only while it holds no messages: the check and the new
+version's row are made under the log's append lock, so no untyped append
+slips in between.
 """
 
 from __future__ import annotations
 
 import builtins
 import dataclasses
-import fnmatch
 import json
 import logging
 import threading
@@ -47,11 +40,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from npstream.broker.errors import (
     AlreadyExistsError,
     CorruptRecordError,
-    InvalidArgumentError,
     MessageTooLargeError,
     OffsetOutOfRangeError,
-    SchemaIncompatibleError,
-    SchemaInvalidError,
     StreamNeedsRepairError,
     StreamNotFoundError,
 )
@@ -67,14 +57,11 @@ from npstream.broker.storage import (
 )
 from npstream.broker.storage.group_commit import CommitQueue, CommitRequest
 from npstream.broker.storage.small_append import MessageRows, lone_message
+from npstream.broker.streams.listing import StreamListing
 from npstream.broker.streams.listing_stats import ListingStats
-from npstream.broker.streams.names import (
-    check_stream_name,
-    literal_prefix,
-    next_page_token,
-    page_after,
-)
+from npstream.broker.streams.names import check_stream_name
 from npstream.broker.streams.nursery import GroupWriter, Nursery
+from npstream.broker.streams.overrides import ConfigOverrides
 from npstream.broker.streams.records import (
     NO_EVENT,
     NO_OVERRIDES,
@@ -82,18 +69,12 @@ from npstream.broker.streams.records import (
     SchemaVersion,
     StreamRecord,
     StreamStatus,
-    overrides_of,
 )
-from npstream.proto.defaults import DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE
-from npstream.proto.stream_config import STREAM_CONFIG_FIELDS
-from npstream.proto.value_schema import (
-    IncompatibleSchemaError,
-    SchemaError,
-    check_evolution,
-    deserialize_schema,
-    parse_schema,
-    serialize_schema,
-    to_ddl,
+from npstream.broker.streams.rows import StreamRows
+from npstream.broker.streams.schemas import (
+    StreamSchemas,
+    check_becomes_typed,
+    refuse_other_schema,
 )
 
 __all__ = ["StreamRegistry"]
@@ -103,21 +84,6 @@ log = logging.getLogger(__name__)
 # Registry locks per name: a fixed set picked by hash (one per stream would cost memory
 # per stream forever); re-entrant since two names may share one.
 _OPEN_LOCKS = 1024
-# Names read from SQLite per query while a listing filters them (glob, read right).
-_LIST_CHUNK = 2000
-# Above every character a stream name may hold: prefix + this bounds a prefix's range.
-_AFTER_NAME_CHARS = "\x7f"
-
-_SCHEMAS_TABLE = """
-CREATE TABLE IF NOT EXISTS stream_schemas (
-    stream       TEXT NOT NULL,
-    version      INTEGER NOT NULL,  -- 1, 2, ...; stored frames record theirs
-    arrow_schema BLOB NOT NULL,     -- the value's fields as an Arrow IPC schema message
-    ddl          TEXT NOT NULL,     -- canonical DDL of the same schema
-    created_ms   INTEGER NOT NULL,
-    PRIMARY KEY (stream, version)
-) WITHOUT ROWID
-"""
 
 
 def _now_ms() -> int:
@@ -142,8 +108,11 @@ class StreamRegistry:
         self._defaults = config.streams.stream_defaults
         self._on_deleted = on_stream_deleted if on_stream_deleted is not None else []
         self._clock = clock
+        self._overrides = ConfigOverrides(self._defaults, config.server)
+        self._schemas = StreamSchemas(metadata, clock)
+        self._rows = StreamRows(metadata, self._schemas)
         self._lock = threading.Lock()  # guards the dicts below
-        self._records: dict[str, StreamRecord] = {}
+        self._records: dict[str, StreamRecord] = self._rows.load_all()
         # Only weakly: the storage's LRU holds the logs (module docstring).
         self._logs: weakref.WeakValueDictionary[str, StreamLog] = weakref.WeakValueDictionary()
         self._broken: dict[str, CorruptRecordError] = {}
@@ -158,18 +127,9 @@ class StreamRegistry:
         self._listing_stats = ListingStats(metadata)
         storage.set_stats_keeper(self._listing_stats)
         storage.add_retention_task(lambda _now: self._listing_stats.flush())
-        metadata.executescript(_SCHEMAS_TABLE)
-        schemas: dict[str, list[SchemaVersion]] = {}
-        for row in metadata.execute("SELECT stream, version, arrow_schema, ddl, created_ms "
-                                    "FROM stream_schemas ORDER BY stream, version"):
-            schemas.setdefault(row["stream"], []).append(SchemaVersion(
-                row["version"], deserialize_schema(bytes(row["arrow_schema"])), row["ddl"],
-                bytes(row["arrow_schema"]), row["created_ms"]))
-        records = self._records
-        for name, config_json, created_ms in metadata.execute_tuples(
-                "SELECT name, config_json, created_ms FROM streams"):
-            records[name] = StreamRecord(name, overrides_of(config_json), created_ms,
-                                    tuple(schemas.get(name, ())))
+        # After a page: what it read from files is kept for the next one.
+        self._listing = StreamListing(metadata, self.describe, self._record, self._offsets,
+                                      self._listing_stats.flush)
         storage.set_value_schema_lookup(self.value_schemas_of)
 
     # ------------------------------------------------------------ helpers
@@ -190,29 +150,7 @@ class StreamRegistry:
             return list(self._logs.values())
 
     def effective_config(self, overrides: Mapping[str, int]) -> StreamConfig:
-        if not overrides:
-            return self._defaults
-        own = {f: int(overrides[f]) for f in STREAM_CONFIG_FIELDS if f in overrides}
-        return dataclasses.replace(self._defaults, **own)
-
-    def _check_overrides(self, name: str, overrides: Mapping[str, int]) -> dict[str, int]:
-        checked: dict[str, int] = {}
-        server = self._config.server
-        for field, value in overrides.items():
-            if field not in STREAM_CONFIG_FIELDS:
-                raise InvalidArgumentError(f"unknown stream config field '{field}'")
-            if value < 0:
-                raise InvalidArgumentError(
-                    f"{field}={value} for stream '{name}' must be >= 0"
-                )
-            if field == "max_message_bytes" and not server.allows_max_message_bytes(value):
-                raise InvalidArgumentError(
-                    f"max_message_bytes={value} for stream '{name}' must be within "
-                    f"1..{server.max_message_bytes_limit} "
-                    "(half of the broker's grpc_max_message_bytes)"
-                )
-            checked[field] = int(value)
-        return checked
+        return self._overrides.effective(overrides)
 
     def schema_versions(self, name: str) -> tuple[SchemaVersion, ...]:
         """The stream's value schema versions, oldest first (empty: untyped)."""
@@ -222,22 +160,6 @@ class StreamRegistry:
         """The stream's value schemas for its log (UNTYPED when untyped or unknown)."""
         record = self._records.get(name)
         return record.value_schemas() if record is not None else UNTYPED
-
-    def _new_version(self, name: str, text: str, version: int) -> SchemaVersion:
-        """Schema version ``version`` from DDL or JSON text; SchemaInvalidError if it is not one."""
-        try:
-            schema = parse_schema(text)
-        except SchemaError as exc:
-            raise SchemaInvalidError(f"value schema of stream '{name}': {exc}") from None
-        return SchemaVersion(version, schema, to_ddl(schema), serialize_schema(schema),
-                             self._clock())
-
-    def _insert_schema(self, name: str, entry: SchemaVersion) -> None:
-        self._metadata.execute(
-            "INSERT INTO stream_schemas (stream, version, arrow_schema, ddl, created_ms) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (name, entry.version, entry.arrow_schema, entry.ddl, entry.created_ms),
-        )
 
     def _record(self, name: str) -> StreamRecord:
         record = self._records.get(check_stream_name(name))
@@ -365,12 +287,7 @@ class StreamRegistry:
         error: BaseException | None = None
         try:
             with self._metadata.durable_transaction():
-                self._metadata.executemany(
-                    "INSERT INTO streams (name, config_json, created_ms) VALUES (?, ?, ?)",
-                    [(row.record.name, row.config_json, row.record.created_ms) for row in rows])
-                self._metadata.executemany(  # rows a crash may have left behind
-                    "DELETE FROM stream_schemas WHERE stream = ?",
-                    [(row.record.name,) for row in rows])
+                self._rows.insert(rows)
                 self._nursery.insert((row.record.name, row.frame, 1, row.timestamp_ms)
                                      for row in rows)
         except BaseException as exc:
@@ -427,18 +344,7 @@ class StreamRegistry:
         """Group-commit writer: every queued row in one transaction, then in memory."""
         rows = [request.payload for request in group]
         if rows:
-            with self._metadata.transaction():
-                self._metadata.executemany(
-                    "INSERT INTO streams (name, config_json, created_ms) VALUES (?, ?, ?)",
-                    [(row.record.name, row.config_json, row.record.created_ms)
-                     for row in rows])
-                # rows a crash may have left behind
-                self._metadata.executemany(
-                    "DELETE FROM stream_schemas WHERE stream = ?",
-                    [(row.record.name,) for row in rows])
-                for row in rows:
-                    if row.schema is not None:
-                        self._insert_schema(row.record.name, row.schema)
+            self._rows.insert(rows)
             with self._lock:
                 for row in rows:
                     self._records[row.record.name] = row.record
@@ -455,8 +361,8 @@ class StreamRegistry:
         ``value_schema`` (DDL or JSON) makes a typed stream, schema version 1.
         """
         name = check_stream_name(name)
-        overrides = self._check_overrides(name, overrides)
-        schema = self._new_version(name, value_schema, 1) if value_schema else None
+        overrides = self._overrides.check(name, overrides)
+        schema = self._schemas.new_version(name, value_schema, 1) if value_schema else None
         existing = self._insert(name, overrides, schema)
         if existing is not None:
             wanted = self.effective_config(overrides)
@@ -466,17 +372,8 @@ class StreamRegistry:
                     f"stream '{name}' already exists with a different config: "
                     f"existing {have}, requested {wanted}; pass exist_ok to keep the existing one"
                 )
-            latest = existing.schemas[-1] if existing.schemas else None
-            same_schema = (schema.schema.equals(latest.schema) if schema and latest
-                           else schema is None and latest is None)
-            if not same_schema and not exist_ok:
-                shown_have = f"'{latest.ddl}' (version {latest.version})" if latest else "none"
-                shown_wanted = f"'{schema.ddl}'" if schema else "none"
-                raise AlreadyExistsError(
-                    f"stream '{name}' already exists with a different value schema: existing "
-                    f"{shown_have}, requested {shown_wanted}; pass exist_ok to keep the "
-                    "existing one, or update_stream to evolve the schema"
-                )
+            if not exist_ok:
+                refuse_other_schema(name, existing.schemas, schema)
             return self.describe(name), False
         log.info("created stream '%s' config=%s%s", name, self.effective_config(overrides),
                  f" value schema '{schema.ddl}'" if schema else "",
@@ -499,63 +396,19 @@ class StreamRegistry:
         return StreamStatus(record.name, config, record.created_ms, stats,
                             schemas=record.schemas)
 
+    # builtins.list: in the class body `list` is the method below.
     def matching(self, prefix: str = "", pattern: str = "", after: str = "",
                  limit: int = 0, visible: Callable[[str], bool] | None = None,
                  ) -> builtins.list[str]:
-        """Sorted names with the prefix, matching the glob (case-sensitive), after a name.
-
-        At most ``limit`` names (0: all); ``visible(name)`` drops names first.
-        Read in name order from the streams table's primary key, from the
-        longer of the prefix and the glob's literal prefix, in chunks: a page
-        of a million streams costs the page, not the million.
-        """
-        start = literal_prefix(pattern) if pattern else ""
-        if not start.startswith(prefix):
-            if not prefix.startswith(start):
-                return []  # the prefix and the glob cannot both match
-            start = prefix
-        stop = start + _AFTER_NAME_CHARS
-        cursor = max(after, start)
-        inclusive = cursor == start and cursor != after
-        found: builtins.list[str] = []
-        while True:
-            names = [row[0] for row in self._metadata.execute_tuples(
-                f"SELECT name FROM streams WHERE name {'>=' if inclusive else '>'} ? "
-                "AND name < ? ORDER BY name LIMIT ?", (cursor, stop, _LIST_CHUNK))]
-            for name in names:
-                if ((not pattern or fnmatch.fnmatchcase(name, pattern))
-                        and (visible is None or visible(name))):
-                    found.append(name)
-                    if limit and len(found) >= limit:
-                        return found
-            if len(names) < _LIST_CHUNK:
-                return found
-            cursor, inclusive = names[-1], False
+        """Sorted names with the prefix, matching the glob, after a name (listing.py)."""
+        return self._listing.matching(prefix, pattern, after, limit, visible)
 
     def list(
         self, prefix: str = "", pattern: str = "", page_size: int = 0, page_token: str = "",
         visible: Callable[[str], bool] | None = None,
     ) -> tuple[list[StreamStatus], str]:
-        """One page of streams in name order and the token of the next page ("" at the end).
-
-        ``visible(name)`` (the caller's read right) drops names before the page
-        is cut, so a page is never short because of streams the caller may not see.
-        """
-        if page_size < 0:
-            raise InvalidArgumentError(f"page_size={page_size} must be >= 0")
-        size = min(page_size or DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE)
-        names = self.matching(prefix, pattern, page_after(page_token), limit=size + 1,
-                              visible=visible)
-        page = names[:size]
-        statuses: list[StreamStatus] = []
-        for name in page:
-            try:
-                statuses.append(self.describe(name))
-            except StreamNotFoundError:  # deleted while listing
-                continue
-        token = next_page_token(page[-1]) if len(names) > size else ""
-        self._listing_stats.flush()  # what this page read from files: kept for the next one
-        return statuses, token
+        """One page of streams and the token of the next page ("" at the end; listing.py)."""
+        return self._listing.page(prefix, pattern, page_size, page_token, visible)
 
     def update(self, name: str, overrides: Mapping[str, int],
                value_schema: str = "") -> StreamStatus:
@@ -565,7 +418,7 @@ class StreamRegistry:
         first; when it is refused nothing of the update is applied.
         """
         record = self._record(name)
-        changes = self._check_overrides(record.name, overrides)
+        changes = self._overrides.check(record.name, overrides)
         self._write_out(record.name)  # nursery streams follow the defaults only
         if value_schema:
             self._change_schema(record.name, value_schema)
@@ -577,10 +430,7 @@ class StreamRegistry:
                 if current is None:
                     raise StreamNotFoundError(record.name)
                 merged = {**current.overrides, **changes}
-                self._metadata.execute(
-                    "UPDATE streams SET config_json = ? WHERE name = ?",
-                    (json.dumps(merged, sort_keys=True), record.name),
-                )
+                self._rows.set_overrides(record.name, merged)
                 self._records[record.name] = dataclasses.replace(current, overrides=merged)
                 stream_log = self._logs.get(record.name)
             if stream_log is not None:
@@ -601,32 +451,18 @@ class StreamRegistry:
             record = self._records.get(name)
             if record is None:
                 raise StreamNotFoundError(name)
-            latest = record.schemas[-1] if record.schemas else None
-            entry = self._new_version(name, text, latest.version + 1 if latest else 1)
-            if latest is not None:
-                if entry.schema.equals(latest.schema):
-                    return  # identical: no new version
-                try:
-                    check_evolution(latest.schema, entry.schema)
-                except IncompatibleSchemaError as exc:
-                    raise SchemaIncompatibleError(
-                        f"value schema of stream '{name}' cannot change from '{latest.ddl}' "
-                        f"(version {latest.version}) to '{entry.ddl}': {exc}"
-                    ) from None
+            entry = self._schemas.evolve(name, record.schemas, text)
+            if entry is None:
+                return  # identical: no new version
             schemas = record.value_schemas().with_version(entry.version, entry.schema)
 
             def record_change(start: int, end: int) -> None:  # under the log's append lock
-                if latest is None and end > start:
-                    raise SchemaIncompatibleError(
-                        f"stream '{name}' holds {end - start} untyped message(s) (offsets "
-                        f"[{start}, {end})): an untyped stream becomes typed only while it "
-                        "holds no messages, since stored bytes have no schema to be read "
-                        "in; delete its messages first (delete_messages) or use a new stream"
-                    )
+                if not record.schemas:
+                    check_becomes_typed(name, start, end)
                 with self._lock:
                     if self._records.get(name) is not record:
                         raise StreamNotFoundError(name)  # deleted (or changed) meanwhile
-                    self._insert_schema(name, entry)
+                    self._schemas.insert(name, entry)
                     self._records[name] = dataclasses.replace(
                         record, schemas=(*record.schemas, entry))
 
@@ -635,7 +471,7 @@ class StreamRegistry:
                     raise StreamNotFoundError(name)
             stream_log.set_value_schemas(schemas, record_change)
         log.info("stream '%s': value schema version %d '%s'%s", name, entry.version, entry.ddl,
-                 " (the stream is typed now)" if latest is None else "")
+                 " (the stream is typed now)" if not record.schemas else "")
 
     def close_log(self, name: str) -> None:
         """Flush and close the stream's log (files stay; the next use opens it again).
@@ -656,19 +492,10 @@ class StreamRegistry:
         (with its groups and sink floors) in one transaction (cluster/move_in.py);
         this makes the registry serve it.
         """
-        rows = self._metadata.execute(
-            "SELECT name, config_json, created_ms FROM streams WHERE name = ?", (name,))
-        if not rows:
-            return
-        schemas = tuple(
-            SchemaVersion(row["version"], deserialize_schema(bytes(row["arrow_schema"])),
-                          row["ddl"], bytes(row["arrow_schema"]), row["created_ms"])
-            for row in self._metadata.execute(
-                "SELECT version, arrow_schema, ddl, created_ms FROM stream_schemas "
-                "WHERE stream = ? ORDER BY version", (name,)))
-        overrides = {k: int(v) for k, v in json.loads(rows[0]["config_json"]).items()}
-        with self._lock:
-            self._records[name] = StreamRecord(name, overrides, rows[0]["created_ms"], schemas)
+        record = self._rows.load(name)
+        if record is not None:
+            with self._lock:
+                self._records[name] = record
 
     def delete(self, name: str) -> bool:
         """Drop the files, then the row, then tell listeners; False if there was no stream."""
@@ -686,8 +513,7 @@ class StreamRegistry:
             self._storage.drop_log(name)
             with self._lock, self._metadata.transaction():
                 self._nursery.forget(name)
-                self._metadata.execute("DELETE FROM streams WHERE name = ?", (name,))
-                self._metadata.execute("DELETE FROM stream_schemas WHERE stream = ?", (name,))
+                self._rows.delete(name)
                 self._records.pop(name, None)
         log.info("deleted stream '%s'", name, extra=event_fields(stream=name))
         for listener in list(self._on_deleted):
@@ -739,26 +565,13 @@ class StreamRegistry:
     def end_offsets(self, names: Iterable[str], pattern: str = "",
                     visible: Callable[[str], bool] | None = None,
                     ) -> builtins.list[tuple[str, int, int]]:
-        """(name, start_offset, end_offset) for the named streams plus those matching pattern.
+        """(name, start, end offsets) of the named streams and the pattern's (listing.py)."""
+        return self._listing.end_offsets(names, pattern, visible)
 
-        ``visible(name)`` filters the pattern's matches (the caller's read
-        right; named streams are the caller's to check).
-        """
-        wanted: dict[str, None] = {}
-        for name in names:
-            self._record(name)
-            wanted[name] = None
-        if pattern:
-            wanted.update(dict.fromkeys(self.matching(pattern=pattern, visible=visible)))
-        result: list[tuple[str, int, int]] = []
-        for name in wanted:
-            kept = self._nursery.stats_of(name)  # no log to open for it
-            if kept is not None:
-                result.append((name, kept.start_offset, kept.end_offset))
-                continue
-            try:
-                stream_log = self._open(name)
-            except StreamNotFoundError:  # deleted meanwhile; only named ones are errors
-                continue
-            result.append((name, stream_log.start_offset, stream_log.end_offset))
-        return result
+    def _offsets(self, name: str) -> tuple[int, int]:
+        """(start_offset, end_offset), from the nursery's row while there is one (no log)."""
+        kept = self._nursery.stats_of(name)
+        if kept is not None:
+            return kept.start_offset, kept.end_offset
+        stream_log = self._open(name)
+        return stream_log.start_offset, stream_log.end_offset
