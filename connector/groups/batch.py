@@ -36,7 +36,10 @@ def offset_ranges(offsets: np.ndarray) -> list[tuple[int, int]]:
     """Sorted ``[start, end)`` runs of distinct offsets (one per gap), column-wise."""
     if not len(offsets):
         return []
-    ordered = np.unique(offsets)  # sorted, distinct
+    steps = np.diff(offsets)
+    # Sorted and distinct already (a whole batch of fresh deliveries): np.unique hashes
+    # or sorts every offset, ~4% of a receive_batches consumer's CPU at 1 KB messages.
+    ordered = offsets if (steps > 0).all() else np.unique(offsets)
     breaks = np.flatnonzero(np.diff(ordered) != 1) + 1
     starts = ordered[np.concatenate(([0], breaks))]
     ends = ordered[np.concatenate((breaks - 1, [len(ordered) - 1]))] + 1
