@@ -27,6 +27,13 @@ def publish(client: Client, stream: str, count: int, prefix: str = "m") -> None:
 def test_offset_ranges_are_sorted_runs():
     assert offset_ranges(np.array([7, 3, 4, 5, 9, 8, 1])) == [(1, 2), (3, 6), (7, 10)]
     assert offset_ranges(np.array([], dtype=np.int64)) == []
+    # Already strictly increasing (no np.unique): runs as they are.
+    assert offset_ranges(np.arange(5000, 6000)) == [(5000, 6000)]
+    assert offset_ranges(np.array([1, 2, 5, 7, 8])) == [(1, 3), (5, 6), (7, 9)]
+    assert offset_ranges(np.array([4])) == [(4, 5)]
+    # Repeats or not sorted: distinct and sorted first.
+    assert offset_ranges(np.array([1, 2, 2, 3])) == [(1, 4)]
+    assert offset_ranges(np.array([3, 3])) == [(3, 4)]
 
 
 def test_a_batch_is_one_arrow_table_with_attempt_and_lease_end(client, stream_name):
