@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from npstream.groups.batch import offset_ranges
+from npstream.groups.leases import LEASE_OFFSET
 from npstream.proto import pb
 
 if TYPE_CHECKING:
     from npstream.client.connection import StreamingCall
+    from npstream.groups.leases import Lease, Settle
     from npstream.groups.subscription import SubscriptionCounters
 
 __all__ = ["ACK_FLUSH_INTERVAL_S", "ACK_FLUSH_MAX", "CREDIT_BATCH_DIVISOR", "Outbox"]
@@ -39,7 +41,7 @@ __all__ = ["ACK_FLUSH_INTERVAL_S", "ACK_FLUSH_MAX", "CREDIT_BATCH_DIVISOR", "Out
 # without credits while the rest of a batch is handled) or ACK_FLUSH_MAX
 # acks/nacks are pending (bounds the request size).
 ACK_FLUSH_INTERVAL_S = 0.002
-CREDIT_BATCH_DIVISOR = 4
+CREDIT_BATCH_DIVISOR = 2
 ACK_FLUSH_MAX = 1000
 
 
@@ -63,20 +65,25 @@ class Outbox:
     """
 
     def __init__(self, opening: pb.SubscribeRequest, credit_batch: int,
-                 counters: SubscriptionCounters) -> None:
+                 counters: SubscriptionCounters, lock: threading.Lock | None = None,
+                 closed: Settle | None = None) -> None:
         # Handlers take the plain lock (a C call); the Condition (a Python
         # wrapper around the same lock) only where the sender waits or is woken.
-        self._lock = threading.Lock()
+        # ``lock``: the subscription's own, so that a finished handler frees its
+        # slot and queues its credit (and its ack) in one critical section.
+        self._lock = lock or threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._opening: pb.SubscribeRequest | None = opening
         self._credit_batch = credit_batch
         self._counters = counters
+        self._closed_settle = closed  # settle() once this call is closed
         self._acks: list[int] = []
         self._nacks: dict[int, list[int]] = {}  # delay_ms -> offsets
         self._nacked = 0
         self._credits = 0
         self._since: float | None = None  # when the oldest unsent item was added
         self._woken = False  # the sender was told the outbox is due (until it drains)
+        self._parked = False  # the sender waits with no timer (nothing queued, no linger)
         self.open = True
         self.call: StreamingCall | None = None
 
@@ -85,19 +92,34 @@ class Outbox:
                 or len(self._acks) + self._nacked >= ACK_FLUSH_MAX)
 
     def _drain_locked(self) -> list[pb.SubscribeRequest]:
+        """Take what is queued and make it requests (tests; the sender builds them unlocked)."""
+        return self._requests(*self._take_locked())
+
+    def _take_locked(self) -> tuple[pb.SubscribeRequest | None, list[int],
+                                    dict[int, list[int]], int, int]:
+        """Take what is queued: (opening, acks, nacks by delay, nack count, credits)."""
+        taken = (self._opening, self._acks, self._nacks, self._nacked, self._credits)
+        self._opening = None
+        self._acks, self._nacks, self._nacked, self._credits = [], {}, 0, 0
+        self._since = None
+        self._woken = False
+        return taken
+
+    def _requests(self, opening: pb.SubscribeRequest | None, acks: list[int],
+                  nacks_by_delay: dict[int, list[int]], nacked: int,
+                  credits: int) -> list[pb.SubscribeRequest]:
+        """What ``_take_locked`` took, as the requests to send (built outside the lock)."""
         out: list[pb.SubscribeRequest] = []
-        credits = self._credits
-        if self._opening is not None:
-            credits += self._opening.credits
-            out.append(self._opening)
-            self._opening = None
-        nacks = list(self._nacks.items())
-        if self._acks or self._credits or nacks:
+        granted = credits
+        if opening is not None:
+            granted += opening.credits
+            out.append(opening)
+        nacks = list(nacks_by_delay.items())
+        if acks or credits or nacks:
             # As ranges: a window of handlers acks runs of consecutive offsets,
             # which the broker settles a span at a time instead of offset by offset.
-            request = pb.SubscribeRequest(credits=self._credits, ack_ranges=[
-                pb.OffsetRange(start=start, end=end)
-                for start, end in _ack_ranges(self._acks)])
+            request = pb.SubscribeRequest(credits=credits, ack_ranges=[
+                pb.OffsetRange(start=start, end=end) for start, end in _ack_ranges(acks)])
             if nacks:  # the first nack delay rides along, further ones need a request each
                 delay_ms, offsets = nacks.pop(0)
                 request.nack_offsets.extend(offsets)
@@ -106,40 +128,50 @@ class Outbox:
         out.extend(pb.SubscribeRequest(nack_offsets=offsets, nack_delay_ms=delay_ms)
                    for delay_ms, offsets in nacks)
         if out:
-            self._counters.add(requests=len(out), acks=len(self._acks), nacks=self._nacked,
-                               credits=credits)
-        self._acks, self._nacks, self._nacked, self._credits = [], {}, 0, 0
-        self._since = None
-        self._woken = False
+            self._counters.add(requests=len(out), acks=len(acks), nacks=nacked,
+                               credits=granted)
         return out
 
     def request_iterator(self) -> Iterator[pb.SubscribeRequest]:
+        linger = False  # after a send: wait an interval for more before parking
         while True:
             with self._cond:
                 while self.open and not self._due_locked():
-                    if self._since is None:
-                        self._cond.wait()
+                    if self._since is None:  # nothing queued
+                        if linger:
+                            linger = False
+                            self._cond.wait(ACK_FLUSH_INTERVAL_S)
+                        else:
+                            self._parked = True
+                            self._cond.wait()
+                            self._parked = False
                         continue
                     left = self._since + ACK_FLUSH_INTERVAL_S - time.monotonic()
                     if left <= 0:
                         break
                     self._cond.wait(left)
-                batch = self._drain_locked()
-                if not batch and not self.open:
-                    return  # half-close once everything queued was sent
+                taken = self._take_locked()
+                still_open = self.open
+            batch = self._requests(*taken)
+            if not batch and not still_open:
+                return  # half-close once everything queued was sent
+            linger = bool(batch)
             yield from batch
 
     def _wake_locked(self, due: bool) -> None:
-        """Wake the sender to arm its timer (first item since a drain) or to send now.
+        """Start the interval at the first item since a send; wake the sender if it must act.
 
-        Once per drain for each reason: a handler thread paying for a notify
-        on every item after the outbox became due was a third of what a
-        fast subscription spent per message.
+        The sender must be woken when the outbox became due (once per send: a
+        handler thread paying for a notify on every item after that was a
+        third of what a fast subscription spent per message), and for the
+        first item only when it is parked: after a send it lingers one
+        interval and finds that item by itself. (Waking it for every first
+        item cost a thread switch and a contended lock per batch.)
         """
         if self._since is None:
             self._since = time.monotonic()
-        elif not due:
-            return
+            if not due and not self._parked:
+                return
         if due:
             self._woken = True
         self._cond.notify()
@@ -153,6 +185,47 @@ class Outbox:
             if self._since is None or due:
                 self._wake_locked(due)
         return True
+
+    def settle(self, lease: Lease, how: str, delay_ms: int) -> None:
+        """The ``Settle`` of the leases this call delivered: queue the ack or nack here.
+
+        Once the call is closed, the ``closed`` settle given at construction
+        takes it (the subscription's current call, or a unary call).
+        """
+        if how == "ack":
+            with self._lock:
+                if self.open:
+                    self._acks.append(lease[LEASE_OFFSET])
+                    due = not self._woken and len(self._acks) + self._nacked >= ACK_FLUSH_MAX
+                    if self._since is None or due:
+                        self._wake_locked(due)
+                    return
+        elif self.nack(lease[LEASE_OFFSET], delay_ms):
+            return
+        if self._closed_settle is None:
+            raise RuntimeError("settled on a closed outbox with nowhere else to go")
+        self._closed_settle(lease, how, delay_ms)
+
+    def finish_locked(self, ack: int | None, credit: bool) -> bool | None:
+        """A handler finished (the caller holds the lock): queue its ack and its credit.
+
+        ``ack``: the offset to ack, if the handler left its lease unsettled;
+        ``credit``: free its slot (not while the subscription stops). One
+        critical section for both, instead of one for the ack and one for the
+        credit. Returns None when the call is closed (nothing queued: the
+        caller acks another way), else whether the outbox just became due.
+        """
+        if not self.open:
+            return None
+        if ack is not None:
+            self._acks.append(ack)
+        if credit:
+            self._credits += 1
+        due = not self._woken and (self._credits >= self._credit_batch
+                                   or len(self._acks) + self._nacked >= ACK_FLUSH_MAX)
+        if self._since is None or due:
+            self._wake_locked(due)
+        return due
 
     def nack(self, offset: int, delay_ms: int) -> bool:
         with self._lock:

@@ -27,6 +27,9 @@ from npstream.client import group_rpc
 from npstream.errors import BrokerUnavailable, InvalidArgument, NpstreamError
 from npstream.groups.dispatcher import Dispatcher, Feed
 from npstream.groups.leases import (
+    LEASE_INDEX,
+    LEASE_OFFSET,
+    LEASE_STATES,
     Lease,
     check_group,
     default_member_id,
@@ -148,6 +151,7 @@ class Subscription:
         self._running_handlers = 0
         self._idle = threading.Condition(self._lock)
         self._stopping = threading.Event()
+        self._stop_requested = False  # _stopping as a plain attribute, for the handler path
         self._started = threading.Event()  # accepted by the broker, or failed for good
         self._connection: Outbox | None = None
         self._workers = Dispatcher(self._handle, max_in_flight,
@@ -169,6 +173,7 @@ class Subscription:
 
     def stop(self, timeout: float | None = STOP_TIMEOUT_S) -> None:
         """Take no new messages, let running handlers finish (up to timeout), then close."""
+        self._stop_requested = True
         self._stopping.set()
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._idle:
@@ -272,7 +277,8 @@ class Subscription:
             opening.open.CopyFrom(pb.SubscribeRequest.Open(
                 stream=self.stream, group=self.group, member_id=self.member_id,
                 config=self._config, arrow_deliveries=True))
-            connection = Outbox(opening, self._credit_batch, self._counters)
+            connection = Outbox(opening, self._credit_batch, self._counters, lock=self._lock,
+                                closed=self._settle)
             self._connection = connection
         if self._stopping.is_set():
             connection.close()
@@ -283,20 +289,25 @@ class Subscription:
             # that lets subscribe() return only when the member is in the group.
             if any(key == metadata_keys.MEMBER_ID for key, _ in call.initial_metadata() or ()):
                 self._started.set()
-            self._workers.serve(Feed(call, self._leases))
+            self._workers.serve(Feed(call, lambda batch: self._leases(batch, connection)))
         finally:
             connection.close()
             with self._lock:
                 if self._connection is connection:
                     self._connection = None
 
-    def _leases(self, batch: pb.DeliveryBatch) -> list[Lease]:
-        """The leases of a batch, counted as running; none (all nacked) while stopping."""
+    def _leases(self, batch: pb.DeliveryBatch, connection: Outbox) -> list[Lease]:
+        """The leases of a batch, counted as running; none (all nacked) while stopping.
+
+        They settle through ``connection`` (the call they came on) while it is
+        open, then through whichever call is current, or a unary call.
+        """
         if batch.count:  # Arrow deliveries (a broker that predates them sends protobuf)
-            table = pa.ipc.open_stream(pa.py_buffer(batch.arrow_stream)).read_all()
-            leases = Lease.from_table(self.stream, self.group, table, self._settle)
+            reader = pa.ipc.open_stream(pa.py_buffer(batch.arrow_stream))
+            leases = Lease.from_table(self.stream, self.group, reader.read_all(),
+                                      connection.settle)
         else:
-            leases = [Lease.from_pb(self.stream, self.group, delivery, self._settle)
+            leases = [Lease.from_pb(self.stream, self.group, delivery, connection.settle)
                       for delivery in batch.deliveries]
         self._counters.add(batches=1, deliveries=len(leases))
         if self._stopping.is_set():
@@ -308,6 +319,13 @@ class Subscription:
         return leases
 
     def _handle(self, lease: Lease) -> None:
+        """Run the handler on one lease, then ack it (unless settled) and free its slot.
+
+        The ack of a lease the handler left unsettled and the credit of its
+        slot are queued in one critical section (the outbox shares this
+        subscription's lock), with the handler count.
+        """
+        ack = None
         try:
             self._handler(lease)
         except Exception:
@@ -315,16 +333,36 @@ class Subscription:
                           " nacking it", lease.offset, self.stream, self.group, lease.attempt)
             self._safe_settle(lease, "nack")
         else:
-            self._safe_settle(lease, "ack")
+            states = lease[LEASE_STATES]
+            index = lease[LEASE_INDEX]
+            if not states[index]:  # returning acks the lease
+                states[index] = "ack"
+                ack = lease[LEASE_OFFSET]
         finally:
             with self._lock:
                 self._running_handlers -= 1
-                current = self._connection
-                stopping = self._stopping.is_set()
+                stopping = self._stop_requested
                 if stopping:  # stop() sets the flag before it waits under this lock
                     self._idle.notify_all()
-            if current is not None and not stopping:
-                current.grant(1)
+                connection = self._connection
+                queued = None if connection is None else connection.finish_locked(
+                    ack, not stopping)
+        if queued:
+            # Hand the GIL to the sender the outbox just woke: a thread running a batch
+            # of fast handlers would otherwise keep it for the interpreter's switch
+            # interval (5 ms), and the broker would get the credits only after the
+            # whole batch (a stop-and-wait of one max_in_flight window per round trip).
+            # Only the handler that made the outbox due hands it over: the ones after
+            # it, until the sender drains, would each force a thread switch for
+            # nothing (a third of a busy subscription's time went to them).
+            time.sleep(0)
+        elif queued is None and ack is not None:  # no open call: a unary ack
+            try:
+                self._unary(lease, "ack", 0)
+            except NpstreamError as exc:
+                log.warning("could not ack offset %d of stream '%s' (group '%s'): %s; it will "
+                            "be redelivered after its lease expires", lease.offset,
+                            self.stream, self.group, exc)
 
     def _safe_settle(self, lease: Lease, how: str) -> None:
         try:

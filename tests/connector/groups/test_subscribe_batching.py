@@ -250,3 +250,67 @@ def test_outbox_nacks_per_delay_and_close_flushes_everything_before_half_close()
     assert not connection.ack(9)  # closed: the caller settles with a unary call instead
     assert connection._counters.snapshot() == SubscriptionStats(
         requests=3, acks=1, nacks=3, credits=4)
+
+
+def test_outbox_parked_sender_wakes_for_a_lone_ack_and_lingering_one_finds_it():
+    """After a send the sender lingers an interval (no wake-up needed for the next item);
+    once parked, the first item wakes it. Either way an item waits about one interval."""
+    connection = opened()
+    out = sent_by(connection)
+    out.get(timeout=5)  # the opening; the sender lingers, then parks
+    time.sleep(ACK_FLUSH_INTERVAL_S * 20)
+    added_at = time.monotonic()
+    assert connection.ack(3)  # parked: this wakes it to start the interval
+    sent_at, request = out.get(timeout=5)
+    assert acked(request) == [(3, 4)]
+    assert ACK_FLUSH_INTERVAL_S * 0.9 <= sent_at - added_at < 1.0
+    added_at = time.monotonic()
+    assert connection.ack(4)  # right after a send: the lingering sender finds it
+    sent_at, request = out.get(timeout=5)
+    assert acked(request) == [(4, 5)]
+    assert sent_at - added_at < 1.0
+    connection.close()
+    assert out.get(timeout=5) is None
+
+
+def test_outbox_finish_queues_ack_and_credit_together_and_refuses_when_closed():
+    connection = opened()
+    out = sent_by(connection)
+    out.get(timeout=5)
+    with connection._lock:
+        assert connection.finish_locked(5, True) is False  # 1 credit of 4: not due yet
+        assert connection.finish_locked(None, True) is False  # settled by its handler
+        assert connection.finish_locked(6, False) is False  # stopping: no credit
+        assert connection.finish_locked(7, True) is False
+        assert connection.finish_locked(None, True) is True  # the 4th credit: due
+    _t, request = out.get(timeout=5)
+    assert (acked(request), request.credits) == ([(5, 8)], 4)
+    connection.close()
+    assert out.get(timeout=5) is None
+    with connection._lock:
+        assert connection.finish_locked(9, True) is None  # closed: the caller acks by a call
+
+
+def test_lease_settle_goes_to_the_open_outbox_then_to_the_fallback():
+    from npstream.groups.leases import Lease
+
+    fallback: list[tuple[int, str, int]] = []
+    connection = Outbox(pb.SubscribeRequest(credits=4), credit_batch=4,
+                        counters=SubscriptionCounters(),
+                        closed=lambda lease, how, delay: fallback.append(
+                            (lease.offset, how, delay)))
+    out = sent_by(connection)
+    out.get(timeout=5)
+    first, second, third = (Lease("s", "g", offset, f"i{offset}", None, b"v", {}, 0, 1, 0,
+                                  connection.settle) for offset in (1, 2, 3))
+    first.ack()
+    first.ack()  # settling twice is a no-op
+    second.nack(delay=0.25)
+    connection.close()
+    _t, request = out.get(timeout=5)
+    assert (acked(request), list(request.nack_offsets), request.nack_delay_ms) == (
+        [(1, 2)], [2], 250)
+    assert out.get(timeout=5) is None
+    third.ack()  # the call is closed: the subscription's fallback settles it
+    assert fallback == [(3, "ack", 0)]
+    assert (first.settled, second.settled, third.settled) == ("ack", "nack", "ack")

@@ -114,3 +114,57 @@ def test_fast_handlers_run_on_a_few_threads_whatever_max_in_flight(client, strea
     # One thread per in-flight lease would be ~1000; a watchdog tick (2 ms) with no
     # progress adds one, so a loaded machine may add a few.
     assert len(threads) <= 100, len(threads)
+
+
+def test_blocked_handler_does_not_hold_up_the_rest_of_its_batch(client, stream_name):
+    """The leases behind a stuck one in the same batch are run by another thread."""
+    client.create_stream(stream_name)
+    client.publish_batch(stream_name, [{"value": f"m{i}"} for i in range(200)])
+    release = threading.Event()
+    handled: list[int] = []
+    lock = threading.Lock()
+
+    def handle(lease: Lease) -> None:
+        if lease.offset == 0:
+            assert release.wait(GUARD_S), "never released"
+        with lock:
+            handled.append(lease.offset)
+
+    try:
+        with client.subscribe(stream_name, "g", handle, max_in_flight=500):
+            wait_until(lambda: sorted(handled) == list(range(1, 200)), "offsets 1-199")
+            release.set()
+            wait_until(lambda: len(handled) == 200, "offset 0 after release")
+            wait_until(lambda: client.describe_group(stream_name, "g").committed_offset == 200,
+                       "all acked")
+    finally:
+        release.set()
+
+
+def test_leases_of_one_batch_settle_independently(client, stream_name):
+    """A batch's leases share one list of settled states: each keeps its own slot."""
+    client.create_stream(stream_name)
+    client.publish_batch(stream_name, [{"value": f"m{i}"} for i in range(300)])
+    seen: dict[int, Lease] = {}
+    lock = threading.Lock()
+
+    def handle(lease: Lease) -> None:
+        assert lease.settled == ""
+        if lease.offset % 3 == 1:
+            lease.ack()
+        elif lease.offset % 3 == 2 and lease.attempt == 1:
+            lease.nack()
+        with lock:
+            seen.setdefault(lease.offset * 10 + lease.attempt, lease)
+
+    with client.subscribe(stream_name, "g", handle, max_in_flight=1000) as sub:
+        wait_until(lambda: client.describe_group(stream_name, "g").committed_offset == 300,
+                   "all acked")
+        stats = sub.stats()
+    firsts = {key // 10: lease for key, lease in seen.items() if key % 10 == 1}
+    assert sorted(firsts) == list(range(300))
+    assert {offset: lease.settled for offset, lease in firsts.items()} == {
+        offset: ("ack", "ack", "nack")[offset % 3] for offset in range(300)}
+    assert stats.nacks == 100 and stats.acks == 300
+    assert all(lease.value == f"m{lease.offset}".encode() and lease.id for lease in firsts.values())
+    assert len({id(lease) for lease in firsts.values()}) == 300
