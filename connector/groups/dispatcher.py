@@ -16,7 +16,8 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from npstream.proto import pb
@@ -36,6 +37,11 @@ INITIAL_THREADS = 1
 # that block): the most a blocked handler holds up the leases behind it, per
 # thread added.
 STALL_S = 0.002
+# Leases are made from a batch this many at a time, as the threads get to them:
+# fewer than the interpreter's first garbage-collection threshold (700 new
+# objects) alive at once, so a batch of 500 does not set off a collection that
+# walks every lease in it (a tenth of a fast subscription's time otherwise).
+LEASE_CHUNK = 128
 # A watchdog tick this much later than STALL_S means the whole process was held
 # up (a garbage collection, other processes on the cores, a thread keeping the
 # interpreter lock): no sign of a blocked handler, so it looks again instead.
@@ -51,7 +57,7 @@ class Feed:
     """
 
     def __init__(self, batches: Iterator[pb.DeliveryBatch],
-                 leases: Callable[[pb.DeliveryBatch], list[Lease]]) -> None:
+                 leases: Callable[[pb.DeliveryBatch], Iterable[Lease]]) -> None:
         self.batches = batches
         self.leases = leases
         self.error: BaseException | None = None
@@ -74,9 +80,10 @@ class Dispatcher:
     credits meanwhile, so the next batch is usually in gRPC's buffer by then).
     A lone message reaches its handler on the thread that received it.
 
-    Leases wait in one ``collections.deque`` (a batch goes in with one
-    ``extend``; a thread takes the oldest with ``popleft``, both C calls,
-    atomic under the interpreter lock); other work (the reading, a wake-up,
+    Leases wait in one ``collections.deque`` (LEASE_CHUNK of a batch go in
+    with one ``extend``, made then from the batch's columns; a thread takes
+    the oldest with ``popleft``, both C calls, atomic under the interpreter
+    lock); other work (the reading, a wake-up,
     the end) goes through a ``queue.SimpleQueue``, whose put wakes one waiting
     thread in C. (A ``threading.Condition`` woke threads through Python-level
     locks: with a hundred leases per batch the subscription spent 2.5x the CPU
@@ -105,6 +112,7 @@ class Dispatcher:
         self._size = size
         self._name = name
         self._leases: deque[Lease] = deque()  # leases to run, oldest first
+        self._rest: Iterator[Lease] | None = None  # the rest of the batch read last, lazily
         # Other work: a feed to take the reading of, _WAKE, None to exit.
         self._items: queue.SimpleQueue[Feed | str | None] = queue.SimpleQueue()
         # Guards thread starts vs close, and the reading: who holds it, whether it waits.
@@ -172,7 +180,9 @@ class Dispatcher:
         while True:
             try:
                 lease = take()
-            except IndexError:  # no lease waiting: read the next batch, or wait for work
+            except IndexError:  # no lease waiting: more of the batch, the next one, or wait
+                if self._rest is not None and self._refill():
+                    continue
                 if feed is not None:
                     feed = self._read(feed, me)
                     continue
@@ -211,9 +221,22 @@ class Dispatcher:
             with self._lock:
                 self._reading = False
                 self._steps += 1
-        self._leases.extend(leases)
+        with self._lock:
+            self._rest = iter(leases)
+        self._refill()
         self._wake_watchdog()
         return feed
+
+    def _refill(self) -> bool:
+        """Queue the next LEASE_CHUNK leases of the batch read last; False once it is done."""
+        with self._lock:  # one thread at a time: leases go in in order
+            if self._rest is None:
+                return False
+            waiting = len(self._leases)
+            self._leases.extend(islice(self._rest, LEASE_CHUNK))
+            if len(self._leases) - waiting < LEASE_CHUNK:
+                self._rest = None
+            return len(self._leases) > waiting
 
     def _end(self, feed: Feed, error: BaseException | None) -> None:
         with self._lock:
@@ -245,7 +268,7 @@ class Dispatcher:
 
     def _watchable(self) -> bool:
         """Work that a stuck thread could be holding up."""
-        return bool(self._leases or self._items.qsize()
+        return bool(self._leases or self._rest is not None or self._items.qsize()
                     or (self._reader is not None and not self._reading))
 
     def _progress(self) -> tuple[int, Lease | None]:
@@ -259,7 +282,8 @@ class Dispatcher:
         with self._lock:
             if self._closed:
                 return
-            if self._leases:  # the oldest lease waited STALL_S: every running thread is stuck
+            if self._leases or self._rest is not None:
+                # The oldest lease waited STALL_S: every thread that runs them is stuck.
                 if self._idle:
                     self._items.put(_WAKE)
                 else:

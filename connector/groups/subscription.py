@@ -17,7 +17,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -296,26 +296,30 @@ class Subscription:
                 if self._connection is connection:
                     self._connection = None
 
-    def _leases(self, batch: pb.DeliveryBatch, connection: Outbox) -> list[Lease]:
+    def _leases(self, batch: pb.DeliveryBatch, connection: Outbox) -> Iterator[Lease]:
         """The leases of a batch, counted as running; none (all nacked) while stopping.
 
-        They settle through ``connection`` (the call they came on) while it is
-        open, then through whichever call is current, or a unary call.
+        Lazily made (the dispatcher takes them a chunk at a time), from one
+        Arrow table or from protobuf Delivery messages. They settle through
+        ``connection`` (the call they came on) while it is open, then through
+        whichever call is current, or a unary call.
         """
+        leases: Iterator[Lease]
         if batch.count:  # Arrow deliveries (a broker that predates them sends protobuf)
-            reader = pa.ipc.open_stream(pa.py_buffer(batch.arrow_stream))
-            leases = Lease.from_table(self.stream, self.group, reader.read_all(),
-                                      connection.settle)
+            table = pa.ipc.open_stream(pa.py_buffer(batch.arrow_stream)).read_all()
+            count = table.num_rows
+            leases = Lease.iter_table(self.stream, self.group, table, connection.settle)
         else:
-            leases = [Lease.from_pb(self.stream, self.group, delivery, connection.settle)
-                      for delivery in batch.deliveries]
-        self._counters.add(batches=1, deliveries=len(leases))
+            count = len(batch.deliveries)
+            leases = iter([Lease.from_pb(self.stream, self.group, delivery, connection.settle)
+                           for delivery in batch.deliveries])
+        self._counters.add(batches=1, deliveries=count)
         if self._stopping.is_set():
             for lease in leases:
                 lease.nack()  # arrived while stopping: give it to another member now
-            return []
+            return iter(())
         with self._lock:
-            self._running_handlers += len(leases)
+            self._running_handlers += count
         return leases
 
     def _handle(self, lease: Lease) -> None:
