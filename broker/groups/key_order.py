@@ -196,14 +196,16 @@ class KeyOrder:
 
     # ------------------------------------------------------------ finishing
 
-    def finished(self, ranges: Iterable[tuple[int, int]],
-                 unfinished: list[tuple[int, int]]) -> list[int]:
+    def finished(self, ranges: Iterable[tuple[int, int]], unfinished: list[tuple[int, int]],
+                 *, merged: bool = False) -> list[int]:
         """After acks/dead letters in ``ranges``: the held offsets whose turn has come.
 
         ``unfinished``: runs within the ranges whose messages are not finished
         after all (an ack of a message being dead-lettered); usually none.
+        ``merged``: ``ranges`` are already sorted and merged (``merged_runs``).
         """
-        return self._finish(merged_runs(ranges), unfinished, lo_bound=None)
+        runs = list(ranges) if merged else merged_runs(ranges)
+        return self._finish(runs, unfinished, lo_bound=None)
 
     def _finish(self, runs: list[tuple[int, int]], unfinished: list[tuple[int, int]],
                 lo_bound: int | None) -> list[int]:

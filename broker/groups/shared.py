@@ -254,22 +254,20 @@ class SharedGroup:
                 runs = [(True, parts)]
             else:
                 runs = self._keys.plan(start, parts)
-            for deliver, rows in runs:
-                count = sum(len(part) for part in rows)
-                if not deliver:
-                    self._table.hold_fresh(self._table.next_fresh, count)
-                    continue
-                fresh = self._table.lease_fresh(member, self._table.next_fresh, count, now,
-                                                ack_wait_ms)
-                if fresh is not None:
+            spans = self._table.take_fresh(
+                member, [(deliver, len(rows[0]) if len(rows) == 1 else sum(map(len, rows)))
+                         for deliver, rows in runs], now, ack_wait_ms)
+            for (deliver, rows), fresh in zip(runs, spans, strict=True):
+                if deliver and fresh is not None:
                     out.append(Delivered(fresh.start, fresh.end, 1, fresh.expires_ms, rows))
-                    taken += count
+                    taken += fresh.end - fresh.start
         return out
 
     def _release_keys_locked(self, ranges: list[tuple[int, int]], finished: int = -1) -> None:
         """Ordering by key: hand out the held message of each key whose message finished.
 
-        ``finished``: how many offsets of ``ranges`` (merged) were finished, when known.
+        ``finished``: how many offsets of ``ranges`` were finished, when known; then
+        ``ranges`` are sorted and merged (an ack's runs).
         """
         if self.config.ordering != "key" or not ranges:
             return
@@ -278,7 +276,7 @@ class SharedGroup:
         # When every offset of the ranges was finished there are none to look for.
         left = [] if finished == sum(hi - lo for lo, hi in ranges) else [
             (sp.start, sp.end) for lo, hi in ranges for sp in self._table.spans_in(lo, hi)]
-        released = self._keys.finished(ranges, left)
+        released = self._keys.finished(ranges, left, merged=finished >= 0)
         if released:
             now = self._clock()
             for offset in released:
@@ -388,7 +386,7 @@ class SharedGroup:
             blocked = self._fresh_budget_locked() <= 0
             now = self._clock()
             runs = merged_runs([*offset_runs(offsets), *ranges])
-            count = self._table.ack_ranges(runs, member, now)
+            count = self._table.ack_runs(runs, member, now)
             self._release_keys_locked(runs, count)
             if count:
                 # Pop the acked leases' expiry entries now, while the heap is small,
