@@ -98,11 +98,18 @@ class Outbox:
     def _take_locked(self) -> tuple[pb.SubscribeRequest | None, list[int],
                                     dict[int, list[int]], int, int]:
         """Take what is queued: (opening, acks, nacks by delay, nack count, credits)."""
-        taken = (self._opening, self._acks, self._nacks, self._nacked, self._credits)
-        self._opening = None
-        self._acks, self._nacks, self._nacked, self._credits = [], {}, 0, 0
+        # First the interval: an ack appended without the lock (settle) after the acks
+        # are taken below then sees no interval running, and starts one.
         self._since = None
         self._woken = False
+        # Acks are taken from the front of the list, which stays: a handler that read
+        # the attribute before a swap would append to a list already sent.
+        count = len(self._acks)
+        acks = self._acks[:count]
+        del self._acks[:count]
+        taken = (self._opening, acks, self._nacks, self._nacked, self._credits)
+        self._opening = None
+        self._nacks, self._nacked, self._credits = {}, 0, 0
         return taken
 
     def _requests(self, opening: pb.SubscribeRequest | None, acks: list[int],
@@ -189,16 +196,25 @@ class Outbox:
     def settle(self, lease: Lease, how: str, delay_ms: int) -> None:
         """The ``Settle`` of the leases this call delivered: queue the ack or nack here.
 
-        Once the call is closed, the ``closed`` settle given at construction
-        takes it (the subscription's current call, or a unary call).
+        An ack is appended without the lock (``list.append`` is atomic, and the
+        sender takes acks from the front of the same list, never swapping it):
+        a handler that acks its lease itself then takes the lock once per
+        message (its credit), not twice. Once the call is closed, the
+        ``closed`` settle given at construction takes it (the subscription's
+        current call, or a unary call); an ack that raced the close goes both
+        ways, and the broker counts a second ack of a message as nothing.
         """
         if how == "ack":
-            with self._lock:
-                if self.open:
-                    self._acks.append(lease[LEASE_OFFSET])
-                    due = not self._woken and len(self._acks) + self._nacked >= ACK_FLUSH_MAX
-                    if self._since is None or due:
-                        self._wake_locked(due)
+            if self.open:
+                acks = self._acks
+                acks.append(lease[LEASE_OFFSET])
+                if self._since is None or (not self._woken
+                                           and len(acks) + self._nacked >= ACK_FLUSH_MAX):
+                    with self._lock:
+                        due = not self._woken and len(acks) + self._nacked >= ACK_FLUSH_MAX
+                        if self._since is None or due:
+                            self._wake_locked(due)
+                if self.open:  # still open after the append: the sender's last take has it
                     return
         elif self.nack(lease[LEASE_OFFSET], delay_ms):
             return

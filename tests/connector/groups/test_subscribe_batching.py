@@ -314,3 +314,40 @@ def test_lease_settle_goes_to_the_open_outbox_then_to_the_fallback():
     third.ack()  # the call is closed: the subscription's fallback settles it
     assert fallback == [(3, "ack", 0)]
     assert (first.settled, second.settled, third.settled) == ("ack", "nack", "ack")
+
+
+def test_outbox_acks_appended_without_the_lock_are_all_sent_or_handed_on():
+    """Handlers append acks without the lock while the sender takes them and the call
+    closes: every ack is sent on the stream or given to the fallback, none is lost."""
+    from npstream.groups.leases import Lease
+
+    fallback: list[int] = []
+    fallback_lock = threading.Lock()
+
+    def closed(lease, how, delay) -> None:
+        with fallback_lock:
+            fallback.append(lease.offset)
+
+    connection = Outbox(pb.SubscribeRequest(credits=4), credit_batch=4,
+                        counters=SubscriptionCounters(), closed=closed)
+    out = sent_by(connection)
+    out.get(timeout=5)
+    threads = 4
+    per_thread = 20_000
+
+    def acker(first: int) -> None:
+        for offset in range(first, first + per_thread):
+            Lease("s", "g", offset, "", None, b"", {}, 0, 1, 0, connection.settle).ack()
+
+    workers = [threading.Thread(target=acker, args=(i * per_thread,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    time.sleep(0.02)
+    connection.close()  # while they are still acking
+    for worker in workers:
+        worker.join()
+    sent: list[int] = []
+    while (item := out.get(timeout=5)) is not None:
+        sent.extend(o for start, end in acked(item[1]) for o in range(start, end))
+    assert sorted(set(sent) | set(fallback)) == list(range(threads * per_thread))
+    assert len(sent) == len(set(sent))  # each sent once; a raced one may also be handed on
