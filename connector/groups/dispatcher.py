@@ -123,8 +123,11 @@ class Dispatcher:
         self._steps = 0  # batches read and items taken: with the oldest lease, the progress
         self._threads = 0
         self._idle = 0  # threads waiting for an item
-        self._queued = threading.Event()  # work appeared: wakes a waiting watchdog
-        self._watch_waiting = False  # the watchdog waits for _queued (no work to watch)
+        # Work appeared: wakes a waiting watchdog. A SimpleQueue, not an Event: its put
+        # is one C call, where Event.set runs a Condition's Python code on the path of
+        # every batch (a lone message's included) before its handler.
+        self._queued: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._watch_waiting = False  # the watchdog waits on _queued (no work to watch)
         self._closed = False
         self._watchdog: threading.Thread | None = None
 
@@ -168,7 +171,7 @@ class Dispatcher:
     def _wake_watchdog(self) -> None:
         if self._watch_waiting:  # only then: an Event.set is a Python-level notify
             self._watch_waiting = False
-            self._queued.set()
+            self._queued.put(None)
 
     # ------------------------------------------------------------ the threads
 
@@ -254,10 +257,11 @@ class Dispatcher:
         while not self._closed:
             # Flag first, then look: work that appears after the look sees the flag.
             self._watch_waiting = True
-            self._queued.clear()
             if not self._watchable():
-                self._queued.wait()
+                self._queued.get()
             self._watch_waiting = False
+            while not self._queued.empty():  # wake-ups that raced the look above
+                self._queued.get()
             before = self._progress()
             started = time.monotonic()
             time.sleep(STALL_S)
@@ -307,4 +311,4 @@ class Dispatcher:
             threads = self._threads
         for _ in range(threads):
             self._items.put(None)
-        self._queued.set()  # the watchdog sees the flag and ends
+        self._queued.put(None)  # the watchdog sees the flag and ends
