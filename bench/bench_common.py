@@ -174,20 +174,38 @@ def _machine_busy_s() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def _cpu_pressure_s() -> float | None:
+    """Seconds in which some runnable task waited for a core (Linux PSI), None without PSI."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            some = f.readline().split()
+    except OSError:
+        return None
+    return int(some[-1].partition("=")[2]) / 1e6
+
+
 class CpuMeter:
-    """CPU seconds used during a phase by this process, the broker process and the machine."""
+    """CPU seconds used during a phase by this process, the broker process and the machine.
+
+    Also the machine's CPU pressure (the share of the phase in which some
+    runnable thread waited for a core): CPU seconds alone do not say whether
+    the cores were the limit, since processes that hand work back and forth
+    leave cores idle between hand-offs even when each wants more.
+    """
 
     def __init__(self, server_pid: int | None) -> None:
         self.server_pid = server_pid
         self.client_s = 0.0
         self.server_s: float | None = None
         self.machine_s = 0.0
+        self.pressure_s: float | None = None
         self.wall_s = 0.0
 
     def __enter__(self) -> CpuMeter:
         self._c0 = time.process_time()
         self._s0 = proc_cpu_s(self.server_pid)
         self._m0 = _machine_busy_s()
+        self._p0 = _cpu_pressure_s()
         self._w0 = time.perf_counter()
         return self
 
@@ -197,6 +215,8 @@ class CpuMeter:
         s1 = proc_cpu_s(self.server_pid)
         self.server_s = s1 - self._s0 if s1 is not None and self._s0 is not None else None
         self.machine_s = _machine_busy_s() - self._m0
+        p1 = _cpu_pressure_s()
+        self.pressure_s = p1 - self._p0 if p1 is not None and self._p0 is not None else None
 
     def as_dict(self) -> dict[str, Any]:
         wall = self.wall_s or 1e-9
@@ -206,6 +226,8 @@ class CpuMeter:
             "server_cores_busy": round(self.server_s / wall, 2)
             if self.server_s is not None else None,
             "machine_cores_busy": round(self.machine_s / wall, 2),
+            "cpu_pressure": round(self.pressure_s / wall, 2)
+            if self.pressure_s is not None else None,
         }
 
 

@@ -377,6 +377,11 @@ def _batch_count(a: argparse.Namespace, size: int) -> int:
 
 # ---------------------------------------------------------------- report
 
+def _pressure(r: dict[str, Any]) -> str:
+    pressure = r.get("cpu_pressure")
+    return "-" if pressure is None else f"{pressure:.0%}"
+
+
 def build_report(a: argparse.Namespace, ours: dict[str, Any],
                  peers: dict[str, dict[str, Any]]) -> tuple[str, list[Goal | Info]]:
     goals: list[Goal | Info] = []
@@ -429,7 +434,7 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
     for r in ours["throughput"]:
         if "msgs_per_s" not in r:
             tp_rows.append(["npstream", str(r.get("consumers", "-")), "failed", "", "", "", "",
-                            "", ""])
+                            "", "", ""])
             errors.append(f"npstream shared group, {r.get('consumers')} consumer(s): "
                           f"{r.get('error')}")
             continue
@@ -437,7 +442,7 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
             "npstream", str(r["consumers"]), fmt(r["msgs_per_s"]), fmt(r["mb_per_s"]),
             f"{r['msgs_per_s'] / base:.2f}x" if base else "-",
             fmt(r["server_cores_busy"], 2), fmt(r["consumers_cores_busy"], 2),
-            fmt(r["machine_cores_busy"], 2),
+            fmt(r["machine_cores_busy"], 2), _pressure(r),
             "yes" if r["all_acked"] else f"no ({r['committed_after']:,} committed, "
             f"{r['in_flight_after']} in flight)"])
     cores = os.cpu_count() or 1
@@ -493,8 +498,9 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
         f"shared group throughput: {a.messages:,} x {a.size} B, every message acked "
         f"(subscribe, max_in_flight {a.max_in_flight})",
         render_table(["system", "consumers", "msg/s", "MB/s", "vs 1", "broker cores",
-                      "consumer cores", "machine cores", "all acked"], tp_rows),
-        "cores: CPU seconds per wall second during the run (machine: every process on it)",
+                      "consumer cores", "machine cores", "cpu wait", "all acked"], tp_rows),
+        "cores: CPU seconds per wall second during the run (machine: every process on it); "
+        "cpu wait: share of the run in which some runnable thread waited for a core (PSI)",
         "",
         *batch_text,
         "",
