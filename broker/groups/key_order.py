@@ -220,12 +220,8 @@ class KeyOrder:
         freed: list[bytes] = []
         los = np.array([lo for lo, _hi in runs], dtype=np.int64)
         his = np.array([hi for _lo, hi in runs], dtype=np.int64)
-        starts = self._starts
-        i = max(0, bisect_right(starts, runs[0][0]) - 1)
         done: list[_Block] = []
-        while i < len(starts) and starts[i] < runs[-1][1]:
-            block = self._blocks[starts[i]]
-            i += 1
+        for block in self._blocks_touched(runs):
             count = len(block.keys)
             j = bisect_right(runs, (block.lo, _END)) - 1
             if (j >= 0 and runs[j][1] >= block.hi and block.left == count
@@ -255,6 +251,20 @@ class KeyOrder:
                 rows &= ~_inside(*_bounds(unfinished), offsets)
             freed += map(single.pop, offsets[rows].tolist())
         return self._free(freed, lo_bound)
+
+    def _blocks_touched(self, runs: list[tuple[int, int]]) -> list[_Block]:
+        """The blocks holding any offset of ``runs``, each once, found run by run (an ack
+        of two far-apart offsets does not look at the blocks between them)."""
+        starts, blocks = self._starts, self._blocks
+        touched: dict[int, _Block] = {}
+        for lo, hi in runs:
+            i = max(0, bisect_right(starts, lo) - 1)
+            while i < len(starts) and starts[i] < hi:
+                block = blocks[starts[i]]
+                i += 1
+                if block.hi > lo:
+                    touched[block.lo] = block
+        return list(touched.values())
 
     def _free(self, keys: list[bytes], lo_bound: int | None) -> list[int]:
         """Free ``keys`` (their message finished); a key with held offsets takes its next."""
