@@ -38,11 +38,7 @@ def arrow_stream_buffer(table: pa.Table | pa.RecordBatch) -> pa.Buffer:
     nothing copies it into a ``bytes`` object (``encode_with_bytes`` appends it).
     """
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        if isinstance(table, pa.RecordBatch):
-            writer.write_batch(table)
-        else:
-            writer.write_table(table)
+    _write_stream(sink, table)
     return sink.getvalue()
 
 
@@ -56,14 +52,19 @@ def varint(value: int) -> bytes:
     return bytes(out)
 
 
+def _bytes_field_tag(message: Message, field: str) -> bytes:
+    """The wire tag of ``message``'s length-delimited ``field``."""
+    number = message.DESCRIPTOR.fields_by_name[field].number
+    return varint((number << 3) | _LENGTH_DELIMITED)
+
+
 def encode_with_bytes(message: Message, field: str, values: Iterable[ReadableBuffer]) -> bytes:
     """Wire bytes of ``message`` with ``values`` (bytes-like) set as its bytes ``field``.
 
     ``field`` is a ``bytes`` or ``repeated bytes`` field left unset in
     ``message``; a singular field takes one value.
     """
-    number = message.DESCRIPTOR.fields_by_name[field].number
-    tag = varint((number << 3) | _LENGTH_DELIMITED)
+    tag = _bytes_field_tag(message, field)
     parts: list[ReadableBuffer] = [message.SerializeToString()]
     for value in values:
         view = memoryview(value)
@@ -89,9 +90,7 @@ def encode_with_arrow_stream(message: Message, field: str,
     counter = pa.MockOutputStream()
     _write_stream(counter, table)
     size = counter.size()
-    number = message.DESCRIPTOR.fields_by_name[field].number
-    prefix = (message.SerializeToString() + varint((number << 3) | _LENGTH_DELIMITED)
-              + varint(size))
+    prefix = message.SerializeToString() + _bytes_field_tag(message, field) + varint(size)
     out = _new_bytes(None, len(prefix) + size)  # never the shared empty/1-byte singletons
     address = id(out) + _BYTES_DATA
     ctypes.memmove(address, prefix, len(prefix))

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from npstream.broker.groups.deliveries import Rows
 from npstream.broker.groups.tuning import (
     FRESH_READ_BYTES,
@@ -109,12 +111,8 @@ def read_span(stream_log: StreamLog, start: int, end: int) -> list[Rows]:
         if result.next_offset <= offset:
             break
         schema = stream_log.value_schemas.stored_schema(result.schema_version)
-        for payload in result.batches:
-            batch = decode_payload(payload, schema)
-            first = batch.column(0)[0].as_py() if batch.num_rows else offset
-            lo, hi = max(0, offset - first), min(batch.num_rows, end - first)
-            if hi > lo:
-                parts.append(batch.slice(lo, hi - lo))
+        batches = [decode_payload(payload, schema) for payload in result.batches]
+        parts += _cut(_with_starts(batches), offset, end)
         offset = result.next_offset
     return parts
 
@@ -154,7 +152,7 @@ def read_spans(stream_log: StreamLog, spans: list[tuple[int, int]]) -> list[list
     return out
 
 
-def _with_starts(parts: list[Rows]) -> list[tuple[int, Rows]]:
+def _with_starts(parts: list[pa.RecordBatch] | list[Rows]) -> list[tuple[int, Rows]]:
     """Each part of a read with its first offset (parts of a read are Arrow batches)."""
     return [(part.column(0)[0].as_py(), part) for part in parts
             if not isinstance(part, list) and part.num_rows]
