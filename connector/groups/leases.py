@@ -129,6 +129,7 @@ class Lease(tuple):
     """
 
     __slots__ = ()
+    # _FIELDS + "settled", spelled out: mypy checks match statements only against literals.
     __match_args__ = ("stream", "group", "offset", "id", "key", "value", "headers",
                       "timestamp_ms", "attempt", "lease_expires_ms", "settled")
 

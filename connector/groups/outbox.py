@@ -259,25 +259,6 @@ class Outbox:
                 self._wake_locked(due)
         return True
 
-    def grant(self, credits: int) -> bool:
-        with self._lock:
-            if not self.open:
-                return False
-            self._credits += credits
-            became_due = not self._woken and self._credits >= self._credit_batch
-            if self._since is None or became_due:
-                self._wake_locked(became_due)
-        if became_due:
-            # Hand the GIL to the woken sender now: a handler thread running a batch
-            # of fast handlers would otherwise keep it for the interpreter's switch
-            # interval (5 ms), and the broker would get the credits only after the
-            # whole batch (a stop-and-wait of one max_in_flight window per round trip).
-            # Only the grant that made the outbox due hands it over: the grants after
-            # it, until the sender drains, would each force a thread switch for
-            # nothing (a third of a busy subscription's time went to them).
-            time.sleep(0)
-        return True
-
     def close(self) -> None:
         """Send what is queued at once, then half-close."""
         with self._cond:

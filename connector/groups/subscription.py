@@ -364,17 +364,18 @@ class Subscription:
             try:
                 self._unary(lease, "ack", 0)
             except NpstreamError as exc:
-                log.warning("could not ack offset %d of stream '%s' (group '%s'): %s; it will "
-                            "be redelivered after its lease expires", lease.offset,
-                            self.stream, self.group, exc)
+                self._not_settled(lease, "ack", exc)
 
     def _safe_settle(self, lease: Lease, how: str) -> None:
         try:
             lease.ack() if how == "ack" else lease.nack()
         except NpstreamError as exc:
-            log.warning("could not %s offset %d of stream '%s' (group '%s'): %s; it will be "
-                        "redelivered after its lease expires", how, lease.offset, self.stream,
-                        self.group, exc)
+            self._not_settled(lease, how, exc)
+
+    def _not_settled(self, lease: Lease, how: str, exc: NpstreamError) -> None:
+        log.warning("could not %s offset %d of stream '%s' (group '%s'): %s; it will be "
+                    "redelivered after its lease expires", how, lease.offset, self.stream,
+                    self.group, exc)
 
     def _settle(self, lease: Lease, how: str, delay_ms: int) -> None:
         """Send the ack/nack on the live stream, or as a unary call when there is none."""

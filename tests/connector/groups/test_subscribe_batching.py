@@ -188,6 +188,13 @@ def opened(credits: int = 4) -> Outbox:
     return Outbox(opening, credit_batch=4, counters=SubscriptionCounters())
 
 
+def free_slots(connection: Outbox, count: int) -> None:
+    """``count`` handlers finished with their leases settled: their credits are queued."""
+    with connection._lock:
+        for _ in range(count):
+            connection.finish_locked(None, True)
+
+
 def sent_by(connection: Outbox) -> queue.SimpleQueue:
     """Run the request iterator like gRPC's sender thread; (monotonic time, request) items."""
     out: queue.SimpleQueue = queue.SimpleQueue()
@@ -209,7 +216,7 @@ def test_outbox_sends_opening_at_once_and_coalesces_acks_until_the_interval():
     added_at = time.monotonic()
     for offset in (0, 1, 2):
         assert connection.ack(offset)
-    connection.grant(3)  # below credit_batch (4): waits for the interval
+    free_slots(connection, 3)  # below credit_batch (4): waits for the interval
     sent_at, request = out.get(timeout=5)
     assert acked(request) == [(0, 3)] and request.credits == 3
     assert sent_at - added_at >= ACK_FLUSH_INTERVAL_S * 0.9
@@ -224,7 +231,7 @@ def test_outbox_sends_at_once_when_a_credit_batch_is_free():
     out.get(timeout=5)  # the opening
     time.sleep(0.05)
     connection.ack(7)
-    connection.grant(4)
+    free_slots(connection, 4)
     _t, request = out.get(timeout=5)
     assert (acked(request), request.credits) == ([(7, 8)], 4)
     connection.close()
