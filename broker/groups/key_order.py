@@ -41,16 +41,13 @@ import numpy as np
 
 from npstream.broker.groups.deliveries import Rows
 from npstream.broker.groups.leases import merged_runs
+from npstream.broker.groups.tuning import KEY_ORDER_SINGLES_UP_TO
 
 __all__ = ["KeyOrder", "Run"]
 
 # A run of consecutive fresh offsets with one decision: (deliver?, their rows).
 Run = tuple[bool, list[Rows]]
 
-# Parts of at most this many rows keep their busy offsets in _single, not as a
-# block: a block's numpy mask costs a few microseconds to make and match, a dict
-# entry well under one (a member following the tail gets one message at a time).
-_SINGLES_UP_TO = 4
 _END = 1 << 63  # sorts after every run end: bisect_right(runs, (offset, _END))
 
 
@@ -94,7 +91,7 @@ class KeyOrder:
         self._busy: set[bytes] = set()  # keys with an unfinished message
         self._blocks: dict[int, _Block] = {}  # by first offset
         self._starts: list[int] = []  # sorted firsts of _blocks
-        self._single: dict[int, bytes] = {}  # offset busy alone -> its key (see _SINGLES_UP_TO)
+        self._single: dict[int, bytes] = {}  # offset busy alone -> its key (tuning.py)
         self._held: dict[bytes, deque[int]] = {}  # key -> held offsets, oldest first
 
     @property
@@ -150,7 +147,7 @@ class KeyOrder:
         nulls = keys.count(None) if keyless else 0
         if len(distinct) + nulls == count and self._busy.isdisjoint(distinct):
             self._busy |= distinct
-            if count <= _SINGLES_UP_TO:  # a lone message (a tailing member): no block
+            if count <= KEY_ORDER_SINGLES_UP_TO:  # a lone message (a tailing member): no block
                 self._single.update((first + i, key) for i, key in enumerate(keys)
                                     if key is not None)
                 return None

@@ -75,6 +75,11 @@ SPAN_GROUP_OFFSETS = 65_536
 # rows): one IPC message per part, each with its own metadata, was most of the
 # cost of ~1,000 one-row parts (ordering="key" redelivering held messages).
 COMBINE_PARTS_ABOVE = 16
+# With ordering="key", parts of at most this many rows keep their busy offsets as
+# dict entries, not as a block (key_order.py): a block's numpy mask costs a few
+# microseconds to make and match, a dict entry well under one (a member following
+# the tail gets one message at a time).
+KEY_ORDER_SINGLES_UP_TO = 4
 # When writing to the dead-letter stream fails, retry after this long.
 DEAD_LETTER_RETRY_MS = 5_000
 
