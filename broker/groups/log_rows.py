@@ -19,6 +19,7 @@ reading, apart from the lease bookkeeping of shared.py:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -51,11 +52,37 @@ class FreshRows:
         self._parts: deque[Rows] = deque()
         self._count = 0  # rows in _parts
         self.next = next_offset
+        # The stored batches of the last file read with their first offsets, handed out
+        # or not: they hold no more memory than the read did while any of it is
+        # undelivered, and the group drops them when nothing is in flight (forget_read).
+        self._read: list[tuple[int, Rows]] = []
 
     def clear(self, next_offset: int) -> None:
         self._parts.clear()
         self._count = 0
         self.next = next_offset
+        self._read = []
+
+    def forget_read(self) -> None:
+        """Let the last read's memory go once no row of it can be redelivered (none in flight)."""
+        if not self._parts:
+            self._read = []
+
+    def kept(self, start: int, end: int) -> list[Rows] | None:
+        """The rows of ``[start, end)`` cut out of the last read, None unless it holds them all.
+
+        Why: a redelivery read from the log reads (and checks the CRC of) its
+        whole stored batch, ~1 MB for one message of a 10,000-row batch of
+        100 B; with ordering="key" every held message is such a redelivery,
+        most of them within the read their batch was handed out from.
+        """
+        read = self._read
+        if not read or start < read[0][0]:
+            return None
+        first, last = read[-1]
+        if end > first + len(last):
+            return None
+        return _cut(read, start, end)
 
     def take(self, stream_log: StreamLog, limit: int) -> list[Rows]:
         """Up to ``limit`` rows in offset order, read from the log as needed.
@@ -77,10 +104,10 @@ class FreshRows:
             if result.next_offset <= self.next:
                 break
             schema = stream_log.value_schemas.stored_schema(result.schema_version)
-            for payload in result.batches:
-                batch = decode_payload(payload, schema)
-                self._parts.append(batch)
-                self._count += batch.num_rows
+            batches = [decode_payload(payload, schema) for payload in result.batches]
+            self._parts += batches
+            self._count += sum(batch.num_rows for batch in batches)
+            self._read = _with_starts(batches)
             self.next = result.next_offset
         taken: list[Rows] = []
         count = 0
@@ -117,8 +144,13 @@ def read_span(stream_log: StreamLog, start: int, end: int) -> list[Rows]:
     return parts
 
 
-def read_spans(stream_log: StreamLog, spans: list[tuple[int, int]]) -> list[list[Rows]]:
+def read_spans(stream_log: StreamLog, spans: list[tuple[int, int]],
+               kept: Callable[[int, int], list[Rows] | None] | None = None,
+               ) -> list[list[Rows]]:
     """The rows of each ``[start, end)`` of ``spans``, in the order given.
+
+    ``kept``: rows in memory already (``FreshRows.kept``), tried first for the
+    spans the log still holds; the others are read.
 
     Why: a read returns whole stored batches, so reading a one-message span
     out of a stored batch of 10,000 rows reads (and checks the CRC of) the
@@ -130,6 +162,18 @@ def read_spans(stream_log: StreamLog, spans: list[tuple[int, int]]) -> list[list
     """
     out: list[list[Rows]] = [[] for _ in spans]
     order = sorted(range(len(spans)), key=lambda i: spans[i][0])
+    if kept is not None:
+        # Outside the log's offsets (retention, a truncation) the read decides what is left.
+        start, end = stream_log.start_offset, stream_log.end_offset
+        unread = []
+        for index in order:
+            lo, hi = spans[index]
+            rows = kept(lo, hi) if start <= lo and hi <= end else None
+            if rows is None:
+                unread.append(index)
+            else:
+                out[index] = rows
+        order = unread
     group: list[int] = []
 
     def flush() -> None:

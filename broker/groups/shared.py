@@ -224,7 +224,8 @@ class SharedGroup:
         if not ready:
             return []
         try:
-            rows = read_spans(stream_log, [(span.start, span.end) for span in ready])
+            rows = read_spans(stream_log, [(span.start, span.end) for span in ready],
+                              self._fresh.kept)
         except OffsetOutOfRangeError:  # retention removed some: read one by one
             self._follow_log_locked(stream_log)
             out: list[tuple[Span, list[Rows]]] = []
@@ -388,6 +389,8 @@ class SharedGroup:
             runs = merged_runs([*offset_runs(offsets), *ranges])
             count = self._table.ack_runs(runs, member, now)
             self._release_keys_locked(runs, count)
+            if not self._table.unfinished:
+                self._fresh.forget_read()  # nothing to redeliver: free the last read
             if count:
                 # Pop the acked leases' expiry entries now, while the heap is small,
                 # instead of a second's worth in one upkeep pass (a stall under the lock).
@@ -472,6 +475,8 @@ class SharedGroup:
             self._follow_log_locked(stream_log)
             dead = self._table.expire(now)
             self._table.forget_idle_members(now, max(MEMBER_IDLE_MS, 2 * self.config.ack_wait_ms))
+            if not self._table.unfinished:
+                self._fresh.forget_read()
             if self._table.next_due_ms() is not None:
                 self._changed_locked()  # redeliveries may be due for waiting members
             self._persist_locked()

@@ -179,3 +179,46 @@ def test_a_whole_read_returns_stored_batches_uncut(parts):
     assert (cut.next_offset, cut.count) == (5, 2)
     assert (whole.next_offset, whole.count) == (10, 7)  # the batch ends at 10
     assert whole.batches[0] == stream_log.read(0, max_messages=10).batches[0]  # stored bytes
+
+
+def test_redelivery_within_the_last_read_is_cut_from_it_not_read_again(parts, monkeypatch):
+    from npstream.broker.groups import log_rows
+
+    group, stream_log, _store, _writer, _clock = parts
+    append(stream_log, *[b"%d" % i for i in range(0, 50)])  # stored batch 0-49
+    append(stream_log, *[b"%d" % i for i in range(50, 100)])  # stored batch 50-99
+    reads: list[tuple[int, int]] = []
+    real = log_rows.read_span
+    monkeypatch.setattr(log_rows, "read_span",
+                        lambda log, lo, hi: reads.append((lo, hi)) or real(log, lo, hi))
+    assert len(group.receive("m1", 60, 0, ack_wait_ms=1000)) == 60
+    assert group.nack([5, 6, 55], "m1", 0) == 3
+    again = group.receive("m2", 5, 0, ack_wait_ms=1000)
+    assert [(g.row.offset, g.row.value, g.attempt) for g in again] == [
+        (5, b"5", 2), (6, b"6", 2), (55, b"55", 2), (60, b"60", 1), (61, b"61", 1)]
+    assert reads == []  # both stored batches came from the one read of the fresh rows
+
+    # Nothing in flight and nothing unread: the read is let go.
+    group.ack(list(range(0, 62)), None)
+    assert group._fresh.kept(60, 61) is not None  # 62-99 are read, not delivered yet
+    assert len(group.receive("m2", 100, 0, ack_wait_ms=1000)) == 38
+    group.ack(list(range(62, 100)), None)
+    assert group.snapshot().pending == 0
+    assert group._fresh.kept(60, 61) is None
+
+
+def test_read_spans_leaves_spans_outside_the_log_to_the_log(parts):
+    from npstream.broker.errors import OffsetOutOfRangeError
+    from npstream.broker.groups import log_rows
+
+    _group, stream_log, _store, _writer, _clock = parts
+    append(stream_log, *[b"%d" % i for i in range(0, 50)])
+    append(stream_log, *[b"%d" % i for i in range(50, 100)])
+    kept = [pa.record_batch({"value": [b"stale"]})]
+    got = log_rows.read_spans(stream_log, [(60, 61), (99, 100)], lambda lo, hi: kept)
+    assert got == [kept, kept]  # inside the log: what is in memory
+    got = log_rows.read_spans(stream_log, [(99, 101)], lambda lo, hi: kept)
+    assert [v for part in got[0] for v in part.column("value").to_pylist()] == [b"99"]
+    stream_log.delete_before(56)
+    with pytest.raises(OffsetOutOfRangeError):  # retention removed it: not served from memory
+        log_rows.read_spans(stream_log, [(10, 11)], lambda lo, hi: kept)
