@@ -1,15 +1,15 @@
-"""What a shared group hands out: leased spans with their rows, as Python rows or one Arrow batch.
+"""What a shared group hands out: leased messages and their rows, as Python rows or one Arrow batch.
 
-A delivery is a leased span (leases.py) and the rows of its offsets, which
-come as stored Arrow batches (read from the log, or the log's last write) or,
-for a lone message the log kept as Python values, as a list of rows. Two
-shapes leave the broker:
+A delivery is leased messages (leases.py) with one attempt number and lease
+end, and their rows, which come as stored Arrow batches (read from the log,
+or the log's last write) or, for a lone message the log kept as Python
+values, as a list of rows. Two shapes leave the broker:
 
 * per message (Receive, Subscribe): ``Grant`` tuples, rows converted one
   column at a time (``rows_from_batch``);
 * as one Arrow batch (ReceiveBatch): DELIVERY_SCHEMA, the message columns as
-  stored plus ``attempt`` and ``lease_expires`` filled per span, with no
-  Python object per row (``delivery_table``).
+  stored plus ``attempt`` and ``lease_expires`` filled per delivery, with
+  no Python object per row (``delivery_table``).
 
 Both carry a typed stream's values as JSON bytes (typed_values.py), as every
 group delivery does (docs/typed-streams.md, "Groups").
@@ -44,10 +44,14 @@ class Grant(NamedTuple):
 
 
 class Delivered(NamedTuple):
-    """One leased span ``[start, end)`` and its rows, in offset order."""
+    """``size`` leased messages with one attempt number and lease end, and their rows.
 
-    start: int
-    end: int
+    Rows, not offset ranges: the fresh rows of a group ordered by key come
+    with holes (held messages), and the redeliveries of one lease may be far
+    apart, yet each is one group of parts here.
+    """
+
+    size: int
     attempt: int
     expires_ms: int
     parts: list[Rows]
@@ -86,12 +90,12 @@ def batch_from_rows(rows: list[DeliveryRow]) -> pa.RecordBatch:
 
 
 def grants(delivered: list[Delivered]) -> list[Grant]:
-    """Every delivery as a Grant, in the order the spans were leased."""
+    """Every delivery as a Grant, in the order they were leased."""
     out: list[Grant] = []
-    for span in delivered:
-        for part in span.parts:
+    for group in delivered:
+        for part in group.parts:
             rows = part if isinstance(part, list) else rows_from_batch(part)
-            out += [tuple.__new__(Grant, (row, span.attempt, span.expires_ms)) for row in rows]
+            out += [tuple.__new__(Grant, (row, group.attempt, group.expires_ms)) for row in rows]
     return out
 
 
@@ -107,18 +111,17 @@ def delivery_table(delivered: list[Delivered]) -> pa.Table:
     """The deliveries as one DELIVERY_SCHEMA table (no Python object per row).
 
     ``attempt`` and ``lease_expires`` are built once for the whole table
-    (each span's value repeated over its rows), not per part: with
-    ordering="key" a batch of 1,000 is often ~50 spans, and building the two
-    columns per span cost ~17 us each (~0.8 us per message).
+    (each group's value repeated over its rows), not per part: building the
+    two columns per part cost ~17 us each.
     """
     batches: list[pa.RecordBatch] = []
     attempts: list[int] = []
     expires: list[int] = []
-    for span in delivered:
-        for part in span.parts:
+    for group in delivered:
+        for part in group.parts:
             batches.append(_message_batch(part))
-            attempts.append(span.attempt)
-            expires.append(span.expires_ms)
+            attempts.append(group.attempt)
+            expires.append(group.expires_ms)
     counts = [batch.num_rows for batch in batches]
     total = sum(counts)
     messages = pa.Table.from_batches(batches, schema=MESSAGE_SCHEMA)

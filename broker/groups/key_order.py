@@ -36,17 +36,25 @@ from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Iterable
 from itertools import compress, pairwise, repeat
+from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
 
 from npstream.broker.groups.deliveries import Rows
 from npstream.broker.groups.leases import merged_runs
-from npstream.broker.groups.tuning import KEY_ORDER_SINGLES_UP_TO
+from npstream.broker.groups.tuning import KEY_ORDER_SINGLES_UP_TO, KEY_ORDER_SLICES_UP_TO
 
-__all__ = ["KeyOrder", "Run"]
+__all__ = ["KeyOrder", "Plan"]
 
-# A run of consecutive fresh offsets with one decision: (deliver?, their rows).
-Run = tuple[bool, list[Rows]]
+
+class Plan(NamedTuple):
+    """What ``plan`` decided for fresh rows: ``runs`` of consecutive offsets, each
+    (deliver?, how many), in offset order; ``rows``: the rows delivered, in offset order."""
+
+    runs: list[tuple[bool, int]]
+    rows: list[Rows]
+
 
 _END = 1 << 63  # sorts after every run end: bisect_right(runs, (offset, _END))
 
@@ -61,6 +69,12 @@ def _slice(part: Rows, start: int, stop: int) -> Rows:
     if isinstance(part, list):
         return part[start:stop]
     return part.slice(start, stop - start)
+
+
+def _filter(part: Rows, mask: np.ndarray) -> Rows:
+    if isinstance(part, list):
+        return list(compress(part, mask.tolist()))
+    return part.filter(pa.array(mask))
 
 
 def _mask(values: Iterable[bool], count: int) -> np.ndarray:
@@ -105,15 +119,23 @@ class KeyOrder:
 
     # ------------------------------------------------------------ planning
 
-    def plan(self, first: int, parts: list[Rows]) -> list[Run]:
-        """Split fresh rows from offset ``first`` into runs to deliver and runs to hold."""
-        runs: list[Run] = []
+    def plan(self, first: int, parts: list[Rows]) -> Plan:
+        """Split fresh rows from offset ``first`` into runs to deliver and runs to hold.
 
-        def add(deliver: bool, piece: Rows) -> None:
+        The rows delivered of a part with many holes come filtered out of it in
+        one step (Arrow's filter), not as a slice per run: with keys that
+        repeat, a batch of 1,000 is ~100 runs, and a part per run cost the
+        delivery table more than the rows did. A part with a few holes is
+        sliced (no copy of its rows).
+        """
+        runs: list[tuple[bool, int]] = []
+        rows: list[Rows] = []
+
+        def add(deliver: bool, count: int) -> None:
             if runs and runs[-1][0] == deliver:
-                runs[-1][1].append(piece)
+                runs[-1] = (deliver, runs[-1][1] + count)
             else:
-                runs.append((deliver, [piece]))
+                runs.append((deliver, count))
 
         offset = first
         for part in parts:
@@ -123,14 +145,21 @@ class KeyOrder:
                 continue
             deliver = self._all_free(keys, offset)
             if deliver is None:
-                add(True, part)
+                add(True, count)
+                rows.append(part)
             else:
                 edges = np.flatnonzero(deliver[1:] != deliver[:-1]) + 1
-                bounds = [0, *edges.tolist(), count]
-                for lo, hi in pairwise(bounds):
-                    add(bool(deliver[lo]), part if hi - lo == count else _slice(part, lo, hi))
+                delivered = []
+                for lo, hi in pairwise([0, *edges.tolist(), count]):
+                    add(bool(deliver[lo]), hi - lo)
+                    if deliver[lo]:
+                        delivered.append((lo, hi))
+                if len(delivered) > KEY_ORDER_SLICES_UP_TO:
+                    rows.append(_filter(part, deliver))
+                else:  # a few holes: slices share the stored rows, a filter would copy them
+                    rows += [_slice(part, lo, hi) for lo, hi in delivered]
             offset += count
-        return runs
+        return Plan(runs, rows)
 
     def _all_free(self, keys: list[bytes | None], first: int) -> np.ndarray | None:
         """Mark the keys of fresh rows from ``first`` busy; None if every row is delivered,

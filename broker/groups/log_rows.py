@@ -19,9 +19,10 @@ reading, apart from the lease bookkeeping of shared.py:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 
 from npstream.broker.groups.deliveries import Rows
@@ -56,6 +57,7 @@ class FreshRows:
         # or not: they hold no more memory than the read did while any of it is
         # undelivered, and the group drops them when nothing is in flight (forget_read).
         self._read: list[tuple[int, Rows]] = []
+        self._read_firsts = np.zeros(0, np.int64)
 
     def clear(self, next_offset: int) -> None:
         self._parts.clear()
@@ -68,21 +70,36 @@ class FreshRows:
         if not self._parts:
             self._read = []
 
-    def kept(self, start: int, end: int) -> list[Rows] | None:
-        """The rows of ``[start, end)`` cut out of the last read, None unless it holds them all.
+    def kept(self, stream_log: StreamLog, ranges: list[tuple[int, int]]) -> list[Rows] | None:
+        """The rows of ``ranges`` (in the order given) out of the last read, as few
+        parts; None unless it holds them all and the log still does.
 
         Why: a redelivery read from the log reads (and checks the CRC of) its
         whole stored batch, ~1 MB for one message of a 10,000-row batch of
         100 B; with ordering="key" every held message is such a redelivery,
-        most of them within the read their batch was handed out from.
+        most of them within the read their batch was handed out from. The
+        rows of many short ranges are gathered with one take per stored batch,
+        not sliced out one part per range.
         """
         read = self._read
-        if not read or start < read[0][0]:
+        if not read or not ranges:
             return None
-        first, last = read[-1]
-        if end > first + len(last):
+        lo = min(start for start, _end in ranges)
+        hi = max(end for _start, end in ranges)
+        last_first, last = read[-1]
+        if (lo < max(read[0][0], stream_log.start_offset)  # retention: the log decides
+                or hi > min(last_first + len(last), stream_log.end_offset)):
             return None
-        return _cut(read, start, end)
+        if len(ranges) == 1:
+            return _cut(read, lo, hi)
+        offsets = _offsets(ranges)
+        which = np.searchsorted(self._read_firsts, offsets, side="right") - 1
+        cuts = np.flatnonzero(which[1:] != which[:-1]) + 1
+        parts: list[Rows] = []
+        for a, b in pairwise([0, *cuts.tolist(), len(offsets)]):
+            first, batch = read[which[a]]
+            parts.append(batch.take(pa.array(offsets[a:b] - first)))
+        return parts
 
     def take(self, stream_log: StreamLog, limit: int) -> list[Rows]:
         """Up to ``limit`` rows in offset order, read from the log as needed.
@@ -108,6 +125,7 @@ class FreshRows:
             self._parts += batches
             self._count += sum(batch.num_rows for batch in batches)
             self._read = _with_starts(batches)
+            self._read_firsts = np.array([first for first, _batch in self._read], np.int64)
             self.next = result.next_offset
         taken: list[Rows] = []
         count = 0
@@ -144,13 +162,8 @@ def read_span(stream_log: StreamLog, start: int, end: int) -> list[Rows]:
     return parts
 
 
-def read_spans(stream_log: StreamLog, spans: list[tuple[int, int]],
-               kept: Callable[[int, int], list[Rows] | None] | None = None,
-               ) -> list[list[Rows]]:
+def read_spans(stream_log: StreamLog, spans: list[tuple[int, int]]) -> list[list[Rows]]:
     """The rows of each ``[start, end)`` of ``spans``, in the order given.
-
-    ``kept``: rows in memory already (``FreshRows.kept``), tried first for the
-    spans the log still holds; the others are read.
 
     Why: a read returns whole stored batches, so reading a one-message span
     out of a stored batch of 10,000 rows reads (and checks the CRC of) the
@@ -162,18 +175,6 @@ def read_spans(stream_log: StreamLog, spans: list[tuple[int, int]],
     """
     out: list[list[Rows]] = [[] for _ in spans]
     order = sorted(range(len(spans)), key=lambda i: spans[i][0])
-    if kept is not None:
-        # Outside the log's offsets (retention, a truncation) the read decides what is left.
-        start, end = stream_log.start_offset, stream_log.end_offset
-        unread = []
-        for index in order:
-            lo, hi = spans[index]
-            rows = kept(lo, hi) if start <= lo and hi <= end else None
-            if rows is None:
-                unread.append(index)
-            else:
-                out[index] = rows
-        order = unread
     group: list[int] = []
 
     def flush() -> None:
@@ -194,6 +195,14 @@ def read_spans(stream_log: StreamLog, spans: list[tuple[int, int]],
         group.append(index)
     flush()
     return out
+
+
+def _offsets(ranges: list[tuple[int, int]]) -> np.ndarray:
+    """Every offset of the ``[start, end)`` ranges, range after range, without a loop."""
+    los = np.array([start for start, _end in ranges], np.int64)
+    lengths = np.array([end for _start, end in ranges], np.int64) - los
+    firsts = np.cumsum(lengths) - lengths  # where each range starts in the output
+    return np.repeat(los - firsts, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
 
 
 def _with_starts(parts: list[pa.RecordBatch] | list[Rows]) -> list[tuple[int, Rows]]:

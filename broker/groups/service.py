@@ -408,7 +408,7 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
                                         SUBSCRIBE_POLL_S, config.ack_wait_ms,
                                         should_stop=session.stopping)
                 if delivered:
-                    count = sum(span.end - span.start for span in delivered)
+                    count = sum(d.size for d in delivered)
                     session.spend(count)
                     yield first, delivered, count
         finally:

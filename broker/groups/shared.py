@@ -37,6 +37,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from itertools import groupby
+from operator import attrgetter
 from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
@@ -51,7 +53,7 @@ from npstream.broker.groups.deliveries import (
     grants,
     rows_from_batch,
 )
-from npstream.broker.groups.key_order import KeyOrder
+from npstream.broker.groups.key_order import KeyOrder, Plan
 from npstream.broker.groups.leases import LeaseTable, Span, merged_runs, offset_runs
 from npstream.broker.groups.log_rows import FreshRows, read_span, read_spans
 from npstream.broker.groups.metrics import GroupMetrics
@@ -214,54 +216,62 @@ class SharedGroup:
             self._follow_log_locked(stream_log)
             return []
 
-    def _read_ready_locked(self, stream_log: StreamLog,
-                           ready: list[Span]) -> list[tuple[Span, list[Rows]]]:
-        """The rows of spans leased for redelivery, read close ones together (read_spans).
+    def _redeliveries_locked(self, stream_log: StreamLog, ready: list[Span]) -> list[Delivered]:
+        """Spans leased for redelivery with their rows: one delivery per run of spans
+        with one attempt number, rows out of the last read when it holds them
+        (FreshRows.kept), else read from the log again (read_spans).
 
         A span whose rows retention removed meanwhile is left out (the next
         look drops it from the table), as are the others of its read.
         """
-        if not ready:
-            return []
+        out: list[Delivered] = []
+        for attempt, same in groupby(ready, key=attrgetter("attempt")):
+            spans = list(same)
+            ranges = [(span.start, span.end) for span in spans]
+            parts = self._fresh.kept(stream_log, ranges)
+            if parts is None:
+                parts = self._read_ranges_locked(stream_log, ranges)
+            count = sum(map(len, parts))
+            if count:
+                out.append(Delivered(count, attempt, spans[0].expires_ms, parts))
+        return out
+
+    def _read_ranges_locked(self, stream_log: StreamLog,
+                            ranges: list[tuple[int, int]]) -> list[Rows]:
+        """The rows of ``ranges`` read from the log, close ones together (read_spans)."""
         try:
-            rows = read_spans(stream_log, [(span.start, span.end) for span in ready],
-                              self._fresh.kept)
+            return [part for parts in read_spans(stream_log, ranges) for part in parts]
         except OffsetOutOfRangeError:  # retention removed some: read one by one
             self._follow_log_locked(stream_log)
-            out: list[tuple[Span, list[Rows]]] = []
-            for span in ready:
+            out: list[Rows] = []
+            for start, end in ranges:
                 try:
-                    out.append((span, read_span(stream_log, span.start, span.end)))
+                    out += read_span(stream_log, start, end)
                 except OffsetOutOfRangeError:
                     continue
             return out
-        return list(zip(ready, rows, strict=True))
 
     def _lease_locked(self, stream_log: StreamLog, member: str, limit: int, now: int,
                       ack_wait_ms: int) -> list[Delivered]:
-        """Lease up to ``limit`` messages, due redeliveries first; each span with its rows."""
-        out: list[Delivered] = []
-        taken = 0
-        for span, parts in self._read_ready_locked(
-                stream_log, self._table.lease_ready(member, now, ack_wait_ms, limit)):
-            out.append(Delivered(span.start, span.end, span.attempt, span.expires_ms, parts))
-            taken += span.count
+        """Lease up to ``limit`` messages, due redeliveries first, with their rows."""
+        out = self._redeliveries_locked(
+            stream_log, self._table.lease_ready(member, now, ack_wait_ms, limit))
+        taken = sum(delivered.size for delivered in out)
         while taken < limit:
             start = self._table.next_fresh
             parts = self._take_fresh_locked(stream_log, limit - taken)
             if not parts:
                 break
             if self.config.ordering != "key":
-                runs = [(True, parts)]
+                count = len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
+                plan = Plan([(True, count)], parts)
             else:
-                runs = self._keys.plan(start, parts)
-            spans = self._table.take_fresh(
-                member, [(deliver, len(rows[0]) if len(rows) == 1 else sum(map(len, rows)))
-                         for deliver, rows in runs], now, ack_wait_ms)
-            for (deliver, rows), fresh in zip(runs, spans, strict=True):
-                if deliver and fresh is not None:
-                    out.append(Delivered(fresh.start, fresh.end, 1, fresh.expires_ms, rows))
-                    taken += fresh.end - fresh.start
+                plan = self._keys.plan(start, parts)
+            self._table.take_fresh(member, plan.runs, now, ack_wait_ms)
+            count = sum(n for deliver, n in plan.runs if deliver)
+            if count:
+                out.append(Delivered(count, 1, now + ack_wait_ms, plan.rows))
+                taken += count
         return out
 
     def _release_keys_locked(self, ranges: list[tuple[int, int]], finished: int = -1) -> None:
@@ -328,8 +338,8 @@ class SharedGroup:
                     out = self._lease_locked(stream_log, member, max_messages, now,
                                              ack_wait_ms)
                     if out:
-                        self._metrics.deliveries.inc(sum(d.end - d.start for d in out))
-                        again = sum(d.end - d.start for d in out if d.attempt > 1)
+                        self._metrics.deliveries.inc(sum(d.size for d in out))
+                        again = sum(d.size for d in out if d.attempt > 1)
                         if again:
                             self._metrics.redeliveries.inc(again)
                         return out

@@ -80,6 +80,10 @@ COMBINE_PARTS_ABOVE = 16
 # microseconds to make and match, a dict entry well under one (a member following
 # the tail gets one message at a time).
 KEY_ORDER_SINGLES_UP_TO = 4
+# With ordering="key", a fresh part whose delivered rows fall in more runs than this
+# (held rows cut it) is handed out as one filtered copy, not as a slice per run: each
+# part costs the delivery table an Arrow batch of its own (key_order.plan).
+KEY_ORDER_SLICES_UP_TO = 4
 # When writing to the dead-letter stream fails, retry after this long.
 DEAD_LETTER_RETRY_MS = 5_000
 

@@ -200,25 +200,29 @@ def test_redelivery_within_the_last_read_is_cut_from_it_not_read_again(parts, mo
 
     # Nothing in flight and nothing unread: the read is let go.
     group.ack(list(range(0, 62)), None)
-    assert group._fresh.kept(60, 61) is not None  # 62-99 are read, not delivered yet
+    assert group._fresh.kept(stream_log, [(60, 61)])  # 62-99 are read, not delivered yet
     assert len(group.receive("m2", 100, 0, ack_wait_ms=1000)) == 38
     group.ack(list(range(62, 100)), None)
     assert group.snapshot().pending == 0
-    assert group._fresh.kept(60, 61) is None
+    assert group._fresh.kept(stream_log, [(60, 61)]) is None
 
 
-def test_read_spans_leaves_spans_outside_the_log_to_the_log(parts):
-    from npstream.broker.errors import OffsetOutOfRangeError
-    from npstream.broker.groups import log_rows
+def test_kept_rows_are_gathered_from_the_last_read_while_the_log_holds_them(parts):
+    from npstream.broker.groups.log_rows import FreshRows
 
     _group, stream_log, _store, _writer, _clock = parts
-    append(stream_log, *[b"%d" % i for i in range(0, 50)])
-    append(stream_log, *[b"%d" % i for i in range(50, 100)])
-    kept = [pa.record_batch({"value": [b"stale"]})]
-    got = log_rows.read_spans(stream_log, [(60, 61), (99, 100)], lambda lo, hi: kept)
-    assert got == [kept, kept]  # inside the log: what is in memory
-    got = log_rows.read_spans(stream_log, [(99, 101)], lambda lo, hi: kept)
-    assert [v for part in got[0] for v in part.column("value").to_pylist()] == [b"99"]
+    append(stream_log, *[b"%d" % i for i in range(0, 50)])  # stored batch 0-49
+    append(stream_log, *[b"%d" % i for i in range(50, 100)])  # stored batch 50-99
+    fresh = FreshRows(0)
+    assert sum(map(len, fresh.take(stream_log, 100))) == 100
+
+    def values(rows: list) -> list[bytes]:
+        return [v for part in rows for v in part.column("value").to_pylist()]
+
+    got = fresh.kept(stream_log, [(70, 71), (3, 5), (49, 52)])
+    assert values(got) == [b"70", b"3", b"4", b"49", b"50", b"51"]  # in the order given
+    assert len(got) == 3  # one take per stored batch met in a row: 70 | 3, 4, 49 | 50, 51
+    assert fresh.kept(stream_log, [(99, 101)]) is None  # past the log's end
     stream_log.delete_before(56)
-    with pytest.raises(OffsetOutOfRangeError):  # retention removed it: not served from memory
-        log_rows.read_spans(stream_log, [(10, 11)], lambda lo, hi: kept)
+    assert fresh.kept(stream_log, [(10, 11)]) is None  # retention removed it: the log decides
+    assert values(fresh.kept(stream_log, [(60, 62)])) == [b"60", b"61"]

@@ -14,6 +14,7 @@ from npstream import Client
 from npstream.broker.groups.key_order import KeyOrder
 from npstream.broker.groups.leases import HELD, WAITING, DeliveryRow, LeaseTable
 from npstream.broker.groups.shared_config import SharedConfig
+from npstream.broker.groups.tuning import KEY_ORDER_SLICES_UP_TO
 from npstream.errors import GroupNotFound
 
 
@@ -30,11 +31,18 @@ def batch(keys: list[bytes | None]) -> pa.RecordBatch:
     return pa.record_batch({"key": pa.array(keys, pa.binary())})
 
 
+def keys_of(parts: list) -> list[bytes | None]:
+    """The keys of planned rows: Arrow parts or lists of rows."""
+    return [k for part in parts for k in (
+        [row.key for row in part] if isinstance(part, list) else part.column("key").to_pylist())]
+
+
 def test_plan_delivers_the_first_of_each_key_and_holds_the_rest():
     order = KeyOrder()
-    runs = order.plan(10, [batch([b"a", b"b", b"a", None, b"c", b"b"])])
-    assert [(deliver, sum(len(p) for p in parts)) for deliver, parts in runs] == [
-        (True, 2), (False, 1), (True, 2), (False, 1)]
+    plan = order.plan(10, [batch([b"a", b"b", b"a", None, b"c", b"b"])])
+    assert plan.runs == [(True, 2), (False, 1), (True, 2), (False, 1)]
+    assert keys_of(plan.rows) == [b"a", b"b", None, b"c"]
+    assert len(plan.rows) == 2  # a few holes: a slice per run
     assert order.held == 2
     # a: 10 busy, 12 held; b: 11 busy, 15 held; c: 14 busy; 13 has no key
     assert order.finished([(10, 11)], []) == [12]
@@ -43,13 +51,21 @@ def test_plan_delivers_the_first_of_each_key_and_holds_the_rest():
     assert order.held == 0
 
 
+def test_a_part_with_many_holes_is_delivered_as_one_filtered_part():
+    order = KeyOrder()
+    keys = [b"k%d" % (i // 2) for i in range(2 * (KEY_ORDER_SLICES_UP_TO + 1))]  # aabbcc...
+    plan = order.plan(0, [batch(keys)])
+    assert plan.runs == [(True, 1), (False, 1)] * (KEY_ORDER_SLICES_UP_TO + 1)
+    assert len(plan.rows) == 1 and keys_of(plan.rows) == keys[::2]
+
+
 def test_a_part_of_distinct_free_keys_is_delivered_whole_keyless_rows_included():
     order = KeyOrder()
     part = batch([b"a", None, b"b"])
-    runs = order.plan(0, [part])
-    assert runs == [(True, [part])]  # the part itself: no slicing on the common path
-    runs = order.plan(3, [batch([b"b", None, b"c"])])  # b is busy at 2
-    assert [(d, sum(len(p) for p in parts)) for d, parts in runs] == [(False, 1), (True, 2)]
+    plan = order.plan(0, [part])
+    assert plan.runs == [(True, 3)] and plan.rows[0] is part  # the part itself, not a copy
+    plan = order.plan(3, [batch([b"b", None, b"c"])])  # b is busy at 2
+    assert plan.runs == [(False, 1), (True, 2)] and keys_of(plan.rows) == [None, b"c"]
     assert order.finished([(0, 3)], []) == [3]  # a and b free; b's held 3 is busy now
     assert order.finished([(3, 6)], []) == []
     assert order.held == 0 and order.busy == 0 and not order._blocks
@@ -58,9 +74,9 @@ def test_a_part_of_distinct_free_keys_is_delivered_whole_keyless_rows_included()
 def test_plan_across_parts_and_a_busy_key_from_an_earlier_plan():
     order = KeyOrder()
     order.plan(0, [batch([b"a"])])
-    runs = order.plan(1, [batch([b"a", b"b"]), [], batch([b"b", None])])
-    assert [(d, sum(len(p) for p in parts)) for d, parts in runs] == [
-        (False, 1), (True, 1), (False, 1), (True, 1)]
+    plan = order.plan(1, [batch([b"a", b"b"]), [], batch([b"b", None])])
+    assert plan.runs == [(False, 1), (True, 1), (False, 1), (True, 1)]
+    assert keys_of(plan.rows) == [b"b", None]
 
 
 def test_drop_below_releases_the_first_held_offset_still_in_the_log():
@@ -143,9 +159,10 @@ def test_key_order_decides_as_the_row_by_row_rule(data):
                 parts.append([DeliveryRow(0, "", k, b"", {}, 0) for k in part_keys] if as_rows
                              else batch(part_keys))
                 all_keys += part_keys
-            runs = order.plan(next_offset, parts)
-            got = [d for d, rows in runs for part in rows for _ in range(len(part))]
+            plan = order.plan(next_offset, parts)
+            got = [deliver for deliver, count in plan.runs for _ in range(count)]
             assert got == model.plan(next_offset, all_keys)
+            assert keys_of(plan.rows) == [k for k, d in zip(all_keys, got, strict=True) if d]
             next_offset += len(all_keys)
         elif action == "finish" and next_offset:
             lo = data.draw(st.integers(0, next_offset - 1))
