@@ -106,6 +106,7 @@ def npstream_batches(broker: BrokerUnderTest, client: Any, n: int, size: int,
     res["client_cores_busy"] = round(client_cpu / seconds, 2) if seconds else None
     res["all_acked"] = info.committed_offset == n and info.in_flight == 0
     res["partial"] = got < n
+    res["keys"] = keys
     res["method"] = ((f"receive_batches(max={batch}): {DEFAULT_PREFETCH} calls in flight "
                       "(prefetch), each batch acked when the next is taken" if prefetch else
                       f"receive_batch(max={batch}, ack=previous batch): one round trip per batch")
@@ -241,6 +242,17 @@ def batch_report(sizes: tuple[int, ...], batch: int, counts: list[int], ours: di
         goals.append((f"ordering=key with many keys ({how}) within 20% of unordered (same "
                       "keyed data)", ratio >= 0.8, f"{ratio:.2f}x "
                       f"({fmt(ordered['msgs_per_s'])} vs {fmt(free['msgs_per_s'])} msg/s)"))
+    more = [pair for pair in ours.get("keyed_random_more") or []
+            if all("msgs_per_s" in r for r in pair)]
+    for free, ordered in more:
+        for r in (free, ordered):
+            rows.append([f"npstream, {'ordering=key' if r is ordered else 'keyed'} "
+                         f"({r['keys']:,} keys at random)", f"{sizes[0]} B", "-",
+                         fmt(r["msgs_per_s"]), fmt(r["mb_per_s"]), "-",
+                         fmt(r.get("server_cores_busy"), 2), "yes" if r.get("all_acked") else "no",
+                         r["method"] + (f"; {ordered['msgs_per_s'] / free['msgs_per_s']:.2f}x "
+                                        "the unordered row above (information)"
+                                        if r is ordered else "")])
     held = ours.get("inflight")
     if held:
         goals.append((f"memory per message in flight < {inflight_goal} B",
