@@ -53,8 +53,8 @@ class FreshRows:
         self._parts: deque[Rows] = deque()
         self._count = 0  # rows in _parts
         self.next = next_offset
-        # The stored batches of the last file read with their first offsets, handed out
-        # or not: they hold no more memory than the read did while any of it is
+        # The stored batches of the last read with their first offsets, handed out or
+        # not: they hold no more memory than the read did while any of it is
         # undelivered, and the group drops them when nothing is in flight (forget_read).
         self._read: list[tuple[int, Rows]] = []
         self._read_firsts = np.zeros(0, np.int64)
@@ -64,6 +64,12 @@ class FreshRows:
         self._count = 0
         self.next = next_offset
         self._read = []
+
+    def _keep(self, read: list[tuple[int, Rows]]) -> None:
+        """What the latest read brought: a group following the tail keeps the last
+        write's batch (or nothing, for a lone message), not an older file read."""
+        self._read = read
+        self._read_firsts = np.array([first for first, _batch in read], np.int64)
 
     def forget_read(self) -> None:
         """Let the last read's memory go once no row of it can be redelivered (none in flight)."""
@@ -112,6 +118,7 @@ class FreshRows:
         while self._count < limit and self.next < stream_log.end_offset:
             recent = stream_log.recent_rows(self.next)
             if recent is not None:  # what the last write stored: no file read, no decoding
+                self._keep([] if isinstance(recent, list) else [(self.next, recent)])
                 self._parts.append(recent)
                 self._count += len(recent)
                 self.next += len(recent)
@@ -124,8 +131,7 @@ class FreshRows:
             batches = [decode_payload(payload, schema) for payload in result.batches]
             self._parts += batches
             self._count += sum(batch.num_rows for batch in batches)
-            self._read = _with_starts(batches)
-            self._read_firsts = np.array([first for first, _batch in self._read], np.int64)
+            self._keep(_with_starts(batches))
             self.next = result.next_offset
         taken: list[Rows] = []
         count = 0

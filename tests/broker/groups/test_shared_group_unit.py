@@ -226,3 +226,17 @@ def test_kept_rows_are_gathered_from_the_last_read_while_the_log_holds_them(part
     stream_log.delete_before(56)
     assert fresh.kept(stream_log, [(10, 11)]) is None  # retention removed it: the log decides
     assert values(fresh.kept(stream_log, [(60, 62)])) == [b"60", b"61"]
+
+
+def test_a_group_following_the_tail_keeps_the_last_write_not_an_older_read(parts):
+    from npstream.broker.groups.log_rows import FreshRows
+
+    _group, stream_log, _store, _writer, _clock = parts
+    append(stream_log, *[b"%d" % i for i in range(10)])
+    fresh = FreshRows(0)
+    assert sum(map(len, fresh.take(stream_log, 100))) == 10  # the last write, from memory
+    got = fresh.kept(stream_log, [(3, 5)])
+    assert [v for part in got for v in part.column("value").to_pylist()] == [b"3", b"4"]
+    append(stream_log, b"lone")  # kept by the log as Python values
+    assert sum(map(len, fresh.take(stream_log, 100))) == 1
+    assert fresh.kept(stream_log, [(3, 5)]) is None  # the older batch is let go
