@@ -1,5 +1,9 @@
 """Every read option of the ``npstream`` Spark source: name, default, parser and checks.
 
+This module holds the option table and the checks that span several options;
+how one option's text becomes a value (the parsers the table names, and
+``Position``) lives in ``option_values.py``.
+
 Spark hands options over as strings in a case-insensitive dict whose keys are
 lower-cased, so the table is keyed by the lower-cased name and every message
 uses the documented camelCase spelling. Parsing happens once, on the driver,
@@ -22,23 +26,34 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
-import json
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from npstream.errors import NpstreamError
-from npstream.proto.defaults import (
-    BROKER_ADDRESS_ENV,
-    DEFAULT_BROKER_ADDRESS,
-    DEFAULT_FETCH_BYTES,
-    GRPC_MAX_MESSAGE_BYTES,
+from npstream.proto.defaults import BROKER_ADDRESS_ENV, DEFAULT_BROKER_ADDRESS, DEFAULT_FETCH_BYTES
+from npstream.proto.names import validate_group_name
+from npstream.spark.option_values import (
+    LATEST_SENTINEL,
+    OFFSETS_EXAMPLE,
+    TIMESTAMP_ACCEPTED,
+    Position,
+    parse_bool,
+    parse_broker,
+    parse_certificates,
+    parse_duration,
+    parse_ending_offsets,
+    parse_fetch_bytes,
+    parse_glob,
+    parse_non_empty,
+    parse_positive_int,
+    parse_private_key,
+    parse_starting_offsets,
+    parse_stream_list,
+    parse_timestamp,
+    parse_value_columns,
 )
-from npstream.proto.names import validate_group_name, validate_stream_name
-from npstream.proto.units import parse_duration_ms, parse_size, parse_timestamp_ms
 
 if TYPE_CHECKING:
     from npstream.client.client import Client
@@ -71,10 +86,6 @@ BOTH: frozenset[str] = frozenset({"stream", "batch"})
 # Without the broker option: $NPSTREAM_BROKER, else the contract's default address.
 DEFAULT_BROKER = DEFAULT_BROKER_ADDRESS
 
-# Kafka's offset sentinels inside a JSON offsets option.
-EARLIEST_SENTINEL = -2
-LATEST_SENTINEL = -1
-
 # ---------------------------------------------------------------- tuning defaults
 # maxTriggerDelay: how long minOffsetsPerTrigger may hold back a batch before
 # one runs anyway (Kafka's default, so jobs moved from Kafka behave the same).
@@ -82,9 +93,6 @@ DEFAULT_MAX_TRIGGER_DELAY = "15m"
 # fetchMaxBytes: bytes per Fetch RPC; the contract's fetch default (the
 # client's and the broker's) so one stored 8 MiB batch travels in one response.
 DEFAULT_FETCH_MAX_BYTES = f"{DEFAULT_FETCH_BYTES >> 20}MiB"
-# Upper bound for fetchMaxBytes: the gRPC message limit the client configures
-# must stay above one response.
-MAX_FETCH_MAX_BYTES = GRPC_MAX_MESSAGE_BYTES
 
 
 class InvalidOptionError(NpstreamError, ValueError):
@@ -103,239 +111,55 @@ class OptionSpec:
     doc: str
 
 
-# ---------------------------------------------------------------- value parsers
-# Each parser gets the raw string and raises ValueError with a short reason; the
-# caller adds the option name, the value and the accepted values.
-
-
-def parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    raise ValueError("not a boolean")
-
-
-def _parse_positive_int(text: str) -> int:
-    stripped = text.strip()
-    if not re.fullmatch(r"\+?\d+", stripped):
-        raise ValueError("not an integer")
-    number = int(stripped)
-    if number <= 0:
-        raise ValueError("must be greater than 0")
-    return number
-
-
-def _parse_non_empty(text: str) -> str:
-    if not text.strip():
-        raise ValueError("must not be empty")
-    return text.strip()
-
-
-_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)
-_HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
-
-
-def _parse_broker(text: str) -> str:
-    target = text.strip()
-    if not target or any(ch.isspace() for ch in target):
-        raise ValueError("must be a non-empty address without spaces")
-    match = _HOST_PORT.match(target)
-    if match:
-        if not 0 < int(match.group(2)) < 65536:
-            raise ValueError("port must be between 1 and 65535")
-        return target
-    if _SCHEME.match(target) and not target[0].isdigit():
-        return target  # a gRPC target such as dns:///host:port or unix:/path
-    raise ValueError("not host:port")
-
-
-def _parse_stream_list(text: str) -> tuple[str, ...]:
-    names = [part.strip() for part in text.split(",")]
-    if any(not name for name in names):
-        raise ValueError("contains an empty stream name")
-    for name in names:
-        validate_stream_name(name)
-    return tuple(dict.fromkeys(names))
-
-
-_GLOB = re.compile(r"[A-Za-z0-9._\-*?\[\]!]+")
-
-
-def _parse_glob(text: str) -> str:
-    pattern = text.strip()
-    if not _GLOB.fullmatch(pattern):
-        raise ValueError("a glob may only use stream-name characters and * ? [ ] !")
-    return pattern
-
-
-def _parse_value_columns(text: str) -> str:
-    mode = text.strip().lower()
-    if mode not in ("flatten", "struct"):
-        raise ValueError("not a value layout")
-    return mode
-
-
-def _parse_timestamp(text: str) -> int:
-    millis = parse_timestamp_ms(text)
-    if millis < 0:
-        raise ValueError("must not be before 1970-01-01T00:00:00Z")
-    return millis
-
-
-def _parse_duration(text: str) -> int:
-    return parse_duration_ms(text)
-
-
-def _parse_fetch_bytes(text: str) -> int:
-    size = parse_size(text)
-    if not 0 < size <= MAX_FETCH_MAX_BYTES:
-        raise ValueError(f"must be between 1 and {MAX_FETCH_MAX_BYTES} bytes (64MiB)")
-    return size
-
-
-def _read_pem(text: str) -> bytes:
-    path = Path(text.strip()).expanduser()
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"cannot read the file: {exc.strerror or exc}") from None
-
-
-def _parse_certificates(text: str) -> bytes:
-    data = _read_pem(text)
-    if b"-----BEGIN CERTIFICATE-----" not in data:
-        raise ValueError("the file holds no PEM certificate")
-    return data
-
-
-def _parse_private_key(text: str) -> bytes:
-    data = _read_pem(text)
-    if b"-----BEGIN" not in data or b"PRIVATE KEY-----" not in data:
-        raise ValueError("the file holds no PEM private key")
-    return data
-
-
-@dataclass(frozen=True)
-class Position:
-    """Where reading starts or ends: a keyword, per-stream offsets or a time.
-
-    ``kind`` is earliest | latest | group | offsets | timestamp. ``offsets``
-    maps stream names to offsets where -2 means earliest and -1 latest (Kafka's
-    sentinels); streams not listed fall back to ``default_kind``.
-    """
-
-    kind: str
-    offsets: Mapping[str, int] = field(default_factory=dict)
-    timestamp_ms: int | None = None
-
-    def for_stream(self, stream: str, default_kind: str) -> tuple[str, int | None]:
-        """The (kind, offset) that applies to one stream."""
-        if self.kind != "offsets":
-            return self.kind, None
-        if stream not in self.offsets:
-            return default_kind, None
-        value = self.offsets[stream]
-        if value == EARLIEST_SENTINEL:
-            return "earliest", None
-        if value == LATEST_SENTINEL:
-            return "latest", None
-        return "offsets", value
-
-
-_OFFSETS_EXAMPLE = '{"orders": 42, "clicks": -2} (-2 = earliest, -1 = latest)'
-_TIMESTAMP_ACCEPTED = "ISO-8601 (2025-01-01T00:00:00Z) or epoch milliseconds"
-
-
-def _parse_offsets_json(text: str) -> dict[str, int]:
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not valid JSON ({exc})") from None
-    if not isinstance(parsed, dict) or not parsed:
-        raise ValueError("the JSON must be a non-empty object of stream name to offset")
-    offsets: dict[str, int] = {}
-    for stream, offset in parsed.items():
-        validate_stream_name(stream)
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < EARLIEST_SENTINEL:
-            raise ValueError(
-                f"offset for stream '{stream}' is {json.dumps(offset)}; "
-                "use an offset >= 0, -2 (earliest) or -1 (latest)"
-            )
-        offsets[stream] = offset
-    return offsets
-
-
-def _parse_starting_offsets(text: str) -> Position:
-    keyword = text.strip().lower()
-    if keyword in ("earliest", "latest", "group"):
-        return Position(keyword)
-    if text.strip().startswith(("{", "[")):
-        return Position("offsets", _parse_offsets_json(text))
-    raise ValueError("not a keyword or a JSON object")
-
-
-def _parse_ending_offsets(text: str) -> Position:
-    keyword = text.strip().lower()
-    if keyword == "latest":
-        return Position("latest")
-    if text.strip().startswith(("{", "[")):
-        offsets = _parse_offsets_json(text)
-        for stream, offset in offsets.items():
-            if offset == EARLIEST_SENTINEL:
-                raise ValueError(f"ending offset -2 (earliest) for stream '{stream}' reads nothing")
-        return Position("offsets", offsets)
-    raise ValueError("not 'latest' or a JSON object")
-
-
 # ---------------------------------------------------------------- the option table
 
 CONNECTION_SPECS: tuple[OptionSpec, ...] = (
-    OptionSpec("broker", None, _parse_broker, "host:port or a gRPC target (dns:///h:7070)",
+    OptionSpec("broker", None, parse_broker, "host:port or a gRPC target (dns:///h:7070)",
                BOTH, f"Broker address; default env {BROKER_ADDRESS_ENV}, else {DEFAULT_BROKER}."),
-    OptionSpec("token", None, _parse_non_empty, "a non-empty string", BOTH,
+    OptionSpec("token", None, parse_non_empty, "a non-empty string", BOTH,
                "Auth token sent as 'authorization: Bearer <token>'."),
     OptionSpec("tls", "false", parse_bool, "true or false", BOTH,
                "Connect with TLS (system root certificates unless tlsRootCertificates)."),
-    OptionSpec("tlsRootCertificates", None, _parse_certificates,
+    OptionSpec("tlsRootCertificates", None, parse_certificates,
                "a readable PEM file path", BOTH,
                "PEM file with the CA certificates to trust; implies tls=true."),
-    OptionSpec("tlsClientCertificate", None, _parse_certificates,
+    OptionSpec("tlsClientCertificate", None, parse_certificates,
                "a readable PEM file path", BOTH,
                "PEM client certificate for brokers that require one (mutual TLS); needs "
                "tlsClientKey, implies tls=true."),
-    OptionSpec("tlsClientKey", None, _parse_private_key,
+    OptionSpec("tlsClientKey", None, parse_private_key,
                "a readable PEM file path", BOTH,
                "PEM private key of tlsClientCertificate."),
 )
 
 READ_SPECS: tuple[OptionSpec, ...] = (
     *CONNECTION_SPECS,
-    OptionSpec("stream", None, _parse_stream_list, "a stream name or a comma-separated list",
+    OptionSpec("stream", None, parse_stream_list, "a stream name or a comma-separated list",
                BOTH, "Stream(s) to read. Exactly one of stream / streamPattern."),
-    OptionSpec("streamPattern", None, _parse_glob, "a glob such as 'orders-*'", BOTH,
+    OptionSpec("streamPattern", None, parse_glob, "a glob such as 'orders-*'", BOTH,
                "Read every stream whose name matches; new matches are picked up."),
-    OptionSpec("startingOffsets", None, _parse_starting_offsets,
-               f"earliest, latest, group or JSON like {_OFFSETS_EXAMPLE}", BOTH,
+    OptionSpec("startingOffsets", None, parse_starting_offsets,
+               f"earliest, latest, group or JSON like {OFFSETS_EXAMPLE}", BOTH,
                "Where a new query starts; default latest (streaming), earliest (batch)."),
-    OptionSpec("startingTimestamp", None, _parse_timestamp,
-               _TIMESTAMP_ACCEPTED, BOTH,
+    OptionSpec("startingTimestamp", None, parse_timestamp,
+               TIMESTAMP_ACCEPTED, BOTH,
                "Start at the first message with timestamp >= this."),
-    OptionSpec("endingOffsets", "latest", _parse_ending_offsets,
-               f"latest or JSON like {_OFFSETS_EXAMPLE}", BATCH,
+    OptionSpec("endingOffsets", "latest", parse_ending_offsets,
+               f"latest or JSON like {OFFSETS_EXAMPLE}", BATCH,
                "Exclusive end of a batch read."),
-    OptionSpec("endingTimestamp", None, _parse_timestamp,
-               _TIMESTAMP_ACCEPTED, BATCH,
+    OptionSpec("endingTimestamp", None, parse_timestamp,
+               TIMESTAMP_ACCEPTED, BATCH,
                "Batch reads stop before the first message with timestamp >= this."),
-    OptionSpec("maxOffsetsPerTrigger", None, _parse_positive_int, "a positive integer", STREAM,
+    OptionSpec("maxOffsetsPerTrigger", None, parse_positive_int, "a positive integer", STREAM,
                "At most this many messages per micro-batch, shared fairly by streams."),
-    OptionSpec("minOffsetsPerTrigger", None, _parse_positive_int, "a positive integer", STREAM,
+    OptionSpec("minOffsetsPerTrigger", None, parse_positive_int, "a positive integer", STREAM,
                "Wait for this many new messages (or maxTriggerDelay) before a batch."),
-    OptionSpec("maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY, _parse_duration,
+    OptionSpec("maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY, parse_duration,
                "a duration such as 30s, 15m, 1h (a bare number is seconds)", STREAM,
                "Longest time minOffsetsPerTrigger may delay a batch."),
-    OptionSpec("minPartitions", None, _parse_positive_int, "a positive integer", BOTH,
+    OptionSpec("minPartitions", None, parse_positive_int, "a positive integer", BOTH,
                "At least this many Spark partitions per batch (ranges are split)."),
-    OptionSpec("maxRecordsPerPartition", None, _parse_positive_int, "a positive integer", BOTH,
+    OptionSpec("maxRecordsPerPartition", None, parse_positive_int, "a positive integer", BOTH,
                "At most this many messages per Spark partition."),
     OptionSpec("failOnDataLoss", "true", parse_bool, "true or false", BOTH,
                "Fail when messages the query needs were removed by retention."),
@@ -345,10 +169,10 @@ READ_SPECS: tuple[OptionSpec, ...] = (
                "Batch: only with startingOffsets=group."),
     OptionSpec("includeHeaders", "false", parse_bool, "true or false", BOTH,
                "Add the headers column (map<string,binary>)."),
-    OptionSpec("valueColumns", "flatten", _parse_value_columns, "flatten or struct", BOTH,
+    OptionSpec("valueColumns", "flatten", parse_value_columns, "flatten or struct", BOTH,
                "Typed streams: the value's fields as top-level columns (flatten) or as one "
                "'value' struct column (struct). No effect on untyped streams."),
-    OptionSpec("fetchMaxBytes", DEFAULT_FETCH_MAX_BYTES, _parse_fetch_bytes,
+    OptionSpec("fetchMaxBytes", DEFAULT_FETCH_MAX_BYTES, parse_fetch_bytes,
                "a size such as 8MiB or 1048576 (at most 64MiB)", BOTH,
                "Bytes per Fetch RPC (or local read step) made by a task."),
     OptionSpec("localReads", "true", parse_bool, "true or false", BOTH,
@@ -581,7 +405,7 @@ def _connection(values: dict[str, Any], raw: dict[str, str],
         from_env = environ.get(BROKER_ADDRESS_ENV, "").strip()
         if from_env:
             try:
-                broker = _parse_broker(from_env)
+                broker = parse_broker(from_env)
             except ValueError as exc:
                 raise InvalidOptionError(
                     f"Invalid value {from_env!r} in environment variable {BROKER_ADDRESS_ENV} "
@@ -632,7 +456,7 @@ def _starting(values: dict[str, Any], raw: dict[str, str], mode: ReadMode | None
         raise InvalidOptionError(
             f"Invalid value {raw['startingoffsets']!r} for option 'startingOffsets': "
             "'latest' (-1) is not allowed for batch reads, which would read nothing. "
-            f"Accepted: earliest, group or JSON like {_OFFSETS_EXAMPLE}."
+            f"Accepted: earliest, group or JSON like {OFFSETS_EXAMPLE}."
         )
     return position
 
