@@ -27,7 +27,9 @@ MAX_RECEIVE_MAX = 10_000
 # Receives/Subscribe batches and a large stored batch is read a few times, not
 # once per Receive (reading 500 rows at a time re-read a 10,000-row stored batch
 # 20 times). It costs at most FRESH_READ_BYTES of memory per group with
-# undelivered messages read (dropped on seek and retention). A read cut at a
+# undelivered messages read or messages in flight (the last read is kept for
+# their redeliveries, log_rows.FreshRows.kept; dropped on seek and retention,
+# and when nothing is in flight). A read cut at a
 # row count re-encodes the stored batch it cuts, so the row limit is high and
 # the byte limit is what ends a read (at a batch boundary).
 FRESH_READ_CHUNK = 65_536  # rows: large enough that reads end at whole stored batches
