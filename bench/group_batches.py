@@ -159,6 +159,15 @@ def peer_batches(name: str, n: int, size: int, batch: int) -> dict[str, Any]:
     return {**res.get(result, {}), "durability": res.get("durability")}
 
 
+def keyed_row(label: str, size: int, r: dict[str, Any], note: str) -> list[str]:
+    """A table row of a keyed run (unordered or ordering=key): no message count, no ratio."""
+    from report import fmt
+
+    return [label, f"{size} B", "-", fmt(r["msgs_per_s"]), fmt(r["mb_per_s"]), "-",
+            fmt(r.get("server_cores_busy"), 2), "yes" if r.get("all_acked") else "no",
+            r["method"] + note]
+
+
 def batch_report(sizes: tuple[int, ...], batch: int, counts: list[int], ours: dict[str, Any],
                  peers: dict[str, dict[str, Any]], labels: dict[str, str],
                  goals_vs: dict[str, float], inflight_goal: int,
@@ -233,11 +242,8 @@ def batch_report(sizes: tuple[int, ...], batch: int, counts: list[int], ours: di
         if len(keyed) != 2 or not all("msgs_per_s" in r for r in keyed):
             continue
         free, ordered = keyed
-        for label, r in ((f"npstream, keyed ({how})", free),
-                         (f"npstream, ordering=key ({how})", ordered)):
-            rows.append([label, f"{sizes[0]} B", "-", fmt(r["msgs_per_s"]), fmt(r["mb_per_s"]),
-                         "-", fmt(r.get("server_cores_busy"), 2),
-                         "yes" if r.get("all_acked") else "no", r["method"]])
+        rows.append(keyed_row(f"npstream, keyed ({how})", sizes[0], free, ""))
+        rows.append(keyed_row(f"npstream, ordering=key ({how})", sizes[0], ordered, ""))
         ratio = ordered["msgs_per_s"] / free["msgs_per_s"]
         goals.append((f"ordering=key with many keys ({how}) within 20% of unordered (same "
                       "keyed data)", ratio >= 0.8, f"{ratio:.2f}x "
@@ -245,14 +251,11 @@ def batch_report(sizes: tuple[int, ...], batch: int, counts: list[int], ours: di
     more = [pair for pair in ours.get("keyed_random_more") or []
             if all("msgs_per_s" in r for r in pair)]
     for free, ordered in more:
-        for r in (free, ordered):
-            rows.append([f"npstream, {'ordering=key' if r is ordered else 'keyed'} "
-                         f"({r['keys']:,} keys at random)", f"{sizes[0]} B", "-",
-                         fmt(r["msgs_per_s"]), fmt(r["mb_per_s"]), "-",
-                         fmt(r.get("server_cores_busy"), 2), "yes" if r.get("all_acked") else "no",
-                         r["method"] + (f"; {ordered['msgs_per_s'] / free['msgs_per_s']:.2f}x "
-                                        "the unordered row above (information)"
-                                        if r is ordered else "")])
+        how = f"{free['keys']:,} keys at random"
+        rows.append(keyed_row(f"npstream, keyed ({how})", sizes[0], free, ""))
+        rows.append(keyed_row(f"npstream, ordering=key ({how})", sizes[0], ordered,
+                              f"; {ordered['msgs_per_s'] / free['msgs_per_s']:.2f}x the "
+                              "unordered row above (information)"))
     held = ours.get("inflight")
     if held:
         goals.append((f"memory per message in flight < {inflight_goal} B",
