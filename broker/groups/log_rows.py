@@ -57,13 +57,13 @@ class FreshRows:
         # not: they hold no more memory than the read did while any of it is
         # undelivered, and the group drops them when nothing is in flight (forget_read).
         self._read: list[tuple[int, Rows]] = []
-        self._read_firsts = np.zeros(0, np.int64)
+        self._read_firsts = np.zeros(0, np.int64)  # the firsts of _read (_keep sets both)
 
     def clear(self, next_offset: int) -> None:
         self._parts.clear()
         self._count = 0
         self.next = next_offset
-        self._read = []
+        self._keep([])
 
     def _keep(self, read: list[tuple[int, Rows]]) -> None:
         """What the latest read brought: a group following the tail keeps the last
@@ -74,7 +74,7 @@ class FreshRows:
     def forget_read(self) -> None:
         """Let the last read's memory go once no row of it can be redelivered (none in flight)."""
         if not self._parts:
-            self._read = []
+            self._keep([])
 
     def kept(self, stream_log: StreamLog, ranges: list[tuple[int, int]]) -> list[Rows] | None:
         """The rows of ``ranges`` (in the order given) out of the last read, as few
