@@ -132,6 +132,7 @@ class SharedGroup:
         self._wake_seq = 0
         self._table = LeaseTable(committed, config)
         self._keys = KeyOrder()  # used while config.ordering == "key"
+        self._released: list[int] = []  # held offsets whose turn came, to lease first
         self._fresh = FreshRows(committed)  # read ahead from the log, not handed out yet
         self._dead_lettered = dead_lettered
         self._persisted = (committed, dead_lettered)
@@ -181,9 +182,7 @@ class SharedGroup:
         if start > self._table.committed:
             before = self._table.committed
             dropped = self._table.drop_below(start)
-            now = self._clock()
-            for offset in self._keys.drop_below(start):
-                self._table.release_held(offset, now)
+            self._released += self._keys.drop_below(start)
             self._fresh.clear(self._table.next_fresh)
             log.info("group '%s' on stream '%s': offsets [%d, %d) were removed from the log; "
                      "dropped %d pending deliveries, committed offset now %d",
@@ -198,6 +197,7 @@ class SharedGroup:
     def _reset_locked(self, offset: int) -> int:
         dropped = self._table.reset(offset)
         self._keys.clear()
+        self._released.clear()
         self._fresh.clear(offset)
         self._changed_locked()
         return dropped
@@ -253,10 +253,18 @@ class SharedGroup:
 
     def _lease_locked(self, stream_log: StreamLog, member: str, limit: int, now: int,
                       ack_wait_ms: int) -> list[Delivered]:
-        """Lease up to ``limit`` messages, due redeliveries first, with their rows."""
+        """Lease up to ``limit`` messages with their rows: due redeliveries first, then
+        held messages whose turn came (ordering by key), then fresh ones."""
         out = self._redeliveries_locked(
             stream_log, self._table.lease_ready(member, now, ack_wait_ms, limit))
         taken = sum(delivered.size for delivered in out)
+        if self._released and taken < limit:
+            turn = self._released[:limit - taken]
+            del self._released[:limit - taken]
+            held = self._redeliveries_locked(
+                stream_log, self._table.lease_held(member, turn, now, ack_wait_ms))
+            out += held
+            taken += sum(delivered.size for delivered in held)
         while taken < limit:
             start = self._table.next_fresh
             parts = self._take_fresh_locked(stream_log, limit - taken)
@@ -289,9 +297,7 @@ class SharedGroup:
             (sp.start, sp.end) for lo, hi in ranges for sp in self._table.spans_in(lo, hi)]
         released = self._keys.finished(ranges, left, merged=finished >= 0)
         if released:
-            now = self._clock()
-            for offset in released:
-                self._table.release_held(offset, now)
+            self._released += released
             self._changed_locked()
 
     # ------------------------------------------------------------ delivering
@@ -518,6 +524,7 @@ class SharedGroup:
                 # Unordered now: nothing waits for its key any more.
                 released = self._table.release_all_held(self._clock())
                 self._keys.clear()
+                self._released.clear()
                 log.info("group '%s' on stream '%s' is no longer ordered by key: %d held "
                          "message(s) released", self.group, self.stream, released)
                 self._changed_locked()

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from npstream import Client
 from npstream.broker.groups.key_order import KeyOrder
-from npstream.broker.groups.leases import HELD, WAITING, DeliveryRow, LeaseTable
+from npstream.broker.groups.leases import HELD, LEASED, WAITING, DeliveryRow, LeaseTable
 from npstream.broker.groups.shared_config import SharedConfig
 from npstream.broker.groups.tuning import KEY_ORDER_SLICES_UP_TO
 from npstream.errors import GroupNotFound
@@ -86,17 +86,19 @@ def test_drop_below_releases_the_first_held_offset_still_in_the_log():
     assert order.finished([(2, 3)], []) == [3]
 
 
-def test_held_spans_are_unfinished_and_released_one_at_a_time():
+def test_held_spans_are_unfinished_and_leased_one_at_a_time_when_their_turn_comes():
     t = LeaseTable(0, SharedConfig(dead_letter_stream="s.dlq", ordering="key"))
     t.lease_fresh("m", 0, 1, 0, 100)
     t.hold_fresh(1, 3)
     assert (t.committed, t.unfinished, t.in_flight) == (0, 4, 1)
     assert t.ack([1], "m", 5) == 0  # a held message was never delivered: no ack for it
-    assert t.release_held(2, 10) and not t.release_held(2, 10)
+    (leased,) = t.lease_held("m2", [2], 10, 100)
+    assert (leased.start, leased.end, leased.attempt, leased.expires_ms) == (2, 3, 1, 110)
+    assert t.lease_held("m2", [2, 9], 10, 100) == []  # leased already; never read
     assert [(s.start, s.end, s.state) for s in t.spans()] == [
-        (0, 1, "leased"), (1, 2, HELD), (2, 3, WAITING), (3, 4, HELD)]
-    (ready,) = t.lease_ready("m", 10, 100, 10)
-    assert (ready.start, ready.end, ready.attempt) == (2, 3, 1)  # its first delivery
+        (0, 1, LEASED), (1, 2, HELD), (2, 3, LEASED), (3, 4, HELD)]
+    assert (t.in_flight, t.members["m2"].in_flight) == (2, 1)
+    assert t.expire(110) == [] and t.span_at(2).state == WAITING  # expires as any lease
     assert t.release_all_held(20) == 2
 
 
