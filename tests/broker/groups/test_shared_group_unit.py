@@ -240,3 +240,20 @@ def test_a_group_following_the_tail_keeps_the_last_write_not_an_older_read(parts
     append(stream_log, b"lone")  # kept by the log as Python values
     assert sum(map(len, fresh.take(stream_log, 100))) == 1
     assert fresh.kept(stream_log, [(3, 5)]) is None  # the older batch is let go
+
+
+def test_ordered_by_key_a_receive_plans_its_fresh_rows_once(parts):
+    group, stream_log, _store, _writer, _clock = parts
+    group.update_config(SharedConfig(ack_wait_ms=1000, dead_letter_stream="s.dlq",
+                                     ordering="key"))
+    keys = [b"a", b"a", b"b", b"c", b"d", b"e"]
+    stream_log.append(normalize_publish_table(pa.table({
+        "key": pa.array(keys, pa.binary()), "value": [b"%d" % i for i in range(6)]})),
+        AckMode.WRITE)
+    first = group.receive("m1", 4, 0, ack_wait_ms=1000)
+    # Offsets 0-3 were read for 4 messages; 1 waits for 0 (key a): 3 handed out, and
+    # the call does not read again for the one missing.
+    assert [g.row.offset for g in first] == [0, 2, 3]
+    assert group.ack([0], "m1")[0] == 1
+    second = group.receive("m1", 4, 0, ack_wait_ms=1000)
+    assert [(g.row.offset, g.attempt) for g in second] == [(1, 1), (4, 1), (5, 1)]
