@@ -238,16 +238,22 @@ def batch_report(sizes: tuple[int, ...], batch: int, counts: list[int], ours: di
                                   f"{goal:g}x {labels[name]}",
                                   None if ratio is None else ratio >= goal, single))
     for entry, how in (("keyed", "round-robin"), ("keyed_random", "drawn at random")):
-        keyed = ours.get(entry) or []
-        if len(keyed) != 2 or not all("msgs_per_s" in r for r in keyed):
+        rounds = [pair for pair in ours.get(entry) or []
+                  if len(pair) == 2 and all("msgs_per_s" in r for r in pair)]
+        if not rounds:
             continue
-        free, ordered = keyed
+        ratios = [ordered["msgs_per_s"] / free["msgs_per_s"] for free, ordered in rounds]
+        median = statistics.median_low(ratios)  # a round that was measured, not a mean of two
+        free, ordered = rounds[ratios.index(median)]
         rows.append(keyed_row(f"npstream, keyed ({how})", sizes[0], free, ""))
         rows.append(keyed_row(f"npstream, ordering=key ({how})", sizes[0], ordered, ""))
-        ratio = ordered["msgs_per_s"] / free["msgs_per_s"]
         goals.append((f"ordering=key with many keys ({how}) within 20% of unordered (same "
-                      "keyed data)", ratio >= 0.8, f"{ratio:.2f}x "
-                      f"({fmt(ordered['msgs_per_s'])} vs {fmt(free['msgs_per_s'])} msg/s)"))
+                      "keyed data)", median >= 0.8, f"{median:.2f}x "
+                      f"({fmt(ordered['msgs_per_s'])} vs {fmt(free['msgs_per_s'])} msg/s), "
+                      + (f"median of {len(ratios)} paired rounds ("
+                         + ", ".join(f"{r:.2f}x" for r in ratios) + "; unordered, then "
+                         "ordering=key, back to back; the rows above are that round)"
+                         if len(ratios) > 1 else "one round")))
     more = [pair for pair in ours.get("keyed_random_more") or []
             if all("msgs_per_s" in r for r in pair)]
     for free, ordered in more:
