@@ -175,7 +175,10 @@ class KeyOrder:
             distinct.discard(None)
         nulls = keys.count(None) if keyless else 0
         if len(distinct) + nulls == count and self._busy.isdisjoint(distinct):
-            self._busy |= distinct
+            if self._busy:
+                self._busy |= distinct
+            else:  # nothing busy (the last batch was acked): the part's set is the busy set
+                self._busy = distinct
             if count <= KEY_ORDER_SINGLES_UP_TO:  # a lone message (a tailing member): no block
                 self._single.update((first + i, key) for i, key in enumerate(keys)
                                     if key is not None)
@@ -296,7 +299,10 @@ class KeyOrder:
         """Free ``keys`` (their message finished); a key with held offsets takes its next."""
         if not keys:
             return []
-        self._busy.difference_update(keys)
+        if len(keys) == len(self._busy):  # each busy key once, so all of them (a batch acked)
+            self._busy = set()
+        else:
+            self._busy.difference_update(keys)
         if not self._held:
             return []
         released: list[int] = []
