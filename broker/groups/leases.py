@@ -345,22 +345,14 @@ class LeaseTable:
         nothing.
         """
         out: list[Span] = []
-        expires = now_ms + ack_wait_ms
         for offset in offsets:
             span = self.span_at(offset)
             if span is None or span.state != HELD:
                 continue
             if span.count > 1:
                 span = self._carve(span, offset, offset + 1)
-            span.state = LEASED
-            span.attempt += 1
-            span.member = member
-            span.expires_ms = expires
-            span.version = self._new_version()
-            heapq.heappush(self._expiry, (expires, offset, span.version))
+            self._lease(span, member, now_ms, ack_wait_ms)
             out.append(span)
-        if out:
-            self.touch(member, now_ms).in_flight += len(out)
         return out
 
     def release_all_held(self, now_ms: int) -> int:

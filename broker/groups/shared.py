@@ -5,17 +5,17 @@ stream's log, waiting, persistence and dead letters:
 
 * Fresh messages are read ahead from the log in Arrow batches and handed
   out in offset order; redeliveries that are due go first, so no member
-  idles while work waits, and their rows are read from the log again
-  (log_rows.py).
+  idles while work waits, and their rows are cut out of the group's last
+  read when it holds them, else read from the log again (log_rows.py).
 * What is in flight lives in memory as offset ranges (leases.py), not rows.
   Only the committed offset (lowest not acked) and the dead-lettered count
   are persisted, through the batching PositionWriter. After a restart,
   unacked messages are delivered again.
-* One Receive hands out spans with their rows (deliveries.py): as Python
-  rows for Receive and Subscribe, as one Arrow batch for ReceiveBatch.
+* One Receive hands out leased messages with their rows (deliveries.py): as
+  Python rows for Receive and Subscribe, as one Arrow batch for ReceiveBatch.
 * With ``ordering="key"`` fresh messages whose key has an unfinished
-  message are held, and released one at a time as the one before finishes
-  (key_order.py).
+  message are held, and leased one at a time as the one before finishes
+  (key_order.py, LeaseTable.lease_held).
 * Expired leases and nacks schedule redeliveries (with backoff). A message
   out of attempts is copied to the dead-letter stream and counts as done.
 * Before every operation the group follows the log's start offset, so
