@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import random
 import shutil
 import signal
 import statistics
@@ -28,6 +29,7 @@ __all__ = [
     "REPO_ROOT",
     "BrokerUnderTest",
     "CpuMeter",
+    "bench_keys",
     "cpu_between",
     "create_bench_stream",
     "descendants_cpu",
@@ -53,6 +55,18 @@ BROKER_STOP_TIMEOUT_S = 30.0
 BENCH_STREAM_MAX_BYTES = 0
 
 _STAMP = struct.Struct("<Q")
+
+# Seed of the keys drawn at random for keyed bench streams (bench_keys).
+KEY_SEED = 16
+
+
+def bench_keys(n: int, keys: int, random_keys: bool) -> list[bytes]:
+    """The keys of a keyed bench stream's ``n`` messages: ``k0..k<keys-1>`` round-robin, or
+    drawn at random (seeded), so our broker and the trivial server get the same data."""
+    if random_keys:
+        draw = random.Random(KEY_SEED)
+        return [b"k%d" % draw.randrange(keys) for _ in range(n)]
+    return [b"k%d" % (i % keys) for i in range(n)]
 
 
 def create_bench_stream(client: Any, name: str, schema: str | None = None) -> None:

@@ -18,7 +18,6 @@ growth per message in flight.
 from __future__ import annotations
 
 import os
-import random
 import statistics
 import sys
 import time
@@ -26,8 +25,9 @@ import uuid
 from typing import Any
 
 import pyarrow as pa
-from bench_common import BrokerUnderTest, CpuMeter, create_bench_stream, rate
+from bench_common import BrokerUnderTest, CpuMeter, bench_keys, create_bench_stream, rate
 from peer_runner import PEERS, peer_running, peers_dir, run_peer_script
+from report import Goal, Info
 from transport_floor import FloorServer, measure_floor_batches
 
 from npstream.groups.batch_stream import DEFAULT_PREFETCH
@@ -41,20 +41,18 @@ DRAIN_TIMEOUT_S = 300.0
 def _fill(client: Any, stream: str, n: int, size: int, keys: int = 0,
           random_keys: bool = False) -> None:
     """n messages of ``size`` bytes; with ``keys``, keyed k0..k<keys-1> round-robin, or
-    drawn at random (seeded): then a batch of 1,000 repeats some keys, and ordering=key
-    holds those messages back until the one before them is acked."""
+    drawn at random (seeded, bench_keys): then a batch of 1,000 repeats some keys, and
+    ordering=key holds those messages back until the one before them is acked."""
     create_bench_stream(client, stream)
     rows = min(PUBLISH_BATCH, n)
     value = pa.array([os.urandom(size)] * rows, type=pa.binary())
-    draw = random.Random(16)
+    names = bench_keys(n, keys, random_keys) if keys else []
     sent = 0
     while sent < n:
         k = min(rows, n - sent)
         columns = {"value": value.slice(0, k)}
         if keys:
-            names = ([f"k{draw.randrange(keys)}" for _ in range(k)] if random_keys else
-                     [f"k{(sent + i) % keys}" for i in range(k)])
-            columns["key"] = pa.array([name.encode() for name in names], pa.binary())
+            columns["key"] = pa.array(names[sent:sent + k], pa.binary())
         client.publish_batch(stream, pa.table(columns), ack="write")
         sent += k
 
@@ -168,15 +166,31 @@ def keyed_row(label: str, size: int, r: dict[str, Any], note: str) -> list[str]:
             r["method"] + note]
 
 
+def _rule_cost_us(floor: list[dict[str, Any]]) -> float:
+    """The trivial server's extra time per 1,000 messages with the key rule (us)."""
+    free, ordered = floor
+    return (1 / ordered["msgs_per_s"] - 1 / free["msgs_per_s"]) * 1e9
+
+
+def _rule_ceiling(ours_free: dict[str, Any], floor: list[dict[str, Any]] | None) -> float | None:
+    """The most ordering=key can reach next to our unordered run: its time per message
+    plus the least the key rule costs (the trivial server's extra time, _rule_cost_us),
+    over its time per message. None without a complete floor pair."""
+    if floor is None or not all("msgs_per_s" in r for r in floor):
+        return None
+    ours_us = 1e9 / ours_free["msgs_per_s"]  # per 1,000 messages
+    return ours_us / (ours_us + max(0.0, _rule_cost_us(floor)))
+
+
 def batch_report(sizes: tuple[int, ...], batch: int, counts: list[int], ours: dict[str, Any],
                  peers: dict[str, dict[str, Any]], labels: dict[str, str],
                  goals_vs: dict[str, float], inflight_goal: int,
-                 ) -> tuple[list[str], list[tuple[str, bool | None, str]]]:
-    """Section 3's table lines and its goals as (name, verdict, detail)."""
+                 ) -> tuple[list[str], list[Goal | Info]]:
+    """Section 3's table lines and its goal (and INFO) lines."""
     from report import fmt, render_table
 
     rows: list[list[str]] = []
-    goals: list[tuple[str, bool | None, str]] = []
+    goals: list[Goal | Info] = []
     for i, size in enumerate(sizes):
         plain = ours["batches"][i] if i < len(ours["batches"]) else {}
         prefetched = ours.get("prefetched", [])
@@ -227,33 +241,56 @@ def batch_report(sizes: tuple[int, ...], batch: int, counts: list[int], ours: di
                                                 strict=False)]
                 if ratios:  # the paired rounds decide (groups.py, BATCH_ROUNDS)
                     median = statistics.median(ratios)
-                    goals.append((f"shared consume + ack, batches of {batch}, {size} B: >= "
+                    goals.append(Goal(f"shared consume + ack, batches of {batch}, {size} B: >= "
                                   f"{goal:g}x {labels[name]}", median >= goal,
                                   f"{median:.2f}x, median of {len(ratios)} paired rounds ("
                                   + ", ".join(f"{r:.2f}x" for r in ratios)
                                   + f"; receive_batches, ours then theirs back to back); "
                                   f"single runs above: {single}"))
                 else:
-                    goals.append((f"shared consume + ack, batches of {batch}, {size} B: >= "
+                    goals.append(Goal(f"shared consume + ack, batches of {batch}, {size} B: >= "
                                   f"{goal:g}x {labels[name]}",
                                   None if ratio is None else ratio >= goal, single))
     for entry, how in (("keyed", "round-robin"), ("keyed_random", "drawn at random")):
-        rounds = [pair for pair in ours.get(entry) or []
+        floors = ours.get(f"floor_{entry}") or []
+        rounds = [(pair, floors[i] if i < len(floors) else None)
+                  for i, pair in enumerate(ours.get(entry) or [])
                   if len(pair) == 2 and all("msgs_per_s" in r for r in pair)]
         if not rounds:
             continue
-        ratios = [ordered["msgs_per_s"] / free["msgs_per_s"] for free, ordered in rounds]
+        ratios = [ordered["msgs_per_s"] / free["msgs_per_s"] for (free, ordered), _f in rounds]
         median = statistics.median_low(ratios)  # a round that was measured, not a mean of two
-        free, ordered = rounds[ratios.index(median)]
+        (free, ordered), floor = rounds[ratios.index(median)]
         rows.append(keyed_row(f"npstream, keyed ({how})", sizes[0], free, ""))
         rows.append(keyed_row(f"npstream, ordering=key ({how})", sizes[0], ordered, ""))
-        goals.append((f"ordering=key with many keys ({how}) within 20% of unordered (same "
-                      "keyed data)", median >= 0.8, f"{median:.2f}x "
-                      f"({fmt(ordered['msgs_per_s'])} vs {fmt(free['msgs_per_s'])} msg/s), "
-                      + (f"median of {len(ratios)} paired rounds ("
-                         + ", ".join(f"{r:.2f}x" for r in ratios) + "; unordered, then "
-                         "ordering=key, back to back; the rows above are that round)"
-                         if len(ratios) > 1 else "one round")))
+        ceilings = [ceiling for (ours_free, _o), pair in rounds
+                    if (ceiling := _rule_ceiling(ours_free, pair)) is not None]
+        detail = (f"{median:.2f}x ({fmt(ordered['msgs_per_s'])} vs "
+                  f"{fmt(free['msgs_per_s'])} msg/s), "
+                  + (f"median of {len(ratios)} paired rounds ("
+                     + ", ".join(f"{r:.2f}x" for r in ratios) + "; unordered, then "
+                     "ordering=key, back to back; the rows above are that round)"
+                     if len(ratios) > 1 else "one round"))
+        if ceilings:
+            detail += (f"; the key rule's floor leaves at most "
+                       f"{statistics.median_low(ceilings):.2f}x (INFO below)")
+        goals.append(Goal(f"ordering=key with many keys ({how}) within 20% of unordered "
+                          "(same keyed data)", median >= 0.8, detail))
+        if floor is not None and all("msgs_per_s" in r for r in floor):
+            for label, r in zip(("keyed", "key rule"), floor, strict=True):
+                rows.append([f"grpc-floor, {label} ({how})", f"{sizes[0]} B", "-",
+                             fmt(r["msgs_per_s"]), fmt(r["mb_per_s"]), "-",
+                             fmt(r.get("server_cores_busy"), 2), "-", r["method"]])
+        if ceilings:
+            extras = [_rule_cost_us(pair) for _p, pair in rounds if pair is not None]
+            goals.append(Info(
+                f"ordering=key's floor ({how})",
+                "the trivial gRPC server, same rows, spends "
+                f"{statistics.median_low(extras):.0f} us more per 1,000 messages with the key "
+                "rule than without (rounds: " + ", ".join(f"{x:.0f}" for x in extras)
+                + "); on top of our unordered round's time per 1,000 messages that leaves "
+                f"ordering=key at most {statistics.median_low(ceilings):.2f}x (rounds: "
+                + ", ".join(f"{c:.2f}x" for c in ceilings) + ")"))
     more = [pair for pair in ours.get("keyed_random_more") or []
             if all("msgs_per_s" in r for r in pair)]
     for free, ordered in more:
@@ -264,7 +301,7 @@ def batch_report(sizes: tuple[int, ...], batch: int, counts: list[int], ours: di
                               "unordered row above (information)"))
     held = ours.get("inflight")
     if held:
-        goals.append((f"memory per message in flight < {inflight_goal} B",
+        goals.append(Goal(f"memory per message in flight < {inflight_goal} B",
                       held["bytes_per_message"] < inflight_goal,
                       f"{held['bytes_per_message']} B ({held['in_flight']:,} leased, broker RSS "
                       f"+{held['rss_growth_bytes'] / 1e6:.1f} MB)"))

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import uuid
+from contextlib import nullcontext
 from typing import Any
 
 import pyarrow as pa
@@ -57,7 +58,13 @@ from group_batches import (
 )
 from peer_runner import peer_running, run_peer_script
 from report import Goal, Info, fmt, render_table, run_comparison
-from transport_floor import FloorServer, floor_info, measure_floor_latency
+from transport_floor import (
+    FloorServer,
+    fill_keyed,
+    floor_info,
+    measure_floor_keyed,
+    measure_floor_latency,
+)
 
 # ---------------------------------------------------------------- tuning / run sizes
 MESSAGES = 200_000             # shared-group throughput: messages drained per consumer count
@@ -329,14 +336,23 @@ def run_npstream(a: argparse.Namespace) -> dict[str, Any]:
             # swung between 0.73x and 1.04x on a quiet machine with no change between.
             for entry, random_keys in (("keyed", False), ("keyed_random", True)):
                 count = keyed if not random_keys else keyed // 5  # ~5x slower ordered
-                for round_ in range(a.batch_rounds):
-                    print(f"# npstream keyed consumption {count:,} x {BATCH_SIZES[0]} B, "
-                          f"{ORDERING_KEYS:,} keys{' at random' if random_keys else ''}, "
-                          f"unordered and ordering=key, round {round_ + 1}/{a.batch_rounds}",
-                          file=sys.stderr)
-                    out.setdefault(entry, []).append([npstream_batches(
-                        broker, client, count, BATCH_SIZES[0], a.batch, ORDERING_KEYS,
-                        ordering, random_keys=random_keys) for ordering in (None, "key")])
+                # Keys at random: each round also drains the same rows from the trivial
+                # server, without and with the key rule (the rule's floor, INFO line).
+                with FloorServer() if random_keys else nullcontext() as floor:
+                    if floor is not None:
+                        fill_keyed(floor, count, BATCH_SIZES[0], ORDERING_KEYS, True)
+                    for round_ in range(a.batch_rounds):
+                        print(f"# npstream keyed consumption {count:,} x {BATCH_SIZES[0]} B, "
+                              f"{ORDERING_KEYS:,} keys{' at random' if random_keys else ''}, "
+                              f"unordered and ordering=key, round {round_ + 1}/"
+                              f"{a.batch_rounds}", file=sys.stderr)
+                        out.setdefault(entry, []).append([npstream_batches(
+                            broker, client, count, BATCH_SIZES[0], a.batch, ORDERING_KEYS,
+                            ordering, random_keys=random_keys) for ordering in (None, "key")])
+                        if floor is not None:
+                            out.setdefault("floor_keyed_random", []).append([
+                                measure_floor_keyed(floor, count, BATCH_SIZES[0], a.batch,
+                                                    ordered) for ordered in (False, True)])
             for keys in MORE_RANDOM_KEYS:
                 print(f"# npstream keyed consumption {keyed // 5:,} x {BATCH_SIZES[0]} B, "
                       f"{keys:,} keys at random, unordered and ordering=key", file=sys.stderr)
@@ -533,7 +549,7 @@ def build_report(a: argparse.Namespace, ours: dict[str, Any],
             BATCH_SIZES, a.batch, [_batch_count(a, size) for size in BATCH_SIZES], ours,
             peers, PEER_LABEL, {"redis": GOAL_VS_REDIS, "nats": GOAL_VS_NATS},
             GOAL_INFLIGHT_BYTES)
-        goals += [Goal(*g) for g in batch_goals]
+        goals += batch_goals
         redis = peers.get("redis", {}).get("batches", [])
         one = next((r for r in runs if r["consumers"] == 1), None)
         if not a.skip_throughput:
