@@ -375,7 +375,6 @@ def measure_floor_batches(server: FloorServer, n: int, size: int, batch: int) ->
     as receive_batch(ack=previous) makes.
     """
     import grpc
-    from bench_common import CpuMeter, rate
 
     with grpc.insecure_channel(server.address) as channel:
         channel.unary_unary(f"/{SERVICE}/Fill")(_FILL_REQUEST.pack(n, size),
