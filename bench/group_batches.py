@@ -263,8 +263,10 @@ def batch_report(sizes: tuple[int, ...], batch: int, counts: list[int], ours: di
         (free, ordered), floor = rounds[ratios.index(median)]
         rows.append(keyed_row(f"npstream, keyed ({how})", sizes[0], free, ""))
         rows.append(keyed_row(f"npstream, ordering=key ({how})", sizes[0], ordered, ""))
-        ceilings = [ceiling for (ours_free, _o), pair in rounds
-                    if (ceiling := _rule_ceiling(ours_free, pair)) is not None]
+        # Rounds with a complete floor pair: each one's bound and the rule's cost.
+        bounded = [(ceiling, pair) for (ours_free, _o), pair in rounds
+                   if (ceiling := _rule_ceiling(ours_free, pair)) is not None]
+        ceilings = [ceiling for ceiling, _pair in bounded]
         detail = (f"{median:.2f}x ({fmt(ordered['msgs_per_s'])} vs "
                   f"{fmt(free['msgs_per_s'])} msg/s), "
                   + (f"median of {len(ratios)} paired rounds ("
@@ -276,13 +278,13 @@ def batch_report(sizes: tuple[int, ...], batch: int, counts: list[int], ours: di
                        f"{statistics.median_low(ceilings):.2f}x (INFO below)")
         goals.append(Goal(f"ordering=key with many keys ({how}) within 20% of unordered "
                           "(same keyed data)", median >= 0.8, detail))
-        if floor is not None and all("msgs_per_s" in r for r in floor):
+        if floor is not None and _rule_ceiling(free, floor) is not None:
             for label, r in zip(("keyed", "key rule"), floor, strict=True):
                 rows.append([f"grpc-floor, {label} ({how})", f"{sizes[0]} B", "-",
                              fmt(r["msgs_per_s"]), fmt(r["mb_per_s"]), "-",
                              fmt(r.get("server_cores_busy"), 2), "-", r["method"]])
         if ceilings:
-            extras = [_rule_cost_us(pair) for _p, pair in rounds if pair is not None]
+            extras = [_rule_cost_us(pair) for _ceiling, pair in bounded]
             goals.append(Info(
                 f"ordering=key's floor ({how})",
                 "the trivial gRPC server, same rows, spends "

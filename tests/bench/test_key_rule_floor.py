@@ -67,8 +67,7 @@ def test_without_the_rule_rows_come_in_offset_order_and_a_rewind_starts_again() 
     assert _fetch(rows, 2000, keyed=False).column("offset").to_pylist() == list(
         range(1000, 2500))
     assert _fetch(rows, 1000, keyed=False).num_rows == 0
-    assert transport_floor._KeyedRows.fetch_rows(
-        rows, transport_floor._FETCH_ROWS_REQUEST.pack(0, 0), None) == b""  # rewind
+    assert rows.fetch_rows(transport_floor._FETCH_ROWS_REQUEST.pack(0, 0), None) == b""  # rewind
     assert _fetch(rows, 3, keyed=False).column("offset").to_pylist() == [0, 1, 2]
 
 
