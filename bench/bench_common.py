@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "PUBLISH_BATCH",
     "REPO_ROOT",
     "BrokerUnderTest",
     "CpuMeter",
@@ -55,6 +56,10 @@ BROKER_STOP_TIMEOUT_S = 30.0
 BENCH_STREAM_MAX_BYTES = 0
 
 _STAMP = struct.Struct("<Q")
+
+# Rows per publish_batch when a bench fills a stream (not timed); the trivial server
+# stores its keyed rows in batches of as many, as our broker stores those publishes.
+PUBLISH_BATCH = 10_000
 
 # Seed of the keys drawn at random for keyed bench streams (bench_keys).
 KEY_SEED = 16

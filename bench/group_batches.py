@@ -25,7 +25,14 @@ import uuid
 from typing import Any
 
 import pyarrow as pa
-from bench_common import BrokerUnderTest, CpuMeter, bench_keys, create_bench_stream, rate
+from bench_common import (
+    PUBLISH_BATCH,
+    BrokerUnderTest,
+    CpuMeter,
+    bench_keys,
+    create_bench_stream,
+    rate,
+)
 from peer_runner import PEERS, peer_running, peers_dir, run_peer_script
 from report import Goal, Info
 from transport_floor import FloorServer, measure_floor_batches
@@ -34,7 +41,6 @@ from npstream.groups.batch_stream import DEFAULT_PREFETCH
 
 __all__ = ["floor_batches", "inflight_memory", "npstream_batches", "peer_batches"]
 
-PUBLISH_BATCH = 10_000
 DRAIN_TIMEOUT_S = 300.0
 
 

@@ -39,6 +39,7 @@ from typing import Any
 
 import pyarrow as pa
 from bench_common import (
+    PUBLISH_BATCH,
     BrokerUnderTest,
     CpuMeter,
     create_bench_stream,
@@ -72,7 +73,6 @@ QUICK_MESSAGES = 5_000
 SIZE = 100                     # payload bytes
 CONSUMER_COUNTS = (1, 2, 4)
 MAX_IN_FLIGHT = 1000           # subscribe() credits per consumer (the client's default)
-PUBLISH_BATCH = 10_000         # rows per publish_batch when filling the stream (not timed)
 # Per latency run: a p99 of 2,000 is the 20th-highest delay, and the floor's moved
 # 0.62-0.94 ms between runs (the goal's ratio 1.34-1.84x on unchanged code); of
 # 5,000, three runs in a row gave 1.56-1.59x.

@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from bench_common import CpuMeter, bench_keys, rate, stamp_of
+from bench_common import PUBLISH_BATCH, CpuMeter, bench_keys, rate, stamp_of
 from latency_probe import FETCH_MAX_MESSAGES, FETCH_WAIT_S, probe_latency
 from report import Info
 
@@ -82,8 +82,6 @@ _FILL_KEYED_REQUEST = struct.Struct("<qIIB")  # FillKeyed: count, bytes, keys, d
 _FETCH_ROWS_REQUEST = struct.Struct("<IB")  # FetchRows: max messages, apply the key rule
 # measure_floor_keyed: drains of the keyed rows per measurement, the fastest kept.
 KEYED_DRAINS = 3
-# FillKeyed's rows per stored batch: our broker's bench streams are published 10,000 at a time.
-_KEYED_BATCH_ROWS = 10_000
 
 
 class _Log:
@@ -163,11 +161,11 @@ class _KeyedRows:
 
         count, size, keys, random_keys = _FILL_KEYED_REQUEST.unpack(request)
         names = bench_keys(count, keys, bool(random_keys))
-        value = pa.array([os.urandom(size)] * min(count, _KEYED_BATCH_ROWS), pa.binary())
+        value = pa.array([os.urandom(size)] * min(count, PUBLISH_BATCH), pa.binary())
         stamp = MESSAGE_SCHEMA.field("timestamp").type
         batches = []
-        for first in range(0, count, _KEYED_BATCH_ROWS):
-            rows = min(_KEYED_BATCH_ROWS, count - first)
+        for first in range(0, count, PUBLISH_BATCH):
+            rows = min(PUBLISH_BATCH, count - first)
             batches.append(pa.RecordBatch.from_arrays([
                 pa.array(np.arange(first, first + rows, dtype=np.int64)),
                 pa.array([f"{offset:032x}" for offset in range(first, first + rows)]),
@@ -200,8 +198,8 @@ class _KeyedRows:
     def _fresh(self, limit: int) -> list[pa.RecordBatch]:
         out = []
         while limit and self.position < self.count:
-            batch = self.batches[self.position // _KEYED_BATCH_ROWS]
-            start = self.position % _KEYED_BATCH_ROWS
+            batch = self.batches[self.position // PUBLISH_BATCH]
+            start = self.position % PUBLISH_BATCH
             rows = min(limit, batch.num_rows - start)
             out.append(batch.slice(start, rows))
             self.position += rows
