@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import enum
 import json
+import logging
 import os
 import queue
 import stat
@@ -31,10 +32,12 @@ from npstream.cli.common import (
     stream_arg,
 )
 from npstream.client.client import Client
-from npstream.errors import NpstreamError, StreamNotFound
+from npstream.errors import NpstreamError, PermissionDenied, StreamNotFound
 from npstream.proto.value_schema import ValueMismatchError, value_struct
 
 __all__ = ["register"]
+
+log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- tuning
 # Lines per publish_batch call (each call is then split into ~4 MiB requests).
@@ -217,11 +220,20 @@ def _typed_value(document: object, value: bytes, args: argparse.Namespace,
 
 
 def _value_schema(client: Client, stream: str) -> pa.Schema | None:
-    """The stream's value schema; None when it is untyped or does not exist yet."""
+    """The stream's value schema; None when it is untyped, does not exist yet, or is unknown.
+
+    Describing a stream needs the read right, publishing only write: a
+    write-only token (docs/security.md's producer) produces without the
+    local schema check, and the broker checks every value instead.
+    """
     try:
         return client.stream_info(stream).value_schema
     except StreamNotFound:
         return None  # created untyped on first publish (when the broker allows it)
+    except PermissionDenied:
+        log.info("no read right on stream '%s': lines go unchecked to the broker, which "
+                 "checks them against the stream's schema if it is typed", stream)
+        return None
 
 
 class _Producer:
@@ -318,7 +330,7 @@ class _Producer:
                 "last_offset": t.last_offset,
             })
         if not t.count:
-            return f"produced 0 messages to '{self.args.stream}'"
+            return f"produced 0 message(s) to '{self.args.stream}'"
         return (f"produced {t.count} message(s) to '{self.args.stream}': first offset "
                 f"{t.first_offset}, last offset {t.last_offset}, {t.duplicates} duplicate(s)")
 
