@@ -7,9 +7,10 @@
   frame's CRC checked), its indexes rebuilt and re-sealed;
 - the tail (last) segment is always scanned. A bad frame there that looks like
   a write cut short by a crash - the frame runs past the end of the file, or
-  it is the last frame and fails its CRC, or only zero bytes follow - is a
-  *torn tail*: the file is truncated at that frame and one WARNING names the
-  file, the byte position and the reason. A clean-shutdown marker matching the
+  it is the last frame and fails its CRC, or only zero bytes follow - and
+  after which no intact frame follows (a torn write leaves garbage at the end
+  only) is a *torn tail*: the file is truncated at that frame and one WARNING
+  names the file, the byte position and the reason. A clean-shutdown marker matching the
   tail means no write was in flight, so there a bad frame is corruption;
 - a bad frame anywhere else raises CorruptRecordError(path, position,
   detail): the stream does not open (the broker reports it as needing
@@ -44,7 +45,8 @@ from npstream.broker.storage.stream_files import (
     write_schema,
     write_start_offset,
 )
-from npstream.proto.frames.reader import BadFrame
+from npstream.proto.frames.reader import BadFrame, FrameReader
+from npstream.proto.frames.record_batch import HEADER_SIZE, MAGIC
 
 __all__ = ["LoadedLog", "load_log", "repair_log"]
 
@@ -84,12 +86,42 @@ def _only_zeros_from(path: Path, position: int, cache: FileCache) -> bool:
     return True
 
 
-def _is_torn_tail(bad: BadFrame, path: Path, file_size: int, cache: FileCache) -> bool:
-    if bad.past_end:
-        return True
-    if bad.crc_mismatch and bad.frame_end == file_size:
-        return True
-    return _only_zeros_from(path, bad.position, cache)
+def intact_frame_after(path: Path, position: int, cache: FileCache) -> int | None:
+    """Byte position of the first whole frame (header checks and CRC pass) after ``position``.
+
+    Frames start at multiples of 8, so only those positions holding the magic
+    are tried. A write cut short by a crash leaves garbage at the end of the
+    file only; an intact frame after a bad one means the bad one was damaged
+    in place (a bit flip in its length makes it look as if it ran past the end).
+    """
+    with cache.borrow(path) as fd:
+        end = os.fstat(fd).st_size
+        start = position + 8
+        while start + HEADER_SIZE <= end:
+            chunk = os.pread(fd, min(SCAN_CHUNK_BYTES, end - start), start)
+            found = chunk.find(MAGIC)
+            while found >= 0:
+                candidate = start + found
+                if candidate % 8 == 0:
+                    reader = FrameReader(fd, candidate, end, read_size=SCAN_CHUNK_BYTES)
+                    with contextlib.suppress(BadFrame):
+                        if reader.next_frame() is not None:
+                            return candidate
+                found = chunk.find(MAGIC, found + 1)
+            start += max(len(chunk) - len(MAGIC) + 1, 1)
+    return None
+
+
+def _torn_tail_refused(bad: BadFrame, path: Path, file_size: int, cache: FileCache) -> str:
+    """Why the bad frame at the tail is not a torn write ("" when it is one)."""
+    if not (bad.past_end or (bad.crc_mismatch and bad.frame_end == file_size)
+            or _only_zeros_from(path, bad.position, cache)):
+        return bad.detail
+    intact = intact_frame_after(path, bad.position, cache)
+    if intact is None:
+        return ""
+    return (f"{bad.detail}; an intact frame follows at byte {intact}, so this is damage "
+            f"in place, not a write cut short at the end")
 
 
 def _load_closed(
@@ -148,8 +180,11 @@ def load_log(
     file_size = os.stat(tail.path).st_size
     if bad is not None:
         clean = marker is not None and (marker.segment, marker.size) == (tail_base, file_size)
-        if clean or not _is_torn_tail(bad, tail.path, file_size, cache):
+        if clean:
             raise CorruptRecordError(tail.path, bad.position, bad.detail)
+        refused = _torn_tail_refused(bad, tail.path, file_size, cache)
+        if refused:
+            raise CorruptRecordError(tail.path, bad.position, refused)
         tail.truncate_file(cache, bad.position)
         result.truncated_bytes = file_size - bad.position
         log.warning(

@@ -202,3 +202,43 @@ def test_read_damaged_trusted_segment_raises_corrupt_record(make_storage, config
     _removed, where = storage.repair_log("rot", config)
     assert where == f"{first.name}@{position}"
     assert storage.open_log("rot", config).end_offset == header.base_offset
+
+
+@pytest.mark.parametrize("bit", range(32))
+def test_open_length_bit_flip_mid_tail_after_crash_refuses_and_keeps_later_frames(
+        make_storage, config, table_of, segments_in, frames_of, bit):
+    """Issue 34 item 1: frame 100 of 200 damaged in place is corruption, never a torn tail."""
+    directory = build_log(make_storage, config, table_of, "midflip", 200)
+    (directory / "clean-shutdown").unlink()  # as after a crash
+    tail = segments_in(directory)[-1]
+    frames = frames_of(tail)
+    assert len(frames) == 200
+    position, header = frames[100]
+    damaged = bytearray(tail.read_bytes())
+    damaged[position + 8 + bit // 8] ^= 1 << (bit % 8)  # payload_len is bytes 8..12
+    tail.write_bytes(bytes(damaged))
+    storage = make_storage()
+    with pytest.raises(CorruptRecordError) as error:
+        storage.open_log("midflip", config)
+    assert (error.value.path, error.value.position) == (tail, position)
+    assert tail.read_bytes() == bytes(damaged)  # nothing cut
+    removed, where = storage.repair_log("midflip", config)
+    assert (removed, where) == (len(damaged) - position, f"{tail.name}@{position}")
+    assert storage.open_log("midflip", config).end_offset == header.base_offset
+
+
+def test_open_torn_write_after_intact_frame_copy_refuses(
+        make_storage, config, table_of, segments_in, frames_of):
+    """A frame that runs past the end with a whole frame inside what follows is not torn."""
+    directory = build_log(make_storage, config, table_of, "copied", 20)
+    (directory / "clean-shutdown").unlink()
+    tail = segments_in(directory)[-1]
+    data = tail.read_bytes()
+    position, _header = frames_of(tail)[5]
+    garbage = bytearray(data[position:position + 48])
+    garbage[8:12] = (1 << 30).to_bytes(4, "little")  # a header claiming 1 GiB
+    tail.write_bytes(data + bytes(garbage) + data[position:])
+    with pytest.raises(CorruptRecordError) as error:
+        make_storage().open_log("copied", config)
+    assert error.value.position == len(data)
+    assert f"an intact frame follows at byte {len(data) + 48}" in error.value.detail
