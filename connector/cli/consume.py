@@ -191,6 +191,10 @@ def run(args: argparse.Namespace) -> int:
             return consume_with_group(client, args)
         offset = resolve_start(client, args.stream, args.start)
         stop = None if args.follow else client.stream_info(args.stream).end_offset
+        if stop is not None and offset > stop:
+            # Past the end: the broker's out-of-range error (exit 1), as with --follow,
+            # rather than an empty run that looks like a caught-up one.
+            client.fetch_batches(args.stream, offset, max_messages=1)
         remaining = args.max
         out = sys.stdout
         while remaining is None or remaining > 0:

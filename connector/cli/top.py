@@ -16,9 +16,12 @@ shown, with a BROKER column naming the member that holds each one (one
 member) and the members in the header.
 
 Keys: ``q`` quits, ``s`` sorts by the next column (in, out, end offset,
-size, name, lag), ``r`` reverses the order, ``g`` hides or shows the groups.
-When stdout is not a terminal, or with ``--once``, it prints one screen
-(after two samples, so rates are filled in) and exits.
+size, name, lag), ``r`` reverses the order, ``g`` hides or shows the groups
+section (the groups are still read, so the counts in the title and the
+GROUPS column stay true; ``--no-groups`` does not read them at all, and then
+shows no group counts). When stdout is not a terminal, or with ``--once``,
+it prints one screen (after two samples, so rates are filled in), without
+the keys line, and exits.
 """
 
 from __future__ import annotations
@@ -213,7 +216,9 @@ class Screen:
     interval: float
     sort: str = "in"
     reverse: bool = False
-    show_groups: bool = True
+    show_groups: bool = True  # the groups section (key g); the counts show either way
+    read_groups: bool = True  # False (--no-groups): groups are not read, no counts shown
+    live: bool = True  # a live screen that takes keys (else one printed screen)
     status: str = ""
     members: list[str] = field(default_factory=list)  # a cluster's members (header)
 
@@ -226,25 +231,28 @@ def render(screen: Screen, streams: list[StreamRow], groups: list[GroupRow],
     arrow = "^" if screen.reverse else "v"
     cluster = (f" (cluster of {len(screen.members)}: {', '.join(screen.members)})"
                if screen.members else "")
+    counts = f"{len(streams)} streams, {len(groups)} groups" if screen.read_groups else (
+        f"{len(streams)} streams")
     out = [
-        f"npstream top - {screen.address}{cluster} - {len(streams)} streams, "
-        f"{len(groups)} groups - "
+        f"npstream top - {screen.address}{cluster} - {counts} - "
         f"every {screen.interval:g}s - sort: {screen.sort} {arrow}"
         f"{'  ' + screen.status if screen.status else ''}",
-        "keys: q quit  s sort  r reverse  g groups",
+        *(["keys: q quit  s sort  r reverse  g groups"] if screen.live else []),
         "",
     ]
-    header: tuple[str, ...] = ("STREAM", "IN/s", "OUT/s", "END OFFSET", "MESSAGES", "SIZE",
-                               "GROUPS")
+    header: tuple[str, ...] = ("STREAM", "IN/s", "OUT/s", "END OFFSET", "MESSAGES", "SIZE")
     body: list[tuple[str, ...]] = [
         (r.name + (" (needs repair)" if r.error else ""), _per_s(r.rate_in),
-         _per_s(r.rate_out), _num(r.end_offset), _num(r.messages), _size(r.size),
-         str(r.groups)) for r in ordered]
+         _per_s(r.rate_out), _num(r.end_offset), _num(r.messages), _size(r.size))
+        for r in ordered]
+    if screen.read_groups:
+        header = (*header, "GROUPS")
+        body = [(*cells, str(r.groups)) for cells, r in zip(body, ordered, strict=True)]
     if screen.members:
         header = (*header, "BROKER")
         body = [(*cells, r.broker) for cells, r in zip(body, ordered, strict=True)]
-    out += _table(header, body, right={1, 2, 3, 4, 5, 6})
-    if screen.show_groups:
+    out += _table(header, body, right={1, 2, 3, 4, 5, *([6] if screen.read_groups else [])})
+    if screen.read_groups and screen.show_groups:
         if screen.sort == "lag":
             ordered_groups = sorted(groups, key=lambda g: (-g.lag, g.stream, g.group),
                                     reverse=screen.reverse)
@@ -311,12 +319,13 @@ def _run(args: argparse.Namespace) -> int:
         raise CliError("--interval must be > 0", exit_code=2)
     client = client_from_args(args)
     screen = Screen(client.address, args.interval, sort=args.sort,
-                    show_groups=not args.no_groups)
+                    read_groups=not args.no_groups,
+                    live=not args.once and sys.stdout.isatty())
     with client:
-        if args.once or not sys.stdout.isatty():
-            first = take_sample(client, args.pattern, screen.show_groups)
+        if not screen.live:
+            first = take_sample(client, args.pattern, screen.read_groups)
             time.sleep(args.interval)
-            second = take_sample(client, args.pattern, screen.show_groups)
+            second = take_sample(client, args.pattern, screen.read_groups)
             screen.members = second.members
             for line in render(screen, *rows(first, second)):
                 print(line)
@@ -331,7 +340,7 @@ def _live(client: Any, args: argparse.Namespace, screen: Screen) -> int:
         while True:
             started = time.monotonic()
             try:
-                current = take_sample(client, args.pattern, screen.show_groups)
+                current = take_sample(client, args.pattern, screen.read_groups)
                 screen.members = current.members
                 shown = rows(previous, current)
                 previous = current

@@ -26,7 +26,8 @@ import pytest
 
 from npstream import Client
 
-NPSTREAM = [sys.executable, "-m", "npstream.cli"]
+# The installed console script, as users run it.
+NPSTREAM = [str(Path(sys.executable).parent / "npstream")]
 FRAME = re.compile(rb"\x1b\[H(.*?)\x1b\[J", re.S)
 
 
@@ -170,6 +171,11 @@ def test_top_shows_streams_and_the_lag_of_a_known_workload(broker, client, strea
     top.wait_for(lambda s: "sort: out ^" in s[0], "r did not reverse the order")
     top.type("g")
     top.wait_for(lambda s: row(s, "GROUP") is None, "g did not hide the groups")
+    time.sleep(1.0)  # several refreshes at 0.3 s: the counts come from new samples
+    lines = top.screen()
+    assert row(lines, "GROUP") is None
+    assert lines[0].startswith(f"npstream top - {broker.address} - 2 streams, 2 groups")
+    assert row(lines, a)[-1] == "1" and row(lines, b)[-1] == "1"  # the GROUPS column
     top.type("q")
     assert top.proc.wait(10) == 0
     top._reader.join(5)
@@ -186,8 +192,27 @@ def test_top_once_prints_one_screen_when_not_on_a_terminal(broker, client, strea
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert "\x1b" not in result.stdout
+    assert lines[0].startswith(f"npstream top - {broker.address} - 1 streams, 1 groups")
+    assert lines[1] == ""  # no keys line: nothing reads keys here
+    assert not any(line.startswith("keys:") for line in lines)
     assert row(lines, stream_name)[3:5] == ["7", "7"]
     assert row(lines, "g")[1:4] == [stream_name, "cursor", "5"]
+
+
+def test_top_no_groups_reads_no_groups_and_shows_no_counts(broker, client, stream_name):
+    client.publish_batch(stream_name, [{"value": b"x"}] * 3)
+    client.consumer(stream_name, "g").pull(limit=1)
+    result = subprocess.run([*NPSTREAM, "top", "--broker", broker.address, "--interval", "0.2",
+                             "--pattern", stream_name, "--no-groups", "--once"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"npstream top - {broker.address} - 1 streams - ")
+    assert row(lines, "STREAM") == ["STREAM", "IN/s", "OUT/s", "END", "OFFSET", "MESSAGES",
+                                    "SIZE"]
+    cells = row(lines, stream_name)
+    assert cells[3:5] == ["3", "3"] and len(cells) == 7  # no GROUPS cell after "N B"
+    assert row(lines, "GROUP") is None
 
 
 def test_top_refuses_a_bad_interval(broker):
