@@ -182,16 +182,20 @@ def test_top_shows_streams_and_the_lag_of_a_known_workload(broker, client, strea
     assert top.output.endswith(b"\x1b[?25h\x1b[?1049l")  # cursor and screen restored
 
 
+def top_once(broker, *args: str) -> list[str]:
+    """The lines `npstream top` prints with stdout not a terminal (exit 0, no escapes)."""
+    result = subprocess.run([*NPSTREAM, "top", "--broker", broker.address, "--interval", "0.2",
+                             *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout
+    return result.stdout.splitlines()
+
+
 def test_top_once_prints_one_screen_when_not_on_a_terminal(broker, client, stream_name,
                                                            tmp_path: Path):
     client.publish_batch(stream_name, [{"value": b"x"}] * 7)
     client.consumer(stream_name, "g").pull(limit=2)
-    result = subprocess.run([*NPSTREAM, "top", "--broker", broker.address, "--interval", "0.2",
-                             "--pattern", stream_name, "--sort", "lag"],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    assert "\x1b" not in result.stdout
+    lines = top_once(broker, "--pattern", stream_name, "--sort", "lag")
     assert lines[0].startswith(f"npstream top - {broker.address} - 1 streams, 1 groups")
     assert lines[1] == ""  # no keys line: nothing reads keys here
     assert not any(line.startswith("keys:") for line in lines)
@@ -202,11 +206,7 @@ def test_top_once_prints_one_screen_when_not_on_a_terminal(broker, client, strea
 def test_top_no_groups_reads_no_groups_and_shows_no_counts(broker, client, stream_name):
     client.publish_batch(stream_name, [{"value": b"x"}] * 3)
     client.consumer(stream_name, "g").pull(limit=1)
-    result = subprocess.run([*NPSTREAM, "top", "--broker", broker.address, "--interval", "0.2",
-                             "--pattern", stream_name, "--no-groups", "--once"],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    lines = top_once(broker, "--pattern", stream_name, "--no-groups", "--once")
     assert lines[0].startswith(f"npstream top - {broker.address} - 1 streams - ")
     assert row(lines, "STREAM") == ["STREAM", "IN/s", "OUT/s", "END", "OFFSET", "MESSAGES",
                                     "SIZE"]
