@@ -434,10 +434,6 @@ class _SubscribeSession:
 
     def apply(self, request: pb.SubscribeRequest) -> None:
         self._requests_counter.inc()
-        if request.credits < 0:
-            raise InvalidArgumentError(f"credits={request.credits} must be >= 0")
-        if request.nack_delay_ms < 0:
-            raise InvalidArgumentError(f"nack_delay_ms={request.nack_delay_ms} must be >= 0")
         stream = self._group.stream
         if request.ack_offsets or request.ack_ranges:
             self._group.ack(list(request.ack_offsets), self._member,

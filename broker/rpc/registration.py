@@ -13,23 +13,29 @@ Every other request is parsed here, not by gRPC: gRPC answers a request it
 cannot deserialize with INTERNAL ("Exception deserializing request!"), the
 status that means a broker bug, while a truncated or corrupt protobuf is the
 caller's mistake. Parsed here, it is INVALID_ARGUMENT with its reason, like
-every other bad request (found by the fuzzing of tests/broker/rpc).
+every other bad request (found by the fuzzing of tests/broker/rpc). Every
+parsed request also has its integer and enum fields checked against
+npstream.proto.field_ranges (``check_ranges``; the raw-request methods call it
+on the fields they parse), so no servicer sees a value out of range.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
 
 from npstream.broker.errors import InvalidArgumentError
 from npstream.broker.faults import hidden_rpcs
-from npstream.broker.rpc.status import abort_with
+from npstream.broker.rpc.status import abort_with, stream_of
 from npstream.proto import pb
+from npstream.proto.field_ranges import violation
 
-__all__ = ["add_service"]
+__all__ = ["add_service", "check_ranges"]
+
+M = TypeVar("M", bound=Message)
 
 _HANDLER_FACTORIES: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
     (False, False): grpc.unary_unary_rpc_method_handler,
@@ -69,13 +75,24 @@ def add_service(server: grpc.Server, service: str, servicer: Any, *,
         (grpc.method_handlers_generic_handler(descriptor.full_name, handlers),))
 
 
+def check_ranges(request: M) -> M:
+    """``request`` when its fields are in range (npstream.proto.field_ranges), else
+    InvalidArgumentError naming the field, its value and the accepted range."""
+    problem = violation(request)
+    if problem is not None:
+        stream = stream_of(request)
+        raise InvalidArgumentError(f"{problem} (stream '{stream}')" if stream else problem)
+    return request
+
+
 def _parse(request_type: type[Message], raw: bytes) -> Any:
-    """``raw`` as a ``request_type``; InvalidArgumentError when it is not one."""
+    """``raw`` as a ``request_type`` in range; InvalidArgumentError when it is not one."""
     try:
-        return request_type.FromString(raw)
+        request = request_type.FromString(raw)
     except DecodeError as exc:
         raise InvalidArgumentError(
             f"malformed {request_type.__name__}: {exc} (not a valid protobuf message)") from None
+    return check_ranges(request)
 
 
 def _parsing(behaviour: Callable[..., Any], request_type: type[Message]) -> Callable[..., Any]:

@@ -39,6 +39,7 @@ __all__ = [
     "observe_errors",
     "reason_metadata",
     "rpc_method",
+    "stream_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ def error_status(exc: BaseException, method: str = "", request: object = None,
     """
     trailing: list[tuple[str, str]]
     if not isinstance(exc, BrokerError) and is_disk_full(exc):
-        exc = DiskFullError(_stream_of(request), method or "the call", exc,
+        exc = DiskFullError(stream_of(request), method or "the call", exc,
                             "the call did not complete")
     if isinstance(exc, BrokerError):
         code = exc.grpc_code
@@ -114,13 +115,15 @@ def abort_with(context: grpc.ServicerContext, exc: BaseException, method: str = 
     raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
 
 
-def _stream_of(request: object) -> str:
-    """The stream a request names (``stream`` or ``name`` field), "" for none."""
+def stream_of(request: object) -> str:
+    """The stream a request names (``stream``, ``name`` or ``open.stream``), "" for none."""
     for field in ("stream", "name"):
         value = getattr(request, field, None)
         if isinstance(value, str) and value:
             return value
-    return ""
+    opening = getattr(request, "open", None)  # SubscribeRequest
+    stream = getattr(opening, "stream", "")
+    return stream if isinstance(stream, str) else ""
 
 
 def _already_aborted(exc: BaseException, context: grpc.ServicerContext) -> bool:

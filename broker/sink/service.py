@@ -31,7 +31,7 @@ from npstream.broker.errors import (
     StreamNotFoundError,
     is_disk_full,
 )
-from npstream.broker.rpc.registration import add_service
+from npstream.broker.rpc.registration import add_service, check_ranges
 from npstream.broker.rpc.status import rpc_method
 from npstream.broker.sink.access import require_sink_write, staged_targets, writable_targets
 from npstream.broker.sink.committer import SinkCommitter
@@ -107,7 +107,7 @@ def _split_stage_request(raw: bytes) -> tuple[pb.StageRequest, memoryview]:
         request, arrow = split_bytes_field(raw, pb.StageRequest, "arrow_stream")
     except DecodeError as exc:
         raise InvalidArgumentError(f"malformed StageRequest: {exc}") from None
-    return request, arrow[-1] if arrow else memoryview(b"")
+    return check_ranges(request), arrow[-1] if arrow else memoryview(b"")
 
 
 def _decode(request: pb.StageRequest, arrow_stream: memoryview | pa.Buffer) -> pa.Table:

@@ -38,7 +38,7 @@ from npstream.broker.errors import (
     StreamNotFoundError,
 )
 from npstream.broker.faults import PublishFault
-from npstream.broker.rpc.registration import add_service
+from npstream.broker.rpc.registration import add_service, check_ranges
 from npstream.broker.rpc.status import rpc_method
 from npstream.broker.server.context import BrokerContext
 from npstream.broker.storage import AckMode, AppendResult, ReadResult, StreamLog
@@ -176,12 +176,7 @@ def on_log(registry: StreamRegistry, stream: str, action: Callable[[], T]) -> T:
 
 def check_fetch_request(request: pb.FetchRequest) -> tuple[str, int | None]:
     """The stream name and end offset (None = none) of a valid FetchRequest."""
-    stream = check_stream_name(request.stream)
-    for field in ("max_messages", "max_bytes", "wait_ms", "end_offset"):
-        if getattr(request, field) < 0:
-            raise InvalidArgumentError(
-                f"fetch from stream '{stream}': {field}={getattr(request, field)} must be >= 0"
-            )
+    stream = check_stream_name(request.stream)  # its numbers: rpc/registration.check_ranges
     end = request.end_offset or None
     if end is not None and end < request.offset:
         raise InvalidArgumentError(
@@ -281,6 +276,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         """
         stream = check_stream_name(request.stream)
         self._access.require(context, stream, Right.WRITE)
+        check_ranges(request)  # a raw request (a PublishMany entry alone when it fails)
         if arrow_stream is None:  # given: split off the wire bytes, not in ``request``
             arrow_stream = memoryview(request.arrow_stream)  # each access copies (upb): once
         if request.messages and arrow_stream:

@@ -35,18 +35,21 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
 import pyarrow as pa
 import pytest
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from integrity import check_files, check_streams
 
 from harness import BrokerProcess
 from npstream import Client
-from npstream.proto import pb
+from npstream.proto import field_ranges, pb
 
 EXAMPLES = int(os.environ.get("NPSTREAM_FUZZ_EXAMPLES", "12"))
 CALL_TIMEOUT_S = 20.0
@@ -76,10 +79,15 @@ FUZZ_SETTINGS = settings(
 
 # ---------------------------------------------------------------- values
 
+# The bounds of npstream.proto.field_ranges' rules, and one past each, besides the types'.
+RULE_EDGES = sorted({edge for rule in field_ranges.RANGES.values()
+                     for edge in (rule.low - 1, rule.low, rule.high, rule.high + 1)
+                     if -(2**63) <= edge < 2**63})
 I64 = st.one_of(
     st.sampled_from([0, 1, -1, 2**31 - 1, 2**31, 2**32, 2**53, 2**63 - 1, -(2**63), -(2**31)]),
-    st.integers(-10, 10_000), st.integers(-(2**63), 2**63 - 1))
+    st.sampled_from(RULE_EDGES), st.integers(-10, 10_000), st.integers(-(2**63), 2**63 - 1))
 I32 = st.one_of(st.sampled_from([0, 1, -1, 2**31 - 1, -(2**31), 10_000, 100_000]),
+                st.sampled_from([e for e in RULE_EDGES if -(2**31) <= e < 2**31]),
                 st.integers(-(2**31), 2**31 - 1))
 U64 = st.one_of(st.sampled_from([0, 1, 2**63, 2**64 - 1]), st.integers(0, 2**64 - 1))
 # Wait times: mostly short, sometimes huge (the broker caps them at max_fetch_wait).
@@ -604,3 +612,185 @@ def test_a_subscriber_that_leaves_at_once_is_no_broker_error(fuzz_broker: Broker
     with Client(fuzz_broker.address) as client:
         client.list_streams()  # the broker has logged what it logs for the call by now
     assert fuzz_broker.log_text().count("unexpected error") == before
+
+
+# ---------------------------------------------------------------- every integer field's range
+
+# A valid request per RPC, naming the seeded streams and groups: the table-driven test
+# below sets one integer or enum field of it at a time.
+BASE_REQUESTS: dict[str, Message] = {
+    "StreamService/CreateStream": pb.CreateStreamRequest(name="fz-new-1", exist_ok=True),
+    "StreamService/DescribeStream": pb.DescribeStreamRequest(name=UNTYPED),
+    "StreamService/ListStreams": pb.ListStreamsRequest(prefix="fz-"),
+    "StreamService/UpdateStream": pb.UpdateStreamRequest(name="fz-new-1"),
+    "StreamService/DeleteStream": pb.DeleteStreamRequest(name="fz-new-2"),
+    "StreamService/DeleteMessages": pb.DeleteMessagesRequest(name=UNTYPED, before_offset=0),
+    "StreamService/RepairStream": pb.RepairStreamRequest(name=UNTYPED),
+    "StreamService/Publish": pb.PublishRequest(stream=UNTYPED,
+                                               messages=[pb.Message(value=b"r")]),
+    "StreamService/Fetch": pb.FetchRequest(stream=UNTYPED),
+    "StreamService/OffsetForTimestamp": pb.OffsetForTimestampRequest(stream=UNTYPED),
+    "StreamService/EndOffsets": pb.EndOffsetsRequest(streams=[UNTYPED]),
+    "StreamService/PublishStream": pb.PublishRequest(stream=UNTYPED,
+                                                     messages=[pb.Message(value=b"r")]),
+    "StreamService/PublishMany": pb.PublishManyRequest(entries=[pb.PublishRequest(
+        stream=UNTYPED, messages=[pb.Message(value=b"r")])]),
+    "StreamService/StreamStats": pb.StreamStatsRequest(streams=[UNTYPED]),
+    "StreamReadService/Locate": pb.FetchRequest(stream=UNTYPED),
+    "StreamReadService/ReadRange": pb.FetchRequest(stream=UNTYPED),
+    "GroupService/OpenConsumer": pb.OpenConsumerRequest(stream=UNTYPED, group=GROUP),
+    "GroupService/Pull": pb.PullRequest(stream=UNTYPED, group=GROUP),
+    "GroupService/Commit": pb.CommitRequest(stream=UNTYPED, group=GROUP),
+    "GroupService/Seek": pb.SeekRequest(stream=UNTYPED, group=GROUP),
+    "GroupService/ListGroups": pb.ListGroupsRequest(stream=UNTYPED),
+    "GroupService/DescribeGroup": pb.DescribeGroupRequest(stream=UNTYPED, group=GROUP),
+    "GroupService/DeleteGroup": pb.DeleteGroupRequest(stream=UNTYPED, group="fz-gone"),
+    "GroupService/Receive": pb.ReceiveRequest(stream=UNTYPED, group="fz-ranges"),
+    "GroupService/ReceiveBatch": pb.ReceiveRequest(stream=UNTYPED, group="fz-ranges"),
+    "GroupService/Ack": pb.AckRequest(stream=UNTYPED, group="fz-ranges"),
+    "GroupService/Nack": pb.NackRequest(stream=UNTYPED, group="fz-ranges"),
+    "GroupService/Subscribe": pb.SubscribeRequest(),
+    "GroupService/SubscribeBatches": pb.SubscribeRequest(),
+    "SinkService/Stage": pb.StageRequest(sink_id=SINK, staging_id="s-r", stream=UNTYPED,
+                                         arrow_stream=_ipc(pa.table({"value": [b"r"]}))),
+    "SinkService/CommitBatch": pb.CommitBatchRequest(sink_id=SINK, staging_ids=["s-none"]),
+    "SinkService/AbortBatch": pb.AbortBatchRequest(sink_id=SINK),
+    "SinkService/SinkState": pb.SinkStateRequest(sink_id=SINK),
+    "SinkService/StageInbox": pb.StageInboxRequest(),
+    "ClusterService/Owners": pb.OwnersRequest(streams=[UNTYPED]),
+    "ClusterService/MoveStream": pb.MoveStreamRequest(stream=UNTYPED, to="x:1"),
+    "ClusterService/MoveIn": pb.MoveInRequest(stream="fz-new-1", move_id="m"),
+}
+SUBSCRIBE_OPEN = pb.SubscribeRequest.Open(stream=UNTYPED, group="fz-ranges-sub")
+
+_TYPE_BOUNDS = {
+    FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1),
+    FieldDescriptor.TYPE_ENUM: (-(2**31), 2**31 - 1),
+    FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1),
+    FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1),
+}
+
+
+def _integer_paths(descriptor: Descriptor) -> Iterator[tuple[FieldDescriptor, ...]]:
+    """Every integer or enum field reachable from a request type, as a path of fields."""
+    for field in descriptor.fields:
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            if not field.message_type.GetOptions().map_entry:
+                for rest in _integer_paths(field.message_type):
+                    yield (field, *rest)
+        elif field.type in _TYPE_BOUNDS:
+            yield (field,)
+
+
+def _with_value(base: Message, path: tuple[FieldDescriptor, ...], value: int) -> Message:
+    message = type(base)()
+    message.CopyFrom(base)
+    target = message
+    for field in path[:-1]:
+        if field.is_repeated:  # the base's first element (a PublishMany's entry), or a new one
+            elements = getattr(target, field.name)
+            target = elements[0] if len(elements) else elements.add()
+        else:
+            target = getattr(target, field.name)
+    last = path[-1]
+    if last.is_repeated:
+        getattr(target, last.name).append(value)
+    else:
+        setattr(target, last.name, value)
+    return message
+
+
+def _range_cases() -> Iterator[tuple[str, tuple[FieldDescriptor, ...], int, bool]]:
+    """(rpc, field path, value, whether the value is accepted) over every field of every RPC:
+    0, -1, the type's max and min, the rule's bounds and one past each, unknown enum values."""
+    for rpc in sorted(REQUESTS):
+        for path in _integer_paths(BASE_REQUESTS[rpc].DESCRIPTOR):
+            field = path[-1]
+            low, high = _TYPE_BOUNDS[field.type]
+            values = {0, -1, low, high}
+            if field.type == FieldDescriptor.TYPE_ENUM:
+                accepted = {v.number for v in field.enum_type.values}
+                values |= {99, -5} | accepted
+            else:
+                rule = field_ranges.RANGES[f"{field.containing_type.name}.{field.name}"]
+                values |= {rule.low, rule.high, rule.low - 1, rule.high + 1}
+                accepted = None
+            for value in sorted(v for v in values if low <= v <= high):
+                ok = (value in accepted if accepted is not None
+                      else rule.low <= value <= rule.high)
+                yield rpc, path, value, ok
+
+
+def test_every_integer_field_of_a_request_has_a_range() -> None:
+    """A new integer field in the proto must get its rule in npstream.proto.field_ranges."""
+    fields = {f"{message.name}.{field.name}" for message, field in field_ranges.integer_fields()
+              if field.type != FieldDescriptor.TYPE_ENUM}
+    assert fields == set(field_ranges.RANGES)
+    assert set(BASE_REQUESTS) == set(REQUESTS)
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def _send_case(channel: grpc.Channel, rpc: str, path: tuple[FieldDescriptor, ...],
+               value: int) -> tuple[grpc.StatusCode, str]:
+    kind = REQUESTS[rpc][0]
+    request = _with_value(BASE_REQUESTS[rpc], path, value)
+    target = f"/npstream.v1.{rpc}"
+    try:
+        if kind == UNARY:
+            reply = channel.unary_unary(target)(request.SerializeToString(),
+                                                timeout=CALL_TIMEOUT_S)
+            if isinstance(request, pb.PublishManyRequest):  # an entry fails on its own
+                result = pb.PublishManyResponse.FromString(reply).results[0]
+                if result.HasField("error"):
+                    return _CODES[result.error.code], result.error.message
+        elif kind == SERVER_STREAM:
+            list(channel.unary_stream(target)(request.SerializeToString(),
+                                              timeout=CALL_TIMEOUT_S))
+        else:
+            if isinstance(request, pb.SubscribeRequest):
+                opening = pb.SubscribeRequest(credits=1)
+                opening.open.MergeFrom(SUBSCRIBE_OPEN)
+                if path[0].name == "open":
+                    opening.open.MergeFrom(request.open)
+                    requests = [opening]
+                else:
+                    requests = [opening, request]
+            else:
+                requests = [request]
+            list(channel.stream_stream(target)(iter([r.SerializeToString() for r in requests]),
+                                               timeout=1.0))
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+def test_every_integer_field_out_of_range_is_invalid_argument_naming_it(
+        fuzz_broker: BrokerProcess, channel: grpc.Channel) -> None:
+    """Every integer and enum field of every RPC at 0, -1, max, min, its rule's bounds and
+    unknown enum values (issue 34: ack_wait_ms=2**63-1 was INTERNAL, ack=99 was stored).
+
+    Out of range: INVALID_ARGUMENT naming the field and the accepted range. In range:
+    whatever the call's meaning gives (OK, NOT_FOUND, OUT_OF_RANGE...), never INTERNAL.
+    """
+    with Client(fuzz_broker.address) as client:
+        _seed(client)
+        client.create_stream("fz-new-1", exist_ok=True)
+    cases = list(_range_cases())
+    assert len(cases) > 300
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(lambda c: _send_case(channel, c[0], c[1], c[2]), cases))
+    wrong = []
+    for (rpc, path, value, ok), (code, details) in zip(cases, outcomes, strict=True):
+        name = ".".join(f.name for f in path)
+        if ok:
+            allowed = ALLOWED if REQUESTS[rpc][0] == UNARY else STREAMING_ALLOWED
+            if code not in allowed:
+                wrong.append(f"{rpc} {name}={value}: {code.name} {details}")
+        elif (code != grpc.StatusCode.INVALID_ARGUMENT
+              or f".{path[-1].name}={value} " not in details or "accepted" not in details):
+            wrong.append(f"{rpc} {name}={value} (out of range): {code.name} {details}")
+    assert not wrong, "\n".join(wrong)
+    _healthy_and_whole(fuzz_broker)

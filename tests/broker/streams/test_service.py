@@ -97,7 +97,8 @@ def test_create_stream_bad_config_values_are_invalid_argument(stub, name):
     err = rpc_error(stub.CreateStream, pb.CreateStreamRequest(
         name=name, config=pb.StreamConfig(max_bytes=-1)))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert f"max_bytes=-1 for stream '{name}' must be >= 0" in err.details()
+    assert (f"CreateStreamRequest.config.max_bytes=-1 is out of range: accepted "
+            f"0..9223372036854775807; 0 = unlimited / off (stream '{name}')") == err.details()
     err = rpc_error(stub.CreateStream, pb.CreateStreamRequest(
         name=name, config=pb.StreamConfig(max_message_bytes=64 << 20)))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -319,7 +320,7 @@ def test_fetch_with_end_offset_and_limits_returns_exactly_the_range(stub, name):
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     err = rpc_error(stub.Fetch, pb.FetchRequest(stream=name, offset=0, max_messages=-1))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "max_messages=-1 must be >= 0" in err.details()
+    assert "FetchRequest.max_messages=-1 is out of range: accepted 0..2147483647" in err.details()
 
 
 def test_fetch_offset_past_end_is_out_of_range_with_offset_metadata(stub, name):

@@ -256,7 +256,7 @@ def test_bad_group_name_and_limits_are_invalid_argument(client, stream_name):
         pb_grpc.GroupServiceStub(raw).Pull(pb.PullRequest(stream=stream_name, group="g",
                                                           limit=-1))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "limit=-1 must be >= 0" in err.value.details()
+    assert "PullRequest.limit=-1 is out of range: accepted 0..2147483647" in err.value.details()
     raw.close()
 
 
