@@ -28,11 +28,14 @@ is durable before the next one relies on it, and every step can be repeated.
    travel byte for byte, so the dedup window the target rebuilds from the
    log is the same.
 3. **switch** (state ``switching`` first, then ``MOVE_STEP_INSTALL``): the
-   target installs the stream in one SQLite transaction: its registry row and
-   value schemas, its groups (cursor positions, shared groups' committed
-   offsets, settings and dead-letter counts; leases do not survive, as over a
-   restart), the sink floors (per sink, the last batch already in the stream)
-   and a ``moves_in`` row for this move id. From ``switching`` on the move
+   target installs the stream in one SQLite transaction: the state records
+   every owner of per-stream state exported here (npstream.broker.handover;
+   ``ctx.state_owners``): its registry row and value schemas, its groups
+   (cursor positions, shared groups' committed offsets, settings and
+   dead-letter counts; leases do not survive, as over a restart), the sink
+   floors (per sink, the last batch already in the stream), its listing
+   stats; and a ``moves_in`` row for this move id. The mover reads no
+   package's tables: it orchestrates. From ``switching`` on the move
    never goes back: the target may own the stream already.
 4. **remove** (state ``removing``): this member redirects every call to the
    target and deletes its copy (files, rows, groups), then records ``done``.
@@ -61,7 +64,6 @@ move then resumes when an admin runs the command again.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import threading
@@ -82,8 +84,11 @@ from npstream.broker.errors import (
     NotOwnerError,
     StreamNotFoundError,
 )
+from npstream.broker.groups.handover import GROUP, GroupsOwner
+from npstream.broker.handover import encode_records, export_stream
 from npstream.broker.log_events import event_fields
-from npstream.broker.sink.staging import STAGING_DIR, uncommitted_batches
+from npstream.broker.sink.handover import SinkFloorsOwner
+from npstream.broker.sink.staging import STAGING_DIR
 from npstream.broker.storage.files import stream_dir
 from npstream.proto import metadata_keys, pb
 
@@ -136,6 +141,9 @@ class Mover:
     def __init__(self, ctx: BrokerContext, book: MoveBook) -> None:
         self._ctx = ctx
         self._book = book
+        # What the groups and the sink say about moving a stream (besides its records).
+        self._groups = GroupsOwner(ctx.metadata)
+        self._sinks = SinkFloorsOwner(ctx.metadata)
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         # The last caller's metadata per move (its token), for retries after a failure.
@@ -216,17 +224,8 @@ class Mover:
 
     def _dead_letter_streams(self, stream: str) -> list[str]:
         """The dead-letter streams of ``stream``'s shared groups that go with it (module doc)."""
-        used_by: dict[str, set[str]] = {}
-        for row in self._ctx.metadata.execute(
-                "SELECT stream, config_json FROM consumer_groups WHERE kind = 'shared'"):
-            try:
-                name = str(json.loads(row[1] or "{}").get("dead_letter_stream", ""))
-            except ValueError:
-                continue
-            if name:
-                used_by.setdefault(name, set()).add(str(row[0]))
-        return sorted(name for name, users in used_by.items()
-                      if users == {stream} and name != stream and name in self._ctx.registry)
+        return [name for name in self._groups.dead_letter_streams(stream)
+                if name in self._ctx.registry]
 
     def _gone(self, stream: str) -> None:
         """A stream not held here: it moved away meanwhile (a redirect), or it does not exist.
@@ -241,11 +240,10 @@ class Mover:
         raise StreamNotFoundError(stream)
 
     def _check_no_pending_sink(self, stream: str) -> None:
-        for row in self._ctx.metadata.execute("SELECT sink_id, streams FROM sink_pending"):
-            if stream in json.loads(row[1]):
-                raise MoveFailedError(
-                    f"stream '{stream}' is a target of sink '{row[0]}''s unfinished commit; "
-                    "the move starts once that commit is finished (retried by its writer)")
+        for sink_id in self._sinks.pending_into(stream):
+            raise MoveFailedError(
+                f"stream '{stream}' is a target of sink '{sink_id}''s unfinished commit; "
+                "the move starts once that commit is finished (retried by its writer)")
 
     def _drain(self, stream: str, target: str) -> None:
         """Step 0 (module doc): refuse new stagings, let the staged batches commit."""
@@ -273,10 +271,8 @@ class Mover:
             raise MoveFailedError(_staged_refusal(stream, waiting, 0))
 
     def _staged_batches(self, stream: str) -> list[tuple[str, int]]:
-        committed = {str(r[0]): int(r[1]) for r in self._ctx.metadata.execute(
-            "SELECT sink_id, last_batch_id FROM sink_state")}
-        return uncommitted_batches(self._ctx.config.server.data_dir / STAGING_DIR, stream,
-                                   committed)
+        return self._sinks.staged_batches(self._ctx.config.server.data_dir / STAGING_DIR,
+                                          stream)
 
     def _cancel(self, record: MoveRecord, metadata: Sequence[tuple[str, str]]) -> None:
         """Cancel a move still copying: the target drops what it got; served here again."""
@@ -309,7 +305,7 @@ class Mover:
             begun = self._step(record, metadata, pb.MoveInRequest(step=pb.MOVE_STEP_BEGIN))
             if not begun.installed:
                 state, sent = self._copy(record, metadata, end_offset)
-                reply.bytes, reply.groups = sent, len(state["groups"])
+                reply.bytes, reply.groups = sent, state["groups"]
                 faults.hit("move.copied", stream)
                 if record.state == "copying":
                     record = self._book.advance(record, "switching")
@@ -368,28 +364,12 @@ class Mover:
         return state, sum(sizes.values())
 
     def _state(self, stream: str, files: dict[str, int], end_offset: int) -> dict[str, Any]:
-        """The stream's rows for the target's install: config, schemas, groups, sink floors."""
-        metadata = self._ctx.metadata
-        rows = metadata.execute("SELECT config_json, created_ms FROM streams WHERE name = ?",
-                                (stream,))
-        if not rows:
+        """What the target's install takes: the files' sizes and every owner's records."""
+        if stream not in self._ctx.registry:
             raise StreamNotFoundError(stream)
-        schemas = [{"version": r["version"], "ddl": r["ddl"], "created_ms": r["created_ms"],
-                    "arrow_schema": base64.b64encode(bytes(r["arrow_schema"])).decode()}
-                   for r in metadata.execute(
-                       "SELECT version, arrow_schema, ddl, created_ms FROM stream_schemas "
-                       "WHERE stream = ? ORDER BY version", (stream,))]
-        groups = [dict(r) for r in metadata.execute(
-            "SELECT * FROM consumer_groups WHERE stream = ?", (stream,))]
-        floors: dict[str, int] = {
-            str(r[0]): int(r[1]) for r in metadata.execute(
-                "SELECT sink_id, last_batch_id FROM sink_state")}
-        for r in metadata.execute(
-                "SELECT sink_id, last_batch_id FROM sink_floors WHERE stream = ?", (stream,)):
-            floors[str(r[0])] = max(floors.get(str(r[0]), -1), int(r[1]))
-        return {"config_json": rows[0]["config_json"], "created_ms": rows[0]["created_ms"],
-                "schemas": schemas, "groups": groups, "sink_floors": floors, "files": files,
-                "end_offset": end_offset}
+        records = export_stream(self._ctx.state_owners, stream)
+        return {"files": files, "end_offset": end_offset, "records": encode_records(records),
+                "groups": sum(record.kind == GROUP for record in records)}
 
     def _step(self, record: MoveRecord, metadata: Sequence[tuple[str, str]],
               request: pb.MoveInRequest) -> pb.MoveInResponse:

@@ -10,11 +10,13 @@ either side (move.py):
   rename and its transaction) and starts afresh.
 * FILE: writes a chunk at its position in ``<data_dir>/moves-in/<move id>/``.
   Nothing reads that directory but the install.
-* INSTALL: checks every file has the size the source sent, fsyncs them,
-  renames the directory into ``streams/<name>``, then writes in ONE SQLite
-  transaction the stream's registry row and value schemas, its group rows,
-  the sink floors (markers.py) and a ``moves_in`` row; then the registry
-  serves it. That transaction is the moment the stream becomes this
+* INSTALL: checks every file has the size the source sent and that this
+  member takes every kind of state record sent, fsyncs the files, renames
+  the directory into ``streams/<name>``, then installs in ONE SQLite
+  transaction the stream's state records (each through the package that
+  owns it, ``ctx.state_owners``: registry row, value schemas, groups, sink
+  floors, listing stats; npstream.broker.handover) and a ``moves_in`` row;
+  then the registry serves it. That transaction is the moment the stream becomes this
   member's: before it, a crash leaves files no row owns (the next BEGIN
   drops them); after it, a repeated INSTALL answers ``installed``.
 * ABORT: drops the receiving directory (the source cancelled the move).
@@ -22,7 +24,6 @@ either side (move.py):
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from npstream.broker import faults
 from npstream.broker.cluster.move_state import MoveBook
 from npstream.broker.errors import AlreadyExistsError, InvalidArgumentError
+from npstream.broker.handover import StateRecord, check_kinds, decode_records, install_stream
 from npstream.broker.log_events import event_fields
 from npstream.broker.storage.files import fsync_dir, stream_dir, streams_root
 from npstream.proto import pb
@@ -117,6 +119,8 @@ class MoveReceiver:
         except ValueError:
             raise InvalidArgumentError("the move's state is not JSON") from None
         files: dict[str, int] = state["files"]
+        records = decode_records(state.get("records"))
+        check_kinds(self._ctx.state_owners, stream, records)
         self._check_files(receiving, files)
         directory = stream_dir(self._ctx.config.server.data_dir, stream)
         if files:
@@ -125,12 +129,12 @@ class MoveReceiver:
             fsync_dir(streams_root(self._ctx.config.server.data_dir))
         else:
             shutil.rmtree(receiving, ignore_errors=True)
-        self._write_rows(stream, move_id, request.source, state)
+        self._write_rows(stream, move_id, request.source, records)
         self._ctx.registry.load_row(stream)
         self._book.forget_tombstone(stream)
         faults.hit("move.installed", stream)
-        log.info("stream '%s' moved in from %s (move %s): %d file(s), %d group(s), end offset "
-                 "%d", stream, request.source, move_id, len(files), len(state["groups"]),
+        log.info("stream '%s' moved in from %s (move %s): %d file(s), %d state record(s), end "
+                 "offset %d", stream, request.source, move_id, len(files), len(records),
                  state["end_offset"], extra=event_fields(stream=stream))
         return pb.MoveInResponse(installed=True)
 
@@ -151,33 +155,12 @@ class MoveReceiver:
         if files:
             fsync_dir(receiving)
 
-    def _write_rows(self, stream: str, move_id: str, source: str, state: dict[str, Any]) -> None:
-        """The install's one transaction (module doc)."""
+    def _write_rows(self, stream: str, move_id: str, source: str,
+                    records: list[StateRecord]) -> None:
+        """The install's one transaction (module doc): every owner's records, the move's row."""
         metadata = self._ctx.metadata
-        now = int(time.time() * 1000)
-        group_columns = {row[1] for row in metadata.execute("PRAGMA table_info(consumer_groups)")}
-        with metadata.transaction():
-            metadata.execute("INSERT INTO streams (name, config_json, created_ms) "
-                             "VALUES (?, ?, ?)",
-                             (stream, state["config_json"], state["created_ms"]))
-            metadata.execute("DELETE FROM stream_schemas WHERE stream = ?", (stream,))
-            for schema in state["schemas"]:
-                metadata.execute(
-                    "INSERT INTO stream_schemas (stream, version, arrow_schema, ddl, created_ms) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    (stream, schema["version"], base64.b64decode(schema["arrow_schema"]),
-                     schema["ddl"], schema["created_ms"]))
-            metadata.execute("DELETE FROM consumer_groups WHERE stream = ?", (stream,))
-            for group in state["groups"]:
-                columns = [c for c in group if c in group_columns]
-                metadata.execute(
-                    f"INSERT INTO consumer_groups ({', '.join(columns)}) "
-                    f"VALUES ({', '.join('?' for _ in columns)})",
-                    [group[c] for c in columns])
-            metadata.execute("DELETE FROM sink_floors WHERE stream = ?", (stream,))
-            for sink_id, batch_id in state["sink_floors"].items():
-                metadata.execute("INSERT INTO sink_floors (sink_id, stream, last_batch_id) "
-                                 "VALUES (?, ?, ?)", (sink_id, stream, int(batch_id)))
-            metadata.execute("INSERT INTO moves_in (stream, move_id, source, installed_ms) "
-                             "VALUES (?, ?, ?, ?)", (stream, move_id, source, now))
+        with metadata.transaction() as txn:
+            install_stream(self._ctx.state_owners, stream, records, txn)
+            txn.execute("INSERT INTO moves_in (stream, move_id, source, installed_ms) "
+                        "VALUES (?, ?, ?, ?)", (stream, move_id, source, int(time.time() * 1000)))
         metadata.execute("PRAGMA wal_checkpoint(PASSIVE)")

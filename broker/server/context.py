@@ -8,14 +8,17 @@ from dataclasses import dataclass, field
 
 from npstream.broker.auth.access import AccessControl
 from npstream.broker.cluster.router import Cluster
+from npstream.broker.groups.handover import GroupsOwner
+from npstream.broker.handover import StreamStateOwner
 from npstream.broker.metadata import Metadata
 from npstream.broker.rpc.budget import PublishBudget
 from npstream.broker.server.config import BrokerConfig
 from npstream.broker.server.metrics import BrokerMetrics
+from npstream.broker.sink.handover import SinkFloorsOwner
 from npstream.broker.storage import Storage
 from npstream.broker.streams.registry import StreamRegistry
 
-__all__ = ["BrokerContext"]
+__all__ = ["BrokerContext", "state_owners"]
 
 
 @dataclass
@@ -32,6 +35,9 @@ class BrokerContext:
     registry: StreamRegistry
     metrics: BrokerMetrics
     on_stream_deleted: list[Callable[[str], None]] = field(default_factory=list)
+    # Every package keeping state per stream in the metadata (npstream.broker.handover):
+    # a move exports a stream's records through them and installs them on its target.
+    state_owners: list[StreamStateOwner] = field(default_factory=list)
     # Called when a stream is paused to be moved to another member (cluster/move.py):
     # drop its in-memory state (groups end their waiting calls, positions are flushed)
     # so that what is copied is everything, and nothing changes until the move is done.
@@ -48,3 +54,8 @@ class BrokerContext:
     # Bytes of publish data decoded and written at once (max_publish_bytes_in_flight):
     # Publish, PublishStream and Stage are admitted against it (off: no limit).
     publish_budget: PublishBudget = field(default_factory=lambda: PublishBudget(0))
+
+
+def state_owners(metadata: Metadata, registry: StreamRegistry) -> list[StreamStateOwner]:
+    """Every package's owner of per-stream state (``BrokerContext.state_owners``)."""
+    return [*registry.state_owners, GroupsOwner(metadata), SinkFloorsOwner(metadata)]

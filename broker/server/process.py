@@ -42,7 +42,7 @@ from npstream.broker.metadata import Metadata
 from npstream.broker.rpc import status as rpc_status
 from npstream.broker.rpc.budget import PublishAdmission, PublishBudget
 from npstream.broker.server.config import BrokerConfig, is_loopback_host
-from npstream.broker.server.context import BrokerContext
+from npstream.broker.server.context import BrokerContext, state_owners
 from npstream.broker.server.http import HttpEndpoint
 from npstream.broker.server.metric_collectors import ResourceCollector, StreamCollector
 from npstream.broker.server.metrics import BrokerMetrics
@@ -153,6 +153,7 @@ class BrokerServer:
         budget = PublishBudget(config.server.max_publish_bytes_in_flight, metrics.registry)
         return BrokerContext(config=config, metadata=metadata, storage=storage,
                              registry=registry, metrics=metrics, on_stream_deleted=listeners,
+                             state_owners=state_owners(metadata, registry),
                              stopping=self.stopping, access=access, publish_budget=budget)
 
     def _build_server(self, ctx: BrokerContext) -> grpc.Server:

@@ -86,10 +86,28 @@ class ListingStats:
         with self._lock:
             if not self._pending:
                 return
-            rows = [(name, *(s.start_offset, s.end_offset, s.bytes_on_disk,
-                             s.first_timestamp_ms, s.last_timestamp_ms, s.segment_count))
-                    for name, s in self._pending.items()]
-            self._metadata.executemany(
-                "INSERT OR REPLACE INTO stream_stats (stream, start_offset, end_offset, bytes, "
-                "first_ts, last_ts, segments) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            self._metadata.executemany(_PUT, [_row(name, s) for name, s in self._pending.items()])
             self._pending.clear()
+
+    # The two below run inside the caller's transaction, which holds the metadata
+    # lock: they take no ``_lock`` (``flush`` takes it, then the metadata lock). The
+    # caller's stream has no live log, so nothing puts its stats meanwhile.
+
+    def write(self, name: str, stats: LogStats, txn: Metadata) -> None:
+        """Keep ``stats`` for ``name`` now, in the caller's transaction (a stream moved in)."""
+        self._pending.pop(name, None)
+        txn.execute(_PUT, _row(name, stats))
+
+    def forget(self, name: str, txn: Metadata) -> None:
+        """``drop`` in the caller's transaction."""
+        self._pending.pop(name, None)
+        txn.execute("DELETE FROM stream_stats WHERE stream = ?", (name,))
+
+
+_PUT = ("INSERT OR REPLACE INTO stream_stats (stream, start_offset, end_offset, bytes, "
+        "first_ts, last_ts, segments) VALUES (?, ?, ?, ?, ?, ?, ?)")
+
+
+def _row(name: str, s: LogStats) -> tuple[str, int, int, int, int, int, int]:
+    return (name, s.start_offset, s.end_offset, s.bytes_on_disk, s.first_timestamp_ms,
+            s.last_timestamp_ms, s.segment_count)

@@ -45,6 +45,7 @@ from npstream.broker.errors import (
     StreamNeedsRepairError,
     StreamNotFoundError,
 )
+from npstream.broker.handover import StreamStateOwner
 from npstream.broker.log_events import event_fields
 from npstream.broker.metadata import Metadata
 from npstream.broker.server.config import BrokerConfig
@@ -57,6 +58,7 @@ from npstream.broker.storage import (
 )
 from npstream.broker.storage.group_commit import CommitQueue, CommitRequest
 from npstream.broker.storage.small_append import MessageRows, lone_message
+from npstream.broker.streams.handover import ListingStatsOwner, StreamRowsOwner
 from npstream.broker.streams.listing import StreamListing
 from npstream.broker.streams.listing_stats import ListingStats
 from npstream.broker.streams.names import check_stream_name
@@ -131,6 +133,10 @@ class StreamRegistry:
         self._listing = StreamListing(metadata, self.describe, self._record, self._offsets,
                                       self._listing_stats.flush)
         storage.set_value_schema_lookup(self.value_schemas_of)
+        self._rows_owner = StreamRowsOwner(metadata)
+        # The streams package's per-stream state, for moves (npstream.broker.handover).
+        self.state_owners: tuple[StreamStateOwner, ...] = (
+            self._rows_owner, ListingStatsOwner(self._listing_stats))
 
     # ------------------------------------------------------------ helpers
 
@@ -511,9 +517,8 @@ class StreamRegistry:
             # Files before the row: a crash in between leaves an empty stream, never a
             # new stream that inherits old data.
             self._storage.drop_log(name)
-            with self._lock, self._metadata.transaction():
-                self._nursery.forget(name)
-                self._rows.delete(name)
+            with self._lock, self._metadata.transaction() as txn:
+                self._rows_owner.drop(name, txn)
                 self._records.pop(name, None)
         log.info("deleted stream '%s'", name, extra=event_fields(stream=name))
         for listener in list(self._on_deleted):

@@ -62,8 +62,3 @@ class StreamRows:
     def set_overrides(self, name: str, overrides: Mapping[str, int]) -> None:
         self._metadata.execute("UPDATE streams SET config_json = ? WHERE name = ?",
                                (json.dumps(overrides, sort_keys=True), name))
-
-    def delete(self, name: str) -> None:
-        """Delete the stream's row and its schema rows (inside the caller's transaction)."""
-        self._metadata.execute("DELETE FROM streams WHERE name = ?", (name,))
-        self._schemas.drop([name])
