@@ -1,12 +1,15 @@
 """Typed broker errors, one root, each carrying the values an operator needs.
 
-Every error knows its gRPC status code (``grpc_code``) and its
-``npstream.v1.ErrorReason`` (``reason``), so the service layer maps them in
-one place (npstream.broker.rpc.status) and never guesses, and clients tell
-failures apart by reason rather than by reading the message. A new error
-class needs its own reason in the proto (tests check that every subclass
-declares one). Messages always name the stream and, for offsets, the
-offending and valid values.
+Every error class names its ``npstream.v1.ErrorReason`` (``reason``); all
+else about the reason is declared once, in its ``(error)`` option in
+npstream.proto (npstream.proto.error_reasons): the gRPC status code it
+travels with (the service layer maps it in one place,
+npstream.broker.rpc.status, so this module loads no grpc and the storage
+engine may raise these) and the trailing metadata sent beside it, which
+``trailing()`` reads from the attributes of the same names. Exactly one class
+declares each reason; a more specific error of the same reason subclasses it
+(tests/broker/rpc/test_status_reasons.py). Messages always name the stream
+and, for offsets, the offending and valid values.
 """
 
 from __future__ import annotations
@@ -15,20 +18,21 @@ import errno
 import sqlite3
 from pathlib import Path
 
-import grpc
-
-from npstream.proto import metadata_keys, pb
+from npstream.proto import pb
+from npstream.proto.error_reasons import SPECS, attribute_of
 
 __all__ = [
     "AlreadyExistsError",
     "BrokerError",
     "CorruptRecordError",
+    "DeadLetterElsewhereError",
     "DiskFullError",
     "DiskIOError",
     "GroupNotFoundError",
     "InvalidArgumentError",
     "MemberUnavailableError",
     "MessageTooLargeError",
+    "MoveFailedError",
     "NotOwnerError",
     "OffsetOutOfRangeError",
     "OverloadedError",
@@ -36,6 +40,9 @@ __all__ = [
     "SchemaIncompatibleError",
     "SchemaInvalidError",
     "ShuttingDownError",
+    "SinkConflictError",
+    "StagingFormatError",
+    "StagingNotFoundError",
     "StreamMovingError",
     "StreamNeedsRepairError",
     "StreamNotFoundError",
@@ -48,21 +55,19 @@ __all__ = [
 class BrokerError(Exception):
     """Root of every error the broker reports to a client."""
 
-    grpc_code: grpc.StatusCode = grpc.StatusCode.INTERNAL
     reason: pb.ErrorReason = pb.ERROR_REASON_INTERNAL
 
     def trailing(self) -> list[tuple[str, str]]:
-        """Trailing metadata sent besides the reason (a redirect's owner); none by default."""
-        return []
+        """Trailing metadata sent besides the reason: the keys its (error) option names,
+        each from the attribute of the same name (``x-npstream-owner``: ``self.owner``)."""
+        return [(key, str(getattr(self, attribute_of(key)))) for key in SPECS[self.reason].trailing]
 
 
 class InvalidArgumentError(BrokerError, ValueError):
-    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
     reason = pb.ERROR_REASON_INVALID_ARGUMENT
 
 
 class StreamNotFoundError(BrokerError, KeyError):
-    grpc_code = grpc.StatusCode.NOT_FOUND
     reason = pb.ERROR_REASON_STREAM_NOT_FOUND
 
     def __init__(self, stream: str) -> None:
@@ -74,7 +79,6 @@ class StreamNotFoundError(BrokerError, KeyError):
 
 
 class GroupNotFoundError(BrokerError, KeyError):
-    grpc_code = grpc.StatusCode.NOT_FOUND
     reason = pb.ERROR_REASON_GROUP_NOT_FOUND
 
     def __init__(self, stream: str, group: str) -> None:
@@ -105,12 +109,10 @@ class ValueMismatchError(InvalidArgumentError):
 
 
 class AlreadyExistsError(BrokerError):
-    grpc_code = grpc.StatusCode.ALREADY_EXISTS
     reason = pb.ERROR_REASON_ALREADY_EXISTS
 
 
 class OffsetOutOfRangeError(BrokerError):
-    grpc_code = grpc.StatusCode.OUT_OF_RANGE
     reason = pb.ERROR_REASON_OFFSET_OUT_OF_RANGE
 
     def __init__(self, stream: str, offset: int, start: int, end: int) -> None:
@@ -120,8 +122,8 @@ class OffsetOutOfRangeError(BrokerError):
         )
         self.stream = stream
         self.offset = offset
-        self.start = start
-        self.end = end
+        self.start_offset = start
+        self.end_offset = end
 
 
 class MessageTooLargeError(InvalidArgumentError):
@@ -132,7 +134,6 @@ class MessageTooLargeError(InvalidArgumentError):
     (npstream.broker.storage.batch_builder.check_message_sizes).
     """
 
-    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
     reason = pb.ERROR_REASON_MESSAGE_TOO_LARGE
 
     def __init__(self, stream: str, index: int, size: int, limit: int, *,
@@ -151,7 +152,6 @@ class MessageTooLargeError(InvalidArgumentError):
 class CorruptRecordError(BrokerError):
     """A frame before the tail failed its length or CRC check."""
 
-    grpc_code = grpc.StatusCode.DATA_LOSS
     reason = pb.ERROR_REASON_CORRUPT_RECORD
 
     def __init__(self, path: Path | str, position: int, detail: str) -> None:
@@ -162,7 +162,6 @@ class CorruptRecordError(BrokerError):
 
 
 class StreamNeedsRepairError(BrokerError):
-    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
     reason = pb.ERROR_REASON_STREAM_NEEDS_REPAIR
 
     def __init__(self, stream: str, cause: CorruptRecordError) -> None:
@@ -177,7 +176,6 @@ class StreamNeedsRepairError(BrokerError):
 class UnauthenticatedError(BrokerError):
     """No token, or one the broker does not know (the auth interceptor, or a reload since)."""
 
-    grpc_code = grpc.StatusCode.UNAUTHENTICATED
     reason = pb.ERROR_REASON_UNAUTHENTICATED
 
 
@@ -188,7 +186,6 @@ class PermissionDeniedError(BrokerError):
     name its tokens-file entry gives it: never the token itself.
     """
 
-    grpc_code = grpc.StatusCode.PERMISSION_DENIED
     reason = pb.ERROR_REASON_PERMISSION_DENIED
 
     def __init__(self, stream: str, right: str, holder: str, action: str = "") -> None:
@@ -204,7 +201,6 @@ class PermissionDeniedError(BrokerError):
 
 
 class ShuttingDownError(BrokerError):
-    grpc_code = grpc.StatusCode.UNAVAILABLE
     reason = pb.ERROR_REASON_SHUTTING_DOWN
 
 
@@ -215,7 +211,6 @@ class NotOwnerError(BrokerError):
     (``metadata_keys.OWNER``), so the client follows it without reading text.
     """
 
-    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
     reason = pb.ERROR_REASON_NOT_OWNER
 
     def __init__(self, stream: str, owner: str, exists: bool) -> None:
@@ -223,9 +218,6 @@ class NotOwnerError(BrokerError):
         super().__init__(f"stream '{stream}' {held} cluster member {owner}: send the call there")
         self.stream = stream
         self.owner = owner
-
-    def trailing(self) -> list[tuple[str, str]]:
-        return [(metadata_keys.OWNER, self.owner), (metadata_keys.STREAM, self.stream)]
 
 
 class StreamMovingError(BrokerError):
@@ -236,7 +228,6 @@ class StreamMovingError(BrokerError):
     once the move is done the old member redirects to the new one.
     """
 
-    grpc_code = grpc.StatusCode.UNAVAILABLE
     reason = pb.ERROR_REASON_STREAM_MOVING
 
     def __init__(self, stream: str, target: str, retry_after_ms: int = 200) -> None:
@@ -245,15 +236,34 @@ class StreamMovingError(BrokerError):
         self.stream = stream
         self.retry_after_ms = retry_after_ms
 
-    def trailing(self) -> list[tuple[str, str]]:
-        return [(metadata_keys.RETRY_AFTER_MS, str(self.retry_after_ms)),
-                (metadata_keys.STREAM, self.stream)]
+
+class DeadLetterElsewhereError(NotOwnerError):
+    """A dead-letter stream that another member holds: it must live with its group's stream.
+
+    A redirect like any NOT_OWNER (the owner travels as trailing metadata),
+    with a message that says why the stream must move.
+    """
+
+    def __init__(self, name: str, holder: str, here: str) -> None:
+        BrokerError.__init__(
+            self,
+            f"dead-letter stream '{name}' is held by cluster member {holder}, but a shared "
+            f"group's dead-letter stream lives with its group's stream, on {here}: move it "
+            f"here (npstream streams move {name} --to {here}) or give the group another "
+            "dead_letter_stream")
+        self.stream = name
+        self.owner = holder
+
+
+class MoveFailedError(BrokerError):
+    """The move cannot go on (the target holds another stream of that name, ...)."""
+
+    reason = pb.ERROR_REASON_MOVE_FAILED
 
 
 class MemberUnavailableError(BrokerError):
     """Another cluster member this call needs did not answer (names it and what it said)."""
 
-    grpc_code = grpc.StatusCode.UNAVAILABLE
     reason = pb.ERROR_REASON_MEMBER_UNAVAILABLE
 
     def __init__(self, members: str, need: str, detail: str) -> None:
@@ -261,16 +271,25 @@ class MemberUnavailableError(BrokerError):
         self.members = members
 
 
-class StagingFormatError(BrokerError):
+class SinkConflictError(BrokerError):
+    """The request contradicts the sink's state (another batch's commit is unfinished)."""
+
+    reason = pb.ERROR_REASON_SINK_CONFLICT
+
+
+class StagingNotFoundError(BrokerError):
+    """A commit lists a staging id the broker does not hold (aborted, expired or never staged)."""
+
+    reason = pb.ERROR_REASON_STAGING_NOT_FOUND
+
+
+class StagingFormatError(StagingNotFoundError):
     """Sink staging in a staging format this broker does not read (an older broker wrote it).
 
     Only the current format is read, so for a client such a staging is one
     the broker does not hold, answered like a missing staging; the remedy is
     the same (stage the batch again).
     """
-
-    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
-    reason = pb.ERROR_REASON_STAGING_NOT_FOUND
 
     def __init__(self, path: Path | str, found: int, supported: int) -> None:
         super().__init__(
@@ -317,7 +336,6 @@ class DiskFullError(BrokerError):
     being done.
     """
 
-    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
     reason = pb.ERROR_REASON_DISK_FULL
 
     def __init__(self, stream: str, action: str, cause: BaseException | str,
@@ -330,7 +348,7 @@ class DiskFullError(BrokerError):
         self.action = action
 
 
-class DiskIOError(BrokerError):
+class DiskIOError(BrokerError):  # reason INTERNAL, the root's
     """A write or fsync of a stream's files failed with an I/O error, not a full disk (EIO).
 
     INTERNAL, not UNAVAILABLE: the SDK retries UNAVAILABLE for its retry
@@ -342,9 +360,6 @@ class DiskIOError(BrokerError):
     restart is deduplicated). Other streams keep working. The message names
     the stream; the broker logs the failure at ERROR once per stream.
     """
-
-    grpc_code = grpc.StatusCode.INTERNAL
-    reason = pb.ERROR_REASON_INTERNAL
 
     def __init__(self, stream: str, action: str, cause: BaseException | str, *,
                  refusing: bool = True) -> None:
@@ -364,7 +379,6 @@ class OverloadedError(BrokerError):
     before sending the request again (npstream.broker.rpc.budget).
     """
 
-    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
     reason = pb.ERROR_REASON_OVERLOADED
 
     def __init__(self, message: str, retry_after_ms: int) -> None:

@@ -8,10 +8,16 @@ several failures (NOT_FOUND: a stream or a group; FAILED_PRECONDITION: a
 stream that needs repair, a sink conflict or missing staging) and message
 text is for humans, free to change. Only when a reason is absent (an error
 raised by gRPC itself, or a broker that predates reasons) does the status code
-decide (``CODE_CLASSES``). OUT_OF_RANGE errors also carry the stream's offsets
-as trailing metadata (``npstream.proto.metadata_keys.OFFSET_KEYS``), so
-callers such as the Spark reader's data-loss check get numbers, not text to
-parse.
+decide (``CODE_CLASSES``). Which class a reason becomes, that class's bases
+and the status code it travels with are declared once, in the reason's
+``(error)`` option in npstream.proto (npstream.proto.error_reasons):
+``REASON_CLASSES`` and each class's ``code`` are built from it when this
+module is imported, which fails if a class's bases differ from the
+declaration. Each class builds itself from a broker status
+(``from_broker``), reading the trailing metadata its reason declares:
+OUT_OF_RANGE errors carry the stream's offsets
+(``npstream.proto.metadata_keys.OFFSET_KEYS``), so callers such as the Spark
+reader's data-loss check get numbers, not text to parse.
 
 Every exception this package raises on purpose derives from ``NpstreamError``;
 where a builtin says the same thing (``ValueError``, ``TypeError``,
@@ -22,11 +28,12 @@ too, so plain Python ``except`` clauses work.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import cast
+from typing import Self, cast
 
 import grpc
 
 from npstream.proto import metadata_keys, pb
+from npstream.proto.error_reasons import SPECS
 
 __all__ = [
     "CODE_CLASSES",
@@ -66,7 +73,8 @@ __all__ = [
 class NpstreamError(Exception):
     """Root of every error the client raises.
 
-    ``code`` is the gRPC status, if the error came from a call; ``reason`` is
+    ``code`` is the gRPC status, if the error came from a call (a class's
+    default is the status its reason declares); ``reason`` is
     the ``pb.ErrorReason`` the broker sent with it (None when the error did not
     come from the broker, or the broker sent none): compare it with
     ``pb.ERROR_REASON_*`` when a class is not specific enough.
@@ -88,9 +96,15 @@ class NpstreamError(Exception):
         if reason is not None:
             self.reason = reason
 
+    @classmethod
+    def from_broker(cls, details: str, meta: Mapping[str, str], address: str) -> Self:
+        """The error for a broker status: its details and trailing metadata (a call's,
+        or one PublishMany entry's), from the broker at ``address``."""
+        return cls(details)
+
 
 class InvalidArgument(NpstreamError, ValueError):
-    code = grpc.StatusCode.INVALID_ARGUMENT
+    """A bad name, value, option or request shape (the broker's, or caught client-side)."""
 
 
 class MessageTooLarge(InvalidArgument):
@@ -124,21 +138,19 @@ class IndexOutOfRange(NpstreamError, IndexError):
 
 
 class StreamNotFound(NpstreamError, LookupError):
-    code = grpc.StatusCode.NOT_FOUND
+    """The stream does not exist."""
 
 
 class GroupNotFound(NpstreamError, LookupError):
-    code = grpc.StatusCode.NOT_FOUND
+    """The consumer group does not exist on the stream."""
 
 
 class AlreadyExists(NpstreamError):
-    code = grpc.StatusCode.ALREADY_EXISTS
+    """``create_stream`` with another config than the existing stream's (and no exist_ok)."""
 
 
 class OffsetOutOfRange(NpstreamError, IndexError):
     """The requested offset lies outside [start_offset, end_offset] of the stream."""
-
-    code = grpc.StatusCode.OUT_OF_RANGE
 
     def __init__(
         self,
@@ -155,9 +167,16 @@ class OffsetOutOfRange(NpstreamError, IndexError):
         self.start_offset = start_offset
         self.end_offset = end_offset
 
+    @classmethod
+    def from_broker(cls, details: str, meta: Mapping[str, str], address: str) -> Self:
+        return cls(details, stream=meta.get(metadata_keys.STREAM, ""),
+                   offset=_int(meta, metadata_keys.OFFSET, -1),
+                   start_offset=_int(meta, metadata_keys.START_OFFSET, -1),
+                   end_offset=_int(meta, metadata_keys.END_OFFSET, -1))
+
 
 class StreamNeedsRepair(NpstreamError):
-    code = grpc.StatusCode.FAILED_PRECONDITION
+    """The stream's log is corrupt mid-file: run ``repair_stream``."""
 
 
 class SinkConflict(NpstreamError):
@@ -169,8 +188,6 @@ class SinkConflict(NpstreamError):
     still catches every sink refusal.
     """
 
-    code = grpc.StatusCode.FAILED_PRECONDITION
-
 
 class StagingNotFound(SinkConflict):
     """A commit lists staging the broker does not hold (aborted, expired or never staged)."""
@@ -179,11 +196,9 @@ class StagingNotFound(SinkConflict):
 class CorruptRecord(NpstreamError):
     """A stored record failed its length or CRC check while the broker read it."""
 
-    code = grpc.StatusCode.DATA_LOSS
-
 
 class Unauthenticated(NpstreamError):
-    code = grpc.StatusCode.UNAUTHENTICATED
+    """No token, or one the broker does not know."""
 
 
 class PermissionDenied(NpstreamError, PermissionError):
@@ -194,8 +209,6 @@ class PermissionDenied(NpstreamError, PermissionError):
     without a restart, and this client's next call uses the new rights).
     """
 
-    code = grpc.StatusCode.PERMISSION_DENIED
-
 
 class DiskFull(NpstreamError):
     """The broker's disk is full: what the call was to write was not stored.
@@ -204,8 +217,6 @@ class DiskFull(NpstreamError):
     the call once space has been freed on the broker. The message names the
     stream.
     """
-
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 class Overloaded(NpstreamError):
@@ -216,17 +227,25 @@ class Overloaded(NpstreamError):
     raised when the broker stayed overloaded that long.
     """
 
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-
     def __init__(self, message: str, *, retry_after: float = 0.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after  # seconds the broker asked the client to wait
 
+    @classmethod
+    def from_broker(cls, details: str, meta: Mapping[str, str], address: str) -> Self:
+        return cls(details, retry_after=_retry_after(meta))
+
 
 class BrokerUnavailable(NpstreamError, ConnectionError):
-    """The broker could not be reached within the deadline (after retries)."""
+    """The broker could not be reached within the deadline (after retries).
 
-    code = grpc.StatusCode.UNAVAILABLE
+    Also what the broker says when it is shutting down, or when a cluster
+    member the call needs did not answer (``reason`` tells which).
+    """
+
+    @classmethod
+    def from_broker(cls, details: str, meta: Mapping[str, str], address: str) -> Self:
+        return cls(f"broker at {address} is unavailable: {details}")
 
 
 class NotOwner(BrokerUnavailable):
@@ -240,12 +259,15 @@ class NotOwner(BrokerUnavailable):
     ``ConnectionError`` (a subscription) reconnects to the owner.
     """
 
-    code = grpc.StatusCode.FAILED_PRECONDITION
-
     def __init__(self, message: str, *, stream: str = "", owner: str = "") -> None:
         super().__init__(message)
         self.stream = stream
         self.owner = owner
+
+    @classmethod
+    def from_broker(cls, details: str, meta: Mapping[str, str], address: str) -> Self:
+        return cls(details, stream=meta.get(metadata_keys.STREAM, ""),
+                   owner=meta.get(metadata_keys.OWNER, ""))
 
 
 class StreamMoving(BrokerUnavailable):
@@ -257,18 +279,19 @@ class StreamMoving(BrokerUnavailable):
     new one and the client follows. Raised when a move outlasted the deadline.
     """
 
-    code = grpc.StatusCode.UNAVAILABLE
-
     def __init__(self, message: str, *, retry_after: float = 0.0, stream: str = "") -> None:
         super().__init__(message)
         self.retry_after = retry_after  # seconds the broker asked the client to wait
         self.stream = stream
 
+    @classmethod
+    def from_broker(cls, details: str, meta: Mapping[str, str], address: str) -> Self:
+        return cls(details, retry_after=_retry_after(meta),
+                   stream=meta.get(metadata_keys.STREAM, ""))
+
 
 class MoveFailed(NpstreamError):
     """A stream move cannot go on now (details say why and what to do; see docs/cli.md)."""
-
-    code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class BrokerInternalError(NpstreamError):
@@ -279,38 +302,44 @@ class BrokerInternalError(NpstreamError):
     "Disk errors"); the SDK does not retry it.
     """
 
-    code = grpc.StatusCode.INTERNAL
+
+def _int(meta: Mapping[str, str], key: str, default: int) -> int:
+    """A decimal trailing metadata value; ``default`` when absent or not a number."""
+    try:
+        return int(meta.get(key, default))
+    except (TypeError, ValueError):
+        return default
 
 
-# The class for each reason the broker sends. Every ErrorReason except
-# UNSPECIFIED must be here (tests/connector/client/test_error_reasons.py fails
-# otherwise), so a reason added to the proto cannot silently fall back to a
-# status code.
-REASON_CLASSES: Mapping[pb.ErrorReason, type[NpstreamError]] = {
-    pb.ERROR_REASON_INVALID_ARGUMENT: InvalidArgument,
-    pb.ERROR_REASON_MESSAGE_TOO_LARGE: MessageTooLarge,
-    pb.ERROR_REASON_STREAM_NOT_FOUND: StreamNotFound,
-    pb.ERROR_REASON_GROUP_NOT_FOUND: GroupNotFound,
-    pb.ERROR_REASON_ALREADY_EXISTS: AlreadyExists,
-    pb.ERROR_REASON_OFFSET_OUT_OF_RANGE: OffsetOutOfRange,
-    pb.ERROR_REASON_STREAM_NEEDS_REPAIR: StreamNeedsRepair,
-    pb.ERROR_REASON_SINK_CONFLICT: SinkConflict,
-    pb.ERROR_REASON_STAGING_NOT_FOUND: StagingNotFound,
-    pb.ERROR_REASON_CORRUPT_RECORD: CorruptRecord,
-    pb.ERROR_REASON_SHUTTING_DOWN: BrokerUnavailable,
-    pb.ERROR_REASON_UNAUTHENTICATED: Unauthenticated,
-    pb.ERROR_REASON_INTERNAL: BrokerInternalError,
-    pb.ERROR_REASON_SCHEMA_INVALID: InvalidSchema,
-    pb.ERROR_REASON_SCHEMA_INCOMPATIBLE: IncompatibleSchema,
-    pb.ERROR_REASON_VALUE_MISMATCH: ValueMismatch,
-    pb.ERROR_REASON_PERMISSION_DENIED: PermissionDenied,
-    pb.ERROR_REASON_DISK_FULL: DiskFull,
-    pb.ERROR_REASON_OVERLOADED: Overloaded,
-    pb.ERROR_REASON_NOT_OWNER: NotOwner,
-    pb.ERROR_REASON_MEMBER_UNAVAILABLE: BrokerUnavailable,
-    pb.ERROR_REASON_STREAM_MOVING: StreamMoving,
-    pb.ERROR_REASON_MOVE_FAILED: MoveFailed,
-}
+def _retry_after(meta: Mapping[str, str]) -> float:
+    """The broker's retry hint in seconds (0 when absent or not a number)."""
+    return max(0.0, _int(meta, metadata_keys.RETRY_AFTER_MS, 0) / 1000)
+
+
+def _reason_classes() -> Mapping[pb.ErrorReason, type[NpstreamError]]:
+    """The class of each reason, as its (error) option names it; sets each class's ``code``.
+
+    Fails the import when the proto names a class this module lacks or bases
+    other than the class's own, so the declaration and the classes cannot drift.
+    """
+    classes: dict[pb.ErrorReason, type[NpstreamError]] = {}
+    for reason, spec in SPECS.items():
+        cls = globals().get(spec.client_class)
+        if not (isinstance(cls, type) and issubclass(cls, NpstreamError)):
+            raise TypeError(f"{spec.name}'s client_class {spec.client_class} is not an "
+                            "NpstreamError of npstream.errors")
+        bases = tuple(base.__name__ for base in cls.__bases__)
+        if bases != spec.client_bases:
+            raise TypeError(f"{cls.__name__}'s bases {bases} are not those {spec.name} "
+                            f"declares in npstream.proto: {spec.client_bases}")
+        cls.code = grpc.StatusCode[spec.status]
+        classes[reason] = cls
+    return classes
+
+
+# The class for each reason the broker sends: every ErrorReason except
+# UNSPECIFIED, from its (error) option.
+REASON_CLASSES: Mapping[pb.ErrorReason, type[NpstreamError]] = _reason_classes()
 
 # The class when no reason came with the error: gRPC's own failures
 # (unreachable broker, deadline) and brokers older than ErrorReason. Where a
@@ -376,36 +405,7 @@ def from_status(code: grpc.StatusCode | None, details: str, meta: Mapping[str, s
     """The NpstreamError for a status: a failed call's, or one PublishMany entry's
     (``pb.EntryError`` carries the same code, details and trailing metadata)."""
     reason = reason_of(meta)
-    cls = error_class(reason, code)
-    error: NpstreamError
-    if issubclass(cls, OffsetOutOfRange):
-
-        def num(key: str) -> int:
-            try:
-                return int(meta.get(key, -1))
-            except (TypeError, ValueError):
-                return -1
-
-        error = cls(
-            details,
-            stream=meta.get(metadata_keys.STREAM, ""),
-            offset=num(metadata_keys.OFFSET),
-            start_offset=num(metadata_keys.START_OFFSET),
-            end_offset=num(metadata_keys.END_OFFSET),
-        )
-    elif issubclass(cls, (Overloaded, StreamMoving)):
-        try:
-            retry_after = max(0.0, int(meta.get(metadata_keys.RETRY_AFTER_MS, 0)) / 1000)
-        except (TypeError, ValueError):
-            retry_after = 0.0
-        error = cls(details, retry_after=retry_after)
-    elif issubclass(cls, NotOwner):
-        error = cls(details, stream=meta.get(metadata_keys.STREAM, ""),
-                    owner=meta.get(metadata_keys.OWNER, ""))
-    elif issubclass(cls, BrokerUnavailable):
-        error = cls(f"broker at {address} is unavailable: {details}")
-    else:
-        error = cls(details)
+    error = error_class(reason, code).from_broker(details, meta, address)
     if code is not None:
         error.code = code
     error.reason = reason

@@ -81,6 +81,7 @@ from npstream.broker.errors import (
     BrokerError,
     InvalidArgumentError,
     MemberUnavailableError,
+    MoveFailedError,
     NotOwnerError,
     StreamNotFoundError,
 )
@@ -95,7 +96,7 @@ from npstream.proto import metadata_keys, pb
 if TYPE_CHECKING:
     from npstream.broker.server.context import BrokerContext
 
-__all__ = ["MOVE_IN_METHOD", "MoveFailedError", "Mover"]
+__all__ = ["MOVE_IN_METHOD", "Mover"]
 
 log = logging.getLogger(__name__)
 
@@ -117,12 +118,6 @@ STEP_TIMEOUT_S = 60.0
 # A resumed move's calls when no token is known (after a restart, no cluster_token).
 _MEMBER_ONLY = ((metadata_keys.CLUSTER_LOCAL, "1"),)
 
-
-class MoveFailedError(BrokerError):
-    """The move cannot go on (the target holds another stream of that name, ...)."""
-
-    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
-    reason = pb.ERROR_REASON_MOVE_FAILED
 
 
 def _staged_refusal(stream: str, waiting: list[tuple[str, int]], waited_s: float) -> str:

@@ -45,10 +45,15 @@ from npstream.broker.auth.access import AccessControl, Right
 from npstream.broker.cluster.move_state import MoveBook
 from npstream.broker.cluster.peers import Peers, forwarded_metadata, member_metadata
 from npstream.broker.cluster.placement import rendezvous_owner
-from npstream.broker.errors import BrokerError, MemberUnavailableError, NotOwnerError
+from npstream.broker.errors import (
+    BrokerError,
+    DeadLetterElsewhereError,
+    MemberUnavailableError,
+    NotOwnerError,
+)
 from npstream.proto import metadata_keys, pb
 
-__all__ = ["OWNERS_METHOD", "Cluster", "DeadLetterElsewhereError", "is_member_call"]
+__all__ = ["OWNERS_METHOD", "Cluster", "is_member_call"]
 
 # How long a holder learnt from another member is trusted without asking again.
 HOLDER_TTL_S = 10.0
@@ -58,24 +63,6 @@ OWNERS_METHOD = "/npstream.v1.ClusterService/Owners"
 
 T = TypeVar("T")
 
-
-class DeadLetterElsewhereError(BrokerError):
-    """A dead-letter stream that another member holds: it must live with its group's stream."""
-
-    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
-    reason = pb.ERROR_REASON_NOT_OWNER
-
-    def __init__(self, name: str, holder: str, here: str) -> None:
-        super().__init__(
-            f"dead-letter stream '{name}' is held by cluster member {holder}, but a shared "
-            f"group's dead-letter stream lives with its group's stream, on {here}: move it "
-            f"here (npstream streams move {name} --to {here}) or give the group another "
-            "dead_letter_stream")
-        self.stream = name
-        self.owner = holder
-
-    def trailing(self) -> list[tuple[str, str]]:
-        return [(metadata_keys.OWNER, self.owner), (metadata_keys.STREAM, self.stream)]
 
 
 def is_member_call(context: grpc.ServicerContext) -> bool:

@@ -1,11 +1,12 @@
 """Broker errors to gRPC statuses, in one place, and the auth interceptor.
 
-Servicers raise typed ``BrokerError``s; ``rpc_method`` turns each into its
-``grpc_code`` with the error's message as details, and its ``reason`` (an
-``npstream.v1.ErrorReason``) as trailing metadata, so that clients tell a
-missing group from a missing stream without reading text. OUT_OF_RANGE also
-carries the stream's offsets as trailing metadata (keys in
-npstream.proto.metadata_keys). Anything else is a bug: it is logged once at
+Servicers raise typed ``BrokerError``s; ``rpc_method`` turns each into the
+status code its ``reason`` (an ``npstream.v1.ErrorReason``) declares in the
+proto (``STATUS_CODES``, from npstream.proto.error_reasons), with the error's
+message as details and the reason as trailing metadata, so that clients tell
+a missing group from a missing stream without reading text. The keys the
+reason declares besides (OUT_OF_RANGE's offsets, a redirect's owner) come
+from the error's ``trailing()``. Anything else is a bug: it is logged once at
 ERROR with its traceback and reported as INTERNAL (reason INTERNAL), never
 swallowed. The auth interceptor's UNAUTHENTICATED carries its reason too:
 every error the broker itself reports has one. Which tokens are known, and
@@ -23,16 +24,12 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from npstream.broker.errors import (
-    BrokerError,
-    DiskFullError,
-    OffsetOutOfRangeError,
-    OverloadedError,
-    is_disk_full,
-)
+from npstream.broker.errors import BrokerError, DiskFullError, UnauthenticatedError, is_disk_full
 from npstream.proto import metadata_keys, pb
+from npstream.proto.error_reasons import SPECS
 
 __all__ = [
+    "STATUS_CODES",
     "AuthInterceptor",
     "abort_with",
     "error_status",
@@ -51,6 +48,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 AUTH_EXEMPT_PREFIXES = ("/grpc.health.v1.Health/",)
 
 _error_observer: Callable[[str], None] | None = None
+
+# The status code each reason travels with, as its (error) option declares.
+STATUS_CODES: dict[pb.ErrorReason, grpc.StatusCode] = {
+    reason: grpc.StatusCode[spec.status] for reason, spec in SPECS.items()}
 
 
 def observe_errors(observer: Callable[[str], None] | None) -> None:
@@ -77,22 +78,12 @@ def error_status(exc: BaseException, method: str = "", request: object = None,
         exc = DiskFullError(stream_of(request), method or "the call", exc,
                             "the call did not complete")
     if isinstance(exc, BrokerError):
-        code = exc.grpc_code
-        trailing = [reason_metadata(exc.reason)]
-        if isinstance(exc, OffsetOutOfRangeError):
-            trailing += [
-                (metadata_keys.STREAM, exc.stream),
-                (metadata_keys.OFFSET, str(exc.offset)),
-                (metadata_keys.START_OFFSET, str(exc.start)),
-                (metadata_keys.END_OFFSET, str(exc.end)),
-            ]
-        elif isinstance(exc, OverloadedError):
-            trailing.append((metadata_keys.RETRY_AFTER_MS, str(exc.retry_after_ms)))
-        trailing += exc.trailing()
+        code = STATUS_CODES[exc.reason]
+        trailing = [reason_metadata(exc.reason), *exc.trailing()]
         details = str(exc)
         log.debug("%s failed with %s: %s", method, code.name, details)
     else:
-        code = grpc.StatusCode.INTERNAL
+        code = STATUS_CODES[pb.ERROR_REASON_INTERNAL]
         trailing = [reason_metadata(pb.ERROR_REASON_INTERNAL)]
         details = f"internal broker error in {method}: {type(exc).__name__}: {exc}"
         log.error("unexpected error in %s", method, exc_info=exc)
@@ -209,15 +200,11 @@ class AuthInterceptor(grpc.ServerInterceptor):
         if self._authorized(handler_call_details):
             return handler
         log.warning("rejected %s: missing or wrong auth token", method)
-        if _error_observer is not None:
-            _error_observer(grpc.StatusCode.UNAUTHENTICATED.name)
+        denial = UnauthenticatedError(
+            "missing or invalid auth token: send metadata 'authorization: Bearer <token>'")
 
         def deny(_request: object, context: grpc.ServicerContext) -> None:
-            context.set_trailing_metadata((reason_metadata(pb.ERROR_REASON_UNAUTHENTICATED),))
-            context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "missing or invalid auth token: send metadata 'authorization: Bearer <token>'",
-            )
+            abort_with(context, denial, method)
 
         kinds = {
             (False, False): grpc.unary_unary_rpc_method_handler,

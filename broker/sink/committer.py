@@ -37,15 +37,15 @@ from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import grpc
 import pyarrow as pa
 
 from npstream.broker import faults
 from npstream.broker.errors import (
-    BrokerError,
     DiskFullError,
     InvalidArgumentError,
     SchemaIncompatibleError,
+    SinkConflictError,
+    StagingNotFoundError,
     is_disk_full,
 )
 from npstream.broker.log_events import event_fields
@@ -58,7 +58,6 @@ from npstream.broker.sink.staging import (
     check_staging_id,
 )
 from npstream.broker.sink.staging_format import StagedFrames
-from npstream.proto import pb
 from npstream.proto.value_schema import to_ddl
 
 if TYPE_CHECKING:
@@ -71,8 +70,6 @@ __all__ = [
     "DEFAULT_ADOPT_MIN_BYTES",
     "CommitOutcome",
     "SinkCommitter",
-    "SinkConflictError",
-    "StagingNotFoundError",
 ]
 
 log = logging.getLogger(__name__)
@@ -83,19 +80,6 @@ log = logging.getLogger(__name__)
 # sink_adopt_min_bytes in broker.toml.
 DEFAULT_ADOPT_MIN_BYTES = 4 << 20
 
-
-class SinkConflictError(BrokerError):
-    """The request contradicts the sink's state (another batch's commit is unfinished)."""
-
-    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
-    reason = pb.ERROR_REASON_SINK_CONFLICT
-
-
-class StagingNotFoundError(BrokerError):
-    """A commit lists a staging id the broker does not hold (aborted, expired or never staged)."""
-
-    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
-    reason = pb.ERROR_REASON_STAGING_NOT_FOUND
 
 
 @dataclass(frozen=True)

@@ -1,3 +1,4 @@
+from google.protobuf import descriptor_pb2 as _descriptor_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -88,6 +89,20 @@ MOVE_STEP_BEGIN: MoveStep
 MOVE_STEP_FILE: MoveStep
 MOVE_STEP_INSTALL: MoveStep
 MOVE_STEP_ABORT: MoveStep
+ERROR_FIELD_NUMBER: _ClassVar[int]
+error: _descriptor.FieldDescriptor
+
+class ErrorSpec(_message.Message):
+    __slots__ = ("status", "client_class", "client_bases", "trailing")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_CLASS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_BASES_FIELD_NUMBER: _ClassVar[int]
+    TRAILING_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    client_class: str
+    client_bases: _containers.RepeatedScalarFieldContainer[str]
+    trailing: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, status: _Optional[str] = ..., client_class: _Optional[str] = ..., client_bases: _Optional[_Iterable[str]] = ..., trailing: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StreamConfig(_message.Message):
     __slots__ = ("max_age_ms", "max_bytes", "dedup_window_ms", "max_message_bytes")

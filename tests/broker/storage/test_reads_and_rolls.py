@@ -138,7 +138,8 @@ def test_read_outside_range_raises_offset_out_of_range(make_storage, config, tab
     assert log.read(3).count == 0 and log.read(3).next_offset == 3
     with pytest.raises(OffsetOutOfRangeError) as error:
         log.read(4)
-    assert (error.value.stream, error.value.offset, error.value.start, error.value.end) == (
+    assert (error.value.stream, error.value.offset, error.value.start_offset,
+            error.value.end_offset) == (
         "range", 4, 0, 3)
     assert "offset 4 is out of range for stream 'range': start_offset=0, end_offset=3" in str(
         error.value)
