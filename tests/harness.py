@@ -185,6 +185,14 @@ class BrokerProcess:
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
 
+    def rss(self) -> int:
+        """The process's resident memory in bytes (VmRSS of /proc/PID/status)."""
+        with open(f"/proc/{self.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
+
 
 def build_wheel(work: Path) -> tuple[Path, str]:
     """Build the wheel from a copy of the packaged sources; return it and pip's output.

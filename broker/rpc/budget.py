@@ -22,7 +22,9 @@ being read, decoded and written to ``max_publish_bytes_in_flight``
   not fit, it waits briefly (``UNARY_WAIT_S``), then is refused the same way;
 * a PublishStream request waits until it fits: the call's reader stops
   reading, so gRPC flow control holds the client back (the client pipelines a
-  few requests, answered in order anyway).
+  few requests, answered in order anyway);
+* a compressed Arrow IPC stream's decoded bytes beyond its wire bytes are
+  admitted too, before it is decompressed (arrow_input.py), as a unary call's.
 
 A request larger than the whole budget is admitted when nothing else is in
 flight, so that it is slowed down, never refused for good. docs/broker.md
@@ -103,8 +105,9 @@ class PublishBudget:
     def in_flight(self) -> int:
         return self._in_flight
 
-    def _fits_locked(self, nbytes: int) -> bool:
-        return not nbytes or self._in_flight == 0 or self._in_flight + nbytes <= self.limit
+    def _fits_locked(self, nbytes: int, held: int = 0) -> bool:
+        return (not nbytes or self._in_flight <= held
+                or self._in_flight + nbytes <= self.limit)
 
     def admit_call(self) -> int | None:
         """A ticket for a call about to be read, or None when it must be refused now.
@@ -157,18 +160,21 @@ class PublishBudget:
             self._cond.notify_all()
 
     def acquire(self, nbytes: int, what: str, *, wait_s: float | None,
-                should_stop: Callable[[], bool] = lambda: False) -> None:
+                should_stop: Callable[[], bool] = lambda: False, held: int = 0) -> None:
         """Count ``nbytes`` in, waiting up to ``wait_s`` (None: until it fits).
 
         OverloadedError (naming ``what``, e.g. "publish to stream 'orders'")
         when ``wait_s`` passes first; ShuttingDownError when ``should_stop()``
         turns true while waiting without limit (the broker stops, the client left).
+        ``held``: bytes the caller holds already (a request's wire bytes, when
+        its decoded bytes are added): with nothing else in flight it fits, as
+        a lone request larger than the budget does.
         """
         if not self.limit:
             return
         deadline = None if wait_s is None else time.monotonic() + wait_s
         with self._cond:
-            while not self._fits_locked(nbytes):
+            while not self._fits_locked(nbytes, held):
                 if deadline is None:
                     if should_stop():
                         raise ShuttingDownError(f"{what}: the call ended while it waited "
@@ -184,9 +190,9 @@ class PublishBudget:
             self._take_locked(nbytes)
 
     @contextmanager
-    def admitted(self, nbytes: int, what: str) -> Iterator[None]:
+    def admitted(self, nbytes: int, what: str, *, held: int = 0) -> Iterator[None]:
         """A unary call's admission for the duration of the block (see the module docstring)."""
-        self.acquire(nbytes, what, wait_s=UNARY_WAIT_S)
+        self.acquire(nbytes, what, wait_s=UNARY_WAIT_S, held=held)
         try:
             yield
         finally:

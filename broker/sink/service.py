@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 import grpc
@@ -31,6 +32,7 @@ from npstream.broker.errors import (
     StreamNotFoundError,
     is_disk_full,
 )
+from npstream.broker.rpc.arrow_input import decode_arrow_stream
 from npstream.broker.rpc.registration import add_service, check_ranges
 from npstream.broker.rpc.status import rpc_method
 from npstream.broker.sink.access import require_sink_write, staged_targets, writable_targets
@@ -110,18 +112,11 @@ def _split_stage_request(raw: bytes) -> tuple[pb.StageRequest, memoryview]:
     return check_ranges(request), arrow[-1] if arrow else memoryview(b"")
 
 
-def _decode(request: pb.StageRequest, arrow_stream: memoryview | pa.Buffer) -> pa.Table:
-    """The Arrow table of ``arrow_stream``; its buffers stay views into the received bytes."""
+def _check_not_empty(request: pb.StageRequest, arrow_stream: memoryview | pa.Buffer) -> None:
     if not len(arrow_stream):
         raise InvalidArgumentError(
             f"stage for sink '{request.sink_id}' batch {request.batch_id} has an empty "
             "arrow_stream; send an Arrow IPC stream with at least a 'value' column")
-    try:
-        return pa.ipc.open_stream(pa.py_buffer(arrow_stream)).read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise InvalidArgumentError(
-            f"arrow_stream of sink '{request.sink_id}' batch {request.batch_id} staging "
-            f"'{request.staging_id}' is not a valid Arrow IPC stream: {exc}") from None
 
 
 class SinkServicer(pb_grpc.SinkServiceServicer):
@@ -162,11 +157,14 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
         request, arrow_stream = _split_stage_request(raw)
         inbox_bytes = (min(request.inbox_length, self._max_message_bytes)
                        if request.inbox_file else 0)
-        with self._budget.admitted(inbox_bytes, f"stage to stream '{request.stream}'"):
-            return self._stage(request, arrow_stream, context)
+        with ExitStack() as room:  # the inbox file's and the decoded rows' budget
+            room.enter_context(self._budget.admitted(inbox_bytes,
+                                                     f"stage to stream '{request.stream}'"))
+            return self._stage(request, arrow_stream, context, room, len(raw) + inbox_bytes)
 
     def _stage(self, request: pb.StageRequest, arrow_stream: memoryview | pa.Buffer,
-               context: grpc.ServicerContext) -> pb.StageResponse:
+               context: grpc.ServicerContext, room: ExitStack,
+               held: int) -> pb.StageResponse:
         sink_id = check_sink_id(request.sink_id)
         batch_id = check_batch_id(request.batch_id)
         staging_id = check_staging_id(request.staging_id)
@@ -179,7 +177,11 @@ class SinkServicer(pb_grpc.SinkServiceServicer):
                          "client resends it over gRPC", sink_id, batch_id, staging_id, refused)
                 return pb.StageResponse(inbox_refused=str(refused))
             self._metrics.inbox_stages.inc()
-        data = _decode(request, arrow_stream)
+        _check_not_empty(request, arrow_stream)
+        data = decode_arrow_stream(
+            arrow_stream, f"arrow_stream of sink '{sink_id}' batch {batch_id} staging "
+            f"'{staging_id}'", limit=self._max_message_bytes, budget=self._budget, held=held,
+            room=room)
         if self._committer.is_committed(sink_id, batch_id):
             # A restarted query re-runs its last batch before learning it was committed:
             # accept (the task must not fail) and keep nothing; the commit will be a no-op.

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack
 from typing import TypeVar
 
 import grpc
@@ -38,6 +39,7 @@ from npstream.broker.errors import (
     StreamNotFoundError,
 )
 from npstream.broker.faults import PublishFault
+from npstream.broker.rpc.arrow_input import decode_arrow_stream
 from npstream.broker.rpc.registration import add_service, check_ranges
 from npstream.broker.rpc.status import rpc_method
 from npstream.broker.server.context import BrokerContext
@@ -130,15 +132,6 @@ def _message_rows(messages: Sequence[pb.Message]) -> MessageRows:
     )
 
 
-def _arrow_table(stream: str, data: bytes | memoryview) -> pa.Table:
-    try:
-        return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
-        raise InvalidArgumentError(
-            f"arrow_stream for stream '{stream}' is not a valid Arrow IPC stream: {exc}"
-        ) from None
-
-
 def _empty_ids_to_null(table: pa.Table) -> pa.Table:
     """An empty id means "assign one", in both the messages and the Arrow path."""
     if "id" not in table.column_names:
@@ -194,6 +187,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         self._publish_fault = PublishFault.from_env()
         self._access = ctx.access
         self._budget = ctx.publish_budget
+        self._request_limit = ctx.config.server.grpc_max_message_bytes
         # The latency histogram's child per ack mode, looked up once (a labels() call per
         # publish was a few us of a one-message publish's CPU).
         self._latency = {ack: self._metrics.publish_latency.labels(ack=ack.value)
@@ -264,7 +258,7 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
 
     def _prepare_publish(
         self, request: pb.PublishRequest, context: grpc.ServicerContext,
-        arrow_stream: memoryview | None = None,
+        arrow_stream: memoryview | None, room: ExitStack, held: int,
     ) -> tuple[str, pa.Table | MessageRows | None, AckMode]:
         """The request's stream, its rows (None when empty) and its ack.
 
@@ -272,7 +266,9 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
 
         Rows sent as ``messages`` (simple clients, one-message publishes) stay
         Python values for the storage's lean path (small_append.py); an
-        ``arrow_stream`` becomes a normalized table.
+        ``arrow_stream`` becomes a normalized table, decoded within the request
+        limit, its decoded bytes held in the publish budget until ``room``
+        closes (``held``: the wire bytes the call holds there already).
         """
         stream = check_stream_name(request.stream)
         self._access.require(context, stream, Right.WRITE)
@@ -286,7 +282,9 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         ack = AckMode.WRITE if request.ack == pb.ACK_WRITE else AckMode.FSYNC
         if request.messages:
             return stream, _message_rows(request.messages), ack
-        raw = _arrow_table(stream, arrow_stream) if arrow_stream else None
+        raw = decode_arrow_stream(
+            arrow_stream, f"arrow_stream for stream '{stream}'", budget=self._budget,
+            limit=self._request_limit, held=held, room=room) if arrow_stream else None
         if raw is None or raw.num_rows == 0:
             return stream, None, ack
         try:
@@ -325,16 +323,17 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
         most of the memory it took.
         """
         request, arrow = _split_publish(raw, "Publish")
-        stream, rows, ack = self._prepare_publish(request, context, arrow)
-        first = self._first_publish(stream, rows, ack)
-        if first is not None:  # a new stream: its message kept in the nursery (nursery.py)
-            return first()
-        stream_log = self._registry.get(stream, create_if_missing=True)
-        if rows is None:
-            return pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
-        started = time.perf_counter()
-        result = self._on_log(stream, lambda: stream_log.append(rows, ack))
-        return self._published(stream, result, rows, ack, started)
+        with ExitStack() as room:  # holds the decoded rows' budget until they are written
+            stream, rows, ack = self._prepare_publish(request, context, arrow, room, len(raw))
+            first = self._first_publish(stream, rows, ack)
+            if first is not None:  # a new stream: its message kept in the nursery (nursery.py)
+                return first()
+            stream_log = self._registry.get(stream, create_if_missing=True)
+            if rows is None:
+                return pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
+            started = time.perf_counter()
+            result = self._on_log(stream, lambda: stream_log.append(rows, ack))
+            return self._published(stream, result, rows, ack, started)
 
     @rpc_method
     def PublishStream(self, request_iterator: Iterator[bytes],
@@ -349,9 +348,9 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
 
         Admitted against the publish memory budget before it was read, like Publish.
         """
-        return serve_publish_many(raw, context,
-                                  lambda entry: self._write_request(entry, None, context),
-                                  self._ctx.cluster)
+        return serve_publish_many(
+            raw, context, lambda entry: self._write_request(entry, None, context, len(raw)),
+            self._ctx.cluster)
 
     def _write_publish(self, raw: bytes,
                        context: grpc.ServicerContext) -> Callable[[], pb.PublishResponse]:
@@ -371,26 +370,29 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
             should_stop=lambda: self._stopping.is_set() or not context.is_active())
         try:
             request, arrow = _split_publish(raw, "PublishStream")
-            return self._write_request(request, arrow, context)
+            return self._write_request(request, arrow, context, len(raw))
         finally:
             self._budget.release(len(raw))
 
     def _write_request(self, request: pb.PublishRequest, arrow: memoryview | None,
-                       context: grpc.ServicerContext) -> Callable[[], pb.PublishResponse]:
+                       context: grpc.ServicerContext,
+                       held: int) -> Callable[[], pb.PublishResponse]:
         """Write one publish request now (a PublishStream request, a PublishMany entry);
-        the returned reply waits for its fsync (or its nursery commit)."""
-        stream, rows, ack = self._prepare_publish(request, context, arrow)
-        first = self._first_publish(stream, rows, ack)
-        if first is not None:
+        the returned reply waits for its fsync (or its nursery commit). ``held``: the
+        call's wire bytes in the publish budget."""
+        with ExitStack() as room:  # the decoded rows' budget, until they are written
+            stream, rows, ack = self._prepare_publish(request, context, arrow, room, held)
+            first = self._first_publish(stream, rows, ack)
+            if first is not None:
+                self._publish_fault.written()
+                return first
+            stream_log = self._registry.get(stream, create_if_missing=True)
+            if rows is None:
+                empty = pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
+                return lambda: empty
+            started = time.perf_counter()
+            result, sequence = self._on_log(stream, lambda: stream_log.append_unsynced(rows))
             self._publish_fault.written()
-            return first
-        stream_log = self._registry.get(stream, create_if_missing=True)
-        if rows is None:
-            empty = pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
-            return lambda: empty
-        started = time.perf_counter()
-        result, sequence = self._on_log(stream, lambda: stream_log.append_unsynced(rows))
-        self._publish_fault.written()
 
         def reply() -> pb.PublishResponse:
             if ack is AckMode.FSYNC:

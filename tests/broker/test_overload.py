@@ -49,14 +49,6 @@ PUBLISHER = Path(__file__).with_name("overload_publisher.py")
 STREAM = "flood"
 
 
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 @pytest.mark.slow
 def test_publish_flood_stays_within_the_memory_bound(tmp_path: Path) -> None:
     broker = BrokerProcess(tmp_path / "data", env={
@@ -69,7 +61,7 @@ def test_publish_flood_stays_within_the_memory_bound(tmp_path: Path) -> None:
             client.create_stream(STREAM, max_bytes=0)
             client.publish(STREAM, b"warm-up", id="warm-up")
         time.sleep(0.5)
-        idle = rss(broker.pid)
+        idle = broker.rss()
         peak = idle
         done = threading.Event()
 
@@ -79,7 +71,7 @@ def test_publish_flood_stays_within_the_memory_bound(tmp_path: Path) -> None:
             nonlocal peak
             rounds = 0
             while not done.is_set():
-                peak = max(peak, rss(broker.pid))
+                peak = max(peak, broker.rss())
                 rounds += 1
                 if rounds % 5 == 0:  # the budget's own gauge, from the metrics endpoint
                     in_flight.append(broker.metrics()["npstream_publish_bytes_in_flight"])
