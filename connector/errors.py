@@ -303,6 +303,42 @@ class BrokerInternalError(NpstreamError):
     """
 
 
+# ------------------------------------------- handled inside the SDK (not in __all__)
+# Raised and caught by the SDK's own modules; one reaches a caller only as its
+# base class (StagedRowsMoved fails a Spark batch as a NotOwner).
+
+
+class NotSent(BrokerUnavailable):
+    """The streaming call failed before reaching any broker: nothing of it was stored."""
+
+
+class LocalReadUnavailable(NpstreamError):
+    """This range cannot be read locally; ``permanent``: nothing this client reads locally can."""
+
+    def __init__(self, reason: str, *, permanent: bool) -> None:
+        super().__init__(reason)
+        self.permanent = permanent
+
+
+class StagedRowsMoved(NotOwner):
+    """A commit's staged rows cannot commit where they were staged: their stream moved.
+
+    Rows are staged on the member that holds their stream; a stream moved to
+    another member after that (``npstream streams move``, which first waits a
+    few seconds for such batches to commit) leaves them on the old member,
+    which never appends them (it would create the stream there again).
+    Nothing of the commit was appended on that member. Stage the batch again,
+    which sends the rows to the new member (``owner``), and commit it there:
+    the sink floors that moved with the stream keep the batch exactly once. A
+    Spark query fails the batch with this error; restarted from its
+    checkpoint it runs the batch again and does exactly that.
+    """
+
+
+class InboxUnavailable(NpstreamError):
+    """This process cannot hand data over through the broker's inbox (the reason says why)."""
+
+
 def _int(meta: Mapping[str, str], key: str, default: int) -> int:
     """A decimal trailing metadata value; ``default`` when absent or not a number."""
     try:

@@ -44,6 +44,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from npstream.broker.auth.errors import TokensFileError
+
 __all__ = [
     "AUTH_TOKEN_NAME",
     "CLUSTER_TOKEN_NAME",
@@ -66,10 +68,6 @@ DECISION_CACHE_MAX = 4096
 
 _BEARER = "bearer "
 _ENTRY_KEYS = frozenset({"name", "token", "read", "write", "admin"})
-
-
-class TokensFileError(ValueError):
-    """A tokens file the broker refuses (at start: no start; at a reload: the old table stays)."""
 
 
 class Right(enum.Enum):

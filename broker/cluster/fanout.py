@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
+from npstream.broker.cluster.errors import PeerError
 from npstream.broker.cluster.peers import PeerFailure, forwarded_metadata
 from npstream.broker.cluster.router import Cluster
 from npstream.broker.errors import MemberUnavailableError, StreamNotFoundError
@@ -41,21 +42,6 @@ __all__ = ["FANOUT_METHODS", "PeerError", "fan_out"]
 M = TypeVar("M", bound=Message)
 
 _PREFIX = "/npstream.v1.StreamService/"
-
-
-class PeerError(Exception):
-    """A member answered with an error: passed on to the caller with its status and metadata."""
-
-    def __init__(self, failure: PeerFailure) -> None:
-        super().__init__(failure.detail)
-        self.failure = failure
-
-    def abort(self, context: grpc.ServicerContext) -> None:
-        error = self.failure.error
-        assert error is not None
-        trailing: Any = error.trailing_metadata() if hasattr(error, "trailing_metadata") else ()
-        context.set_trailing_metadata(tuple((key, value) for key, value in trailing or ()))
-        context.abort(error.code(), f"cluster member {self.failure.member}: {error.details()}")
 
 
 def _raise_failures(failures: list[PeerFailure], need: str) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from npstream.broker.cluster.settings import ClusterSettings, parse_members
 from npstream.broker.server.affinity import parse_cpu_affinity
+from npstream.broker.server.errors import ConfigError
 from npstream.broker.storage.settings import StorageSettings
 from npstream.proto.defaults import DEFAULT_BROKER_PORT, GRPC_MAX_MESSAGE_BYTES
 from npstream.proto.stream_config import STREAM_CONFIG_FIELDS, StreamConfig
@@ -57,10 +58,6 @@ __all__ = [
 
 ENV_PREFIX = "NPSTREAM_"
 MIB = 1 << 20
-
-
-class ConfigError(ValueError):
-    """A configuration value or file the broker refuses to start with."""
 
 
 def _parse_bool(value: object) -> bool:

@@ -43,6 +43,7 @@ from npstream.broker.rpc import status as rpc_status
 from npstream.broker.rpc.budget import PublishAdmission, PublishBudget
 from npstream.broker.server.config import BrokerConfig, is_loopback_host
 from npstream.broker.server.context import BrokerContext, state_owners
+from npstream.broker.server.errors import StartupError
 from npstream.broker.server.http import HttpEndpoint
 from npstream.broker.server.metric_collectors import ResourceCollector, StreamCollector
 from npstream.broker.server.metrics import BrokerMetrics
@@ -83,10 +84,6 @@ KEEPALIVE_OPTIONS = (
 
 class Closeable(Protocol):
     def close(self) -> None: ...
-
-
-class StartupError(RuntimeError):
-    """The broker cannot start (data dir in use, port taken, ...); the message says why."""
 
 
 def _lock_data_dir(data_dir: Path) -> IO[str]:

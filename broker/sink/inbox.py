@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from npstream.broker.sink.errors import InboxRefused
 from npstream.proto import pb
 from npstream.proto.host_identity import boot_id
 
@@ -49,10 +50,6 @@ INBOX_DIR_NAME = "stage-inbox"
 IDLE_FILE_S = 600.0
 # What a client may name: one path component, no leading dot (so never "..").
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-
-class InboxRefused(Exception):
-    """This request's file cannot be staged by reference; the message says why."""
 
 
 class StageInbox:

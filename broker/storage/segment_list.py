@@ -25,6 +25,7 @@ from npstream.broker.storage.dir_sync import (
     fsync_dir_shared,
     sync_filesystem_shared,
 )
+from npstream.broker.storage.errors import UndoFailedError
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.files import fsync_dir, segment_path
 from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload
@@ -40,10 +41,6 @@ __all__ = ["SegmentList", "UndoFailedError"]
 log = logging.getLogger(__name__)
 
 _MAX_RELATIVE_OFFSET = 2**32 - 1
-
-
-class UndoFailedError(OSError):
-    """A failed write could not be removed again: the files no longer match the log."""
 
 
 class SegmentList:

@@ -41,6 +41,7 @@ from typing import ClassVar, Self
 import crc32c
 import numpy as np
 
+from npstream.broker.storage.errors import IndexFileError
 from npstream.broker.storage.files import write_file_atomically
 
 __all__ = ["IndexFileError", "SegmentSeal", "SparseIndex"]
@@ -50,10 +51,6 @@ _CRC = struct.Struct("<I")
 FILE_HEADER_SIZE = _FILE_HEADER.size + _CRC.size
 _VERSION = 1
 assert FILE_HEADER_SIZE == 48
-
-
-class IndexFileError(ValueError):
-    """An index file that cannot be trusted; the segment is scanned instead."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from npstream.cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, CliError
 from npstream.client.client import Client
-from npstream.errors import NpstreamError
 from npstream.proto.defaults import BROKER_ADDRESS_ENV, DEFAULT_BROKER_ADDRESS
 from npstream.proto.names import validate_group_name, validate_stream_name
 from npstream.proto.units import parse_duration_ms, parse_size
@@ -35,18 +35,6 @@ __all__ = [
     "size_arg",
     "stream_arg",
 ]
-
-EXIT_ERROR = 1        # the broker refused or failed, or input data was bad
-EXIT_USAGE = 2        # the command line itself is wrong
-EXIT_INTERRUPTED = 130
-
-
-class CliError(NpstreamError):
-    """An expected failure: printed as one ``npstream: error: ...`` line, no traceback."""
-
-    def __init__(self, message: str, exit_code: int = EXIT_ERROR) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 class CliParser(argparse.ArgumentParser):

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from npstream.errors import NpstreamError
+from npstream.errors import LocalReadUnavailable
 from npstream.proto import pb
 from npstream.proto.frames.payload import decode_payload
 from npstream.proto.frames.reader import BadFrame, FrameReader
@@ -47,14 +47,6 @@ __all__ = ["FrameSchemas", "LocalReadUnavailable", "LocalSpans", "check_same_hos
 # Bytes per pread: a few syscalls per 64 MiB segment, and the memory one
 # chunk of batches holds while the caller consumes it.
 READ_CHUNK_BYTES = 8 << 20
-
-
-class LocalReadUnavailable(NpstreamError):
-    """This range cannot be read locally; ``permanent``: nothing this client reads locally can."""
-
-    def __init__(self, reason: str, *, permanent: bool) -> None:
-        super().__init__(reason)
-        self.permanent = permanent
 
 
 class FrameSchemas:

@@ -24,7 +24,7 @@ import pyarrow as pa
 from npstream.client.batching import chunk_offsets
 from npstream.client.connection import StreamingCall, never_reached_broker
 from npstream.client.models import BatchPublishResult
-from npstream.errors import BrokerUnavailable, NpstreamError, ValueMismatch
+from npstream.errors import BrokerUnavailable, NotSent, NpstreamError, ValueMismatch
 from npstream.proto import pb
 
 __all__ = ["PUBLISH_WINDOW", "NotSent", "PublishTally", "RequestPlan", "pipelined"]
@@ -34,10 +34,6 @@ __all__ = ["PUBLISH_WINDOW", "NotSent", "PublishTally", "RequestPlan", "pipeline
 # batching.REQUEST_TARGET_BYTES). Two already overlap a write with an fsync;
 # four also cover the transfer of the next request. More only buffers memory.
 PUBLISH_WINDOW = 4
-
-
-class NotSent(BrokerUnavailable):
-    """The streaming call failed before reaching any broker: nothing of it was stored."""
 
 
 def pipelined(

@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from npstream.client import sink_rpc
-from npstream.errors import NotOwner, NpstreamError, SinkConflict
+from npstream.errors import NotOwner, NpstreamError, SinkConflict, StagedRowsMoved
 from npstream.proto import pb
 from npstream.proto.wire import arrow_stream_buffer, encode_with_bytes
 from npstream.sink.inbox import InboxUnavailable, StageInboxWriter, turn_off, writer_for
@@ -95,21 +95,6 @@ def encode_stage_request(head: pb.StageRequest, table: pa.Table | pa.RecordBatch
     (npstream.proto.wire appends it to the encoded small fields instead).
     """
     return encode_with_bytes(head, "arrow_stream", [arrow_stream_buffer(table)])
-
-
-class StagedRowsMoved(NotOwner):
-    """A commit's staged rows cannot commit where they were staged: their stream moved.
-
-    Rows are staged on the member that holds their stream; a stream moved to
-    another member after that (``npstream streams move``, which first waits a
-    few seconds for such batches to commit) leaves them on the old member,
-    which never appends them (it would create the stream there again).
-    Nothing of the commit was appended on that member. Stage the batch again,
-    which sends the rows to the new member (``owner``), and commit it there:
-    the sink floors that moved with the stream keep the batch exactly once. A
-    Spark query fails the batch with this error; restarted from its
-    checkpoint it runs the batch again and does exactly that.
-    """
 
 
 def _sink_error(exc: NpstreamError) -> NpstreamError:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from npstream.errors import NpstreamError
+from npstream.errors import InboxUnavailable
 from npstream.proto import pb
 from npstream.proto.host_identity import boot_id
 
@@ -53,10 +53,6 @@ log = logging.getLogger(__name__)
 # sizes reuse a file without resizing it.
 _GROW_STEP = 1 << 20
 _FILE_MODE = 0o640
-
-
-class InboxUnavailable(NpstreamError):
-    """This process cannot hand data over through the broker's inbox (the reason says why)."""
 
 
 def check_inbox(description: pb.StageInboxResponse) -> Path:

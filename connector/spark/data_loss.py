@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from npstream.errors import NpstreamError
+from npstream.spark.errors import DataLossError
 
 __all__ = ["DataLossError", "report_data_loss"]
 
@@ -22,16 +22,6 @@ _FIX = (
     "If skipping the missing messages is acceptable, set the option "
     "failOnDataLoss=false and restart the query."
 )
-
-
-class DataLossError(NpstreamError, RuntimeError):
-    """Messages the query needs are gone and ``failOnDataLoss`` is true."""
-
-    def __init__(self, message: str, *, stream: str, start: int, end: int | None) -> None:
-        super().__init__(message)
-        self.stream = stream
-        self.start = start
-        self.end = end
 
 
 def report_data_loss(stream: str, start: int, end: int | None, reason: str, *,

@@ -31,9 +31,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from npstream.errors import NpstreamError
 from npstream.proto.defaults import BROKER_ADDRESS_ENV, DEFAULT_BROKER_ADDRESS, DEFAULT_FETCH_BYTES
 from npstream.proto.names import validate_group_name
+from npstream.spark.errors import InvalidOptionError
 from npstream.spark.option_values import (
     LATEST_SENTINEL,
     OFFSETS_EXAMPLE,
@@ -93,10 +93,6 @@ DEFAULT_MAX_TRIGGER_DELAY = "15m"
 # fetchMaxBytes: bytes per Fetch RPC; the contract's fetch default (the
 # client's and the broker's) so one stored 8 MiB batch travels in one response.
 DEFAULT_FETCH_MAX_BYTES = f"{DEFAULT_FETCH_BYTES >> 20}MiB"
-
-
-class InvalidOptionError(NpstreamError, ValueError):
-    """A read or write option is unknown, malformed or conflicts with another one."""
 
 
 @dataclass(frozen=True)

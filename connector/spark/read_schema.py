@@ -43,7 +43,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from npstream.errors import NpstreamError
+from npstream.spark.errors import ReadSchemaError
 from npstream.spark.options import ValueColumns
 
 if TYPE_CHECKING:
@@ -64,10 +64,6 @@ __all__ = [
 
 # Envelope columns of every read, in order, before the value column(s).
 ENVELOPE_COLUMNS: tuple[str, ...] = ("stream", "offset", "id", "key", "timestamp")
-
-
-class ReadSchemaError(NpstreamError, ValueError):
-    """The streams of one read cannot share a schema, or a batch does not fit the schema."""
 
 
 def _as_nullable(data_type: DataType) -> DataType:

@@ -46,6 +46,7 @@ from pyspark.sql.datasource import (
 )
 
 from npstream.errors import NpstreamError
+from npstream.spark.errors import NoMicroBatchError
 from npstream.spark.write_target import check_write_target
 from npstream.spark.writer_options import WriteOptions, parse_write_options
 
@@ -70,10 +71,6 @@ BATCH_WRITE_BATCH_ID = 0
 # gains nothing on 2 cores, one alone makes staging ~1.5x slower). Also bounds
 # the task's extra memory to two requests.
 STAGE_REQUESTS_IN_FLIGHT = 2
-
-
-class NoMicroBatchError(NpstreamError, RuntimeError):
-    """The streaming writer ran outside a Structured Streaming micro-batch (no batch id)."""
 
 
 @dataclass

@@ -227,6 +227,23 @@ def test_every_exception_class_of_the_package_derives_from_npstream_error() -> N
     assert outside == []
 
 
+def test_every_exception_class_of_the_package_lives_in_an_errors_module() -> None:
+    """npstream.errors for the SDK, npstream.cli.errors and npstream.spark.errors for theirs."""
+    homes = {c.__module__ for c in _connector_exception_classes()}
+    assert homes == {"npstream.errors", "npstream.cli.errors", "npstream.spark.errors"}
+
+
+def test_exception_classes_keep_their_old_import_paths() -> None:
+    from npstream.cli.common import CliError
+    from npstream.spark.data_loss import DataLossError
+    from npstream.spark.options import InvalidOptionError
+    from npstream.spark.writer import NoMicroBatchError
+
+    assert CliError.__module__ == "npstream.cli.errors"
+    assert {DataLossError.__module__, InvalidOptionError.__module__,
+            NoMicroBatchError.__module__} == {"npstream.spark.errors"}
+
+
 def test_every_error_class_of_npstream_errors_is_exported_from_npstream() -> None:
     import npstream.errors as errors
 
