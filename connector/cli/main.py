@@ -1,6 +1,7 @@
 """The ``npstream`` command: streams admin, produce, consume, groups, and the broker itself.
 
-Every expected failure ends as one ``npstream: error: ...`` line on stderr and
+Every expected failure ends as one ``npstream: error: ...`` line on stderr, in
+the CLI's words (cli/messages.py translates the broker's and the SDK's), and
 a non-zero exit code (2 for a wrong command line, 1 for errors from the broker
 or bad input data, 130 on Ctrl-C); a traceback means a bug.
 """
@@ -20,6 +21,7 @@ from npstream.cli import produce as cli_produce
 from npstream.cli import streams as cli_streams
 from npstream.cli import top as cli_top
 from npstream.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, CliError, CliParser
+from npstream.cli.messages import translate
 from npstream.errors import NpstreamError
 
 __all__ = ["build_parser", "main"]
@@ -49,7 +51,7 @@ def build_parser() -> CliParser:
 
 
 def _error(message: str) -> None:
-    sys.stderr.write(f"npstream: error: {' '.join(message.split())}\n")
+    sys.stderr.write(f"npstream: error: {translate(' '.join(message.split()))}\n")
     sys.stderr.flush()
 
 
@@ -61,9 +63,12 @@ def _run(argv: list[str]) -> int:
         sys.stderr.flush()
         os.execv(sys.executable, [sys.executable, "-m", "npstream.broker", *argv[1:]])
     args = build_parser().parse_args(argv)
+    # Warnings (e.g. a broker being retried) read as the CLI's own lines; -v adds
+    # which module logged each line.
     logging.basicConfig(
         level={0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG),
-        format="npstream: %(levelname)s %(name)s: %(message)s",
+        format=("npstream: %(levelname)s %(name)s: %(message)s" if args.verbose
+                else "npstream: %(levelname)s: %(message)s"),
     )
     return int(args.handler(args))
 

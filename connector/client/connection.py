@@ -12,7 +12,11 @@ Everything that crosses the wire goes through ``Connection.call`` (unary; also
 * ``UNAVAILABLE`` is retried with exponential backoff and full jitter until
   ``retry_deadline`` seconds have passed, then ``BrokerUnavailable`` is raised
   naming the address and the last gRPC detail, with the last error's ``code``
-  and ``reason`` (e.g. SHUTTING_DOWN).
+  and ``reason`` (e.g. SHUTTING_DOWN). A call still being retried after
+  ``RETRY_NOTICE_AFTER_S`` logs a WARNING (address, attempt, next wait, the
+  gRPC detail) at most once per ``RETRY_NOTICE_EVERY_S``, so a broker that is
+  down or an address that is wrong is not a silent wait (the CLI prints it on
+  stderr).
 * A call marked ``idempotent=False`` (a Publish without ids on every message)
   is retried only when gRPC reports that it never reached the broker (the
   connection could not be established). If the connection broke while the call
@@ -36,6 +40,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -84,6 +89,11 @@ RETRY_MAX_BACKOFF_S = 1.0
 # unreachable for seconds. Keep it short: a local broker is back quickly.
 RECONNECT_INITIAL_BACKOFF_MS = 100
 RECONNECT_MAX_BACKOFF_MS = 1000
+# A call still retrying after this long says so (a WARNING log line), then at
+# most once per RETRY_NOTICE_EVERY_S: waiting silently for retry_deadline
+# (15 s by default) looks like a hang.
+RETRY_NOTICE_AFTER_S = 1.0
+RETRY_NOTICE_EVERY_S = 1.0
 # Keepalive pings detect a dead broker on an idle connection (long polls).
 KEEPALIVE_TIME_MS = 30_000
 KEEPALIVE_TIMEOUT_MS = 10_000
@@ -109,12 +119,33 @@ _SERVICES: dict[str, Callable[[grpc.Channel], Any]] = {
 }
 
 
+# host:port with a DNS name or IPv4 address, or [IPv6]:port.
+_HOST_PORT = re.compile(r"(\[[0-9a-fA-F:.%\w]+\]|[A-Za-z0-9._-]+):(\d{1,5})")
+# gRPC's own target schemes (dns:///host:port, unix:/path, ...), passed through as they are.
+_GRPC_SCHEMES = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:")
+_ADDRESS_FORMS = ("use host:port (e.g. localhost:7070, [::1]:7070) or a gRPC target "
+                  "(dns:///host:7070, unix:/path/to.sock)")
+
+
 def resolve_address(address: str | None) -> str:
-    """The broker address to use: the argument, else $NPSTREAM_BROKER, else localhost:7070."""
-    chosen = address or os.environ.get(BROKER_ADDRESS_ENV) or DEFAULT_ADDRESS
-    chosen = chosen.strip()
+    """The broker address to use: the argument, else $NPSTREAM_BROKER, else localhost:7070.
+
+    Checked here, because gRPC takes almost anything: ``"localhost"`` alone
+    would dial port 443 and fail only after the retry deadline.
+    """
+    chosen = (address or os.environ.get(BROKER_ADDRESS_ENV) or DEFAULT_ADDRESS).strip()
     if not chosen:
-        raise InvalidArgument("empty broker address; use host:port")
+        raise InvalidArgument(f"empty broker address; {_ADDRESS_FORMS}")
+    if chosen.lower().startswith(_GRPC_SCHEMES):
+        return chosen
+    match = _HOST_PORT.fullmatch(chosen)
+    if match is None:
+        problem = ("no port" if ":" not in chosen.replace("::", "") or chosen.endswith("]")
+                   else "not host:port")
+        raise InvalidArgument(f"invalid broker address {chosen!r}: {problem}; {_ADDRESS_FORMS}")
+    if not 0 < int(match.group(2)) < 65536:
+        raise InvalidArgument(f"invalid broker address {chosen!r}: port {match.group(2)} is "
+                              "not within 1..65535")
     return chosen
 
 
@@ -216,6 +247,7 @@ class Connection:
     def _retrying(self, rpc: str, send: Callable[[], Any], idempotent: bool) -> Any:
         """``send()`` until it succeeds, retrying UNAVAILABLE; the retry rules of ``call``."""
         deadline = time.monotonic() + self.retry_deadline
+        notice = _RetryNotice(rpc, self.address, self.retry_deadline)
         backoff = RETRY_INITIAL_BACKOFF_S
         attempt = 0
         while True:
@@ -227,13 +259,13 @@ class Connection:
                     error = from_rpc_error(exc, self.address)
                     if not isinstance(error, Overloaded):
                         raise error from None
-                    backoff = self._wait_overloaded(rpc, error, deadline, attempt, backoff)
+                    backoff = self._wait_overloaded(notice, error, deadline, attempt, backoff)
                     continue
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise from_rpc_error(exc, self.address) from None
                 moving = from_rpc_error(exc, self.address)
                 if isinstance(moving, StreamMoving):
-                    backoff = self._wait_overloaded(rpc, moving, deadline, attempt, backoff)
+                    backoff = self._wait_overloaded(notice, moving, deadline, attempt, backoff)
                     continue
                 detail = exc.details() or ""
                 if not idempotent and not never_reached_broker(exc):
@@ -252,13 +284,12 @@ class Connection:
                         code=error.code, reason=error.reason,
                     ) from None
                 sleep = min(random.uniform(0, backoff), remaining)
-                log.debug("%s to %s unavailable (attempt %d), retrying in %.3fs: %s",
-                          rpc, self.address, attempt, sleep, detail)
+                notice.retrying("is unavailable", attempt, sleep, detail)
                 time.sleep(sleep)
                 backoff = min(backoff * RETRY_BACKOFF_MULTIPLIER, RETRY_MAX_BACKOFF_S)
 
-    def _wait_overloaded(self, rpc: str, error: Overloaded | StreamMoving, deadline: float,
-                         attempt: int, backoff: float) -> float:
+    def _wait_overloaded(self, notice: _RetryNotice, error: Overloaded | StreamMoving,
+                         deadline: float, attempt: int, backoff: float) -> float:
         """Sleep before resending a call the broker refused (overloaded, stream moving).
 
         Returns the next backoff.
@@ -273,8 +304,8 @@ class Connection:
             error.add_note(f"gave up after {attempt} attempt(s) over {self.retry_deadline:g}s "
                            f"while {why}")
             raise error from None
-        log.debug("%s to %s refused as overloaded (attempt %d), retrying in %.3fs",
-                  rpc, self.address, attempt, sleep)
+        notice.retrying("is overloaded" if isinstance(error, Overloaded)
+                        else "is moving the stream", attempt, sleep, str(error))
         time.sleep(sleep)
         return min(backoff * RETRY_BACKOFF_MULTIPLIER, RETRY_MAX_BACKOFF_S)
 
@@ -375,6 +406,28 @@ class Connection:
         if not self._closed:
             self._closed = True
             self._channel.close()
+
+
+class _RetryNotice:
+    """The log lines of one call's retries: DEBUG each, WARNING once it has lasted a while."""
+
+    def __init__(self, rpc: str, address: str, retry_deadline: float) -> None:
+        self.rpc = rpc
+        self.address = address
+        self.retry_deadline = retry_deadline
+        self.started = time.monotonic()
+        self.warned = -RETRY_NOTICE_EVERY_S
+
+    def retrying(self, state: str, attempt: int, sleep: float, detail: str) -> None:
+        now = time.monotonic()
+        elapsed = now - self.started
+        level = logging.DEBUG
+        if elapsed >= RETRY_NOTICE_AFTER_S and now - self.warned >= RETRY_NOTICE_EVERY_S:
+            level = logging.WARNING
+            self.warned = now
+        log.log(level, "broker at %s %s (%s, attempt %d, %.1fs of %gs): next attempt in "
+                "%.1fs: %s", self.address, state, self.rpc, attempt, elapsed,
+                self.retry_deadline, sleep, " ".join(detail.split()))
 
 
 class StreamingCall:

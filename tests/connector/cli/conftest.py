@@ -29,6 +29,12 @@ def run_npstream(address: str, *args: str, stdin: str | None = None,
 
 
 @pytest.fixture
+def npstream_path() -> str:
+    """Path of the installed console script (for tests that drive the process themselves)."""
+    return NPSTREAM
+
+
+@pytest.fixture
 def cli_at() -> Callable[..., subprocess.CompletedProcess[str]]:
     """``cli_at(address, *args, stdin=None, token=None, env=None)``: any broker address."""
     return run_npstream

@@ -132,7 +132,7 @@ def test_streams_truncate_then_consume_below_start_fails_with_range(broker, clie
     below = npstream(broker, "consume", stream_name, "--from", "1")
     assert below.returncode == 1
     assert below.stderr == (f"npstream: error: offset 1 is out of range for stream "
-                            f"'{stream_name}': start_offset=4, end_offset=6\n")
+                            f"'{stream_name}': it holds offsets [4, 6)\n")
     earliest = npstream(broker, "consume", stream_name)
     assert [json.loads(x)["offset"] for x in earliest.stdout.splitlines()] == [4, 5]
     everything = npstream(broker, "streams", "truncate", stream_name, "--all")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 
@@ -104,3 +105,17 @@ def test_import_npstream_loads_neither_pyspark_nor_pandas():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True, timeout=60)
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("address", ["localhost", "[::1]", "host:0", "host:70000", "a b:1",
+                                     "h:port"])
+def test_client_address_without_valid_port_is_refused_before_any_call(address):
+    with pytest.raises(InvalidArgument, match=re.escape(f"invalid broker address '{address}'")):
+        Client(address)
+
+
+@pytest.mark.parametrize("address", ["localhost:7070", "10.0.0.1:1", "[::1]:7070",
+                                     "dns:///broker:7070", "unix:/tmp/np.sock"])
+def test_client_address_forms_are_accepted(address):
+    with Client(address) as client:
+        assert client.address == address

@@ -1,0 +1,107 @@
+"""Errors in the CLI's own words (issue 34, item 16).
+
+The broker and the SDK name what a program passes (``exist_ok``,
+``update_stream``, gRPC metadata); each error the CLI prints names its own
+flag or command instead. Every case runs the installed ``npstream`` against
+a real broker; the SDK's messages themselves stay as they are.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from npstream import AlreadyExists, Client
+
+SDK_WORDS = ("exist_ok", "update_stream", "delete_messages", "send metadata", "pull/commit",
+             "receive/subscribe", "max_message_bytes=", "start_offset=", "retry_deadline",
+             "StreamConfig(")
+
+
+def error_line(result) -> str:
+    assert result.returncode != 0, result.stdout
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("npstream: error: "), result.stderr
+    assert not [word for word in SDK_WORDS if word in lines[0]], lines[0]
+    return lines[0].removeprefix("npstream: error: ")
+
+
+def test_create_with_other_config_names_exist_ok_flag(cli, client, stream_name):
+    client.create_stream(stream_name, max_age="7d")
+    with pytest.raises(AlreadyExists, match="pass exist_ok"):  # the SDK keeps its words
+        client.create_stream(stream_name, max_age="1d")
+    message = error_line(cli("streams", "create", stream_name, "--max-age", "1d"))
+    assert message == (
+        f"stream '{stream_name}' already exists with a different config: existing (--max-age "
+        "604800000ms --max-bytes 1073741824 --dedup-window 120000ms --max-message-bytes "
+        "1048576), requested (--max-age 86400000ms --max-bytes 1073741824 --dedup-window "
+        "120000ms --max-message-bytes 1048576); add --exist-ok to keep the existing one")
+
+
+def test_create_with_other_schema_names_exist_ok_and_streams_update(cli, client, stream_name):
+    client.create_stream(stream_name, schema="a INT")
+    message = error_line(cli("streams", "create", stream_name, "--schema", "a STRING"))
+    assert message.endswith(
+        f"requested 'a STRING'; add --exist-ok to keep the existing one, or evolve the schema "
+        f"with `npstream streams update {stream_name} --schema SCHEMA`")
+
+
+def test_update_untyped_stream_with_messages_names_streams_truncate(cli, client, stream_name):
+    client.publish(stream_name, b"x")
+    message = error_line(cli("streams", "update", stream_name, "--schema", "a INT"))
+    assert message.endswith(f"delete its messages first (`npstream streams truncate "
+                            f"{stream_name} --all`) or use a new stream")
+
+
+def test_consume_cursor_command_on_shared_group_names_the_commands(cli, client, stream_name):
+    client.publish(stream_name, b"x")
+    client.receive(stream_name, "shipping", max=1)
+    message = error_line(cli("consume", stream_name, "--group", "shipping"))
+    assert message == (
+        f"group 'shipping' on stream '{stream_name}' is a shared group (`npstream groups "
+        "receive/ack/nack`); `npstream consume --group` needs a cursor group: use another "
+        f"group name or delete this one (`npstream groups delete {stream_name} shipping`)")
+
+
+def test_produce_too_large_line_names_max_message_bytes_flag(cli, client, stream_name):
+    client.create_stream(stream_name, max_message_bytes="1KiB")
+    result = cli("produce", stream_name, "--raw", stdin="x" * 2000 + "\n")
+    assert error_line(result).startswith(
+        f"message 0 for stream '{stream_name}' is 2000 bytes, over the stream's "
+        f"--max-message-bytes 1024 (`npstream streams update {stream_name} "
+        "--max-message-bytes SIZE` raises it); nothing was stored")
+
+
+def test_create_max_message_bytes_over_the_limit_names_the_flag(cli, stream_name):
+    message = error_line(cli("streams", "create", stream_name, "--max-message-bytes", "1TiB"))
+    assert message.startswith(f"--max-message-bytes 1099511627776 for stream '{stream_name}' "
+                              "must be within 1..")
+
+
+def test_consume_from_out_of_range_shows_the_range(cli, client, stream_name):
+    client.publish_batch(stream_name, [{"value": b"a"}, {"value": b"b"}])
+    assert error_line(cli("consume", stream_name, "--from", "9")) == (
+        f"offset 9 is out of range for stream '{stream_name}': it holds offsets [0, 2)")
+
+
+@pytest.mark.parametrize(("flag", "value", "expected"), [
+    ("--timeout", "-1", "--timeout must be > 0 seconds, got -1.0"),
+    ("--retry-deadline", "-1", "--retry-deadline must be >= 0 seconds, got -1.0"),
+])
+def test_bad_connection_setting_names_the_flag(cli, flag, value, expected):
+    result = cli("streams", "list", flag, value)
+    assert (error_line(result), result.returncode) == (expected, 2)
+
+
+def test_unreachable_broker_names_retry_deadline(cli_at):
+    message = error_line(cli_at("127.0.0.1:1", "streams", "list", "--retry-deadline", "0"))
+    assert message.endswith("(gave up after 1 attempt(s) over 0s of --retry-deadline)")
+
+
+def test_missing_token_names_token_flag_and_variable(broker_factory, cli_at, tmp_path):
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text('[[tokens]]\nname = "ops"\ntoken = "s3cret"\nread = ["*"]\n')
+    secured = broker_factory(args=["--tokens-file", str(tokens)])
+    assert error_line(cli_at(secured.address, "streams", "list")) == (
+        "missing or invalid auth token: give one with --token TOKEN or $NPSTREAM_TOKEN")
+    with Client(secured.address, "s3cret") as ops:
+        assert ops.list_streams() == []
