@@ -9,7 +9,7 @@ forward, recovery.py): staged data is durable, so the commit never has to be
 undone.
 
 A commit records itself as pending (markers.py), then appends each target
-stream's rows with ``StreamLog.append_prebuilt``, whose ``before_write``
+stream's rows with ``StreamLog.append`` of a FramedAppend, whose ``before_write``
 callback records the stream's 'committing' marker (first offset, row count,
 timestamp) under the log's append lock, before any byte is written; nothing
 else can append to the stream until the sink's rows are written and
@@ -58,6 +58,7 @@ from npstream.broker.sink.staging import (
     check_staging_id,
 )
 from npstream.broker.sink.staging_format import StagedFrames
+from npstream.broker.storage.framed_append import FramedAppend
 from npstream.proto.value_schema import to_ddl
 
 if TYPE_CHECKING:
@@ -303,11 +304,11 @@ class SinkCommitter:
         resumed_at = (marker.first_offset + sum(counts[:resume])
                       if resume and marker is not None else None)
         try:
-            result = stream_log.append_prebuilt(
+            result = stream_log.append(FramedAppend(
                 self._parts(pending, stream, stream_log, staged[resume:]),
                 before_write=None if resume else before_write,
                 timestamp=marker.timestamp if marker is not None else None,
-                expect_first=resumed_at)
+                expect_first=resumed_at))
         except Exception:
             if stream_log.failed or resume:
                 # A disk error after (or while undoing) the write, or an adoption that

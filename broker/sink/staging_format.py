@@ -17,8 +17,8 @@ which file and writes down where each frame is.
 
 A file whose rows all go to one stream is therefore a segment once stamped:
 a large one is adopted by the commit (stamped in place, renamed into the
-stream directory: no copy, ``StreamLog.append_prebuilt`` with a
-StagedSegment); a small one, or one routed to several streams, is mapped
+stream directory: no copy, a FramedAppend (storage/framed_append.py) with
+a StagedSegment); a small one, or one routed to several streams, is mapped
 copy-on-write and its payloads stamped and appended to the active segment.
 
 Files (the data file appears last, so its presence means the staging exists)::

@@ -4,6 +4,7 @@ The public API is docs/internals.md "Storage engine"; the on-disk format is
 docs/format.md. No gRPC and no SQLite here.
 """
 
+from npstream.broker.storage.framed_append import FramedAppend
 from npstream.broker.storage.log import StreamLog
 from npstream.broker.storage.results import AppendResult, LogStats, ReadResult
 from npstream.broker.storage.settings import AckMode, StorageSettings, StreamConfig
@@ -14,6 +15,7 @@ __all__ = [
     "UNTYPED",
     "AckMode",
     "AppendResult",
+    "FramedAppend",
     "LogStats",
     "ReadResult",
     "Storage",

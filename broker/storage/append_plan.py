@@ -10,7 +10,6 @@ each dropped row with its original offset.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,8 +39,6 @@ class PendingAppend:
     table: pa.Table  # PUBLISH_SCHEMA, every column present
     supplied: pa.BooleanArray | None  # rows with a producer id; None when there are none
     intra: IntraDuplicates | None  # ids repeated within this append
-    atomic: bool = False
-    before_write: Callable[[int], None] | None = None
     # The value schema version ``table``'s value struct is in; 0: untyped (binary value).
     schema_version: int = 0
 
@@ -58,7 +55,6 @@ class PlannedRows:
 
 def prepare_append(
     data: pa.Table, stream: str, max_message_bytes: int, *, find_repeats: bool,
-    atomic: bool = False, before_write: Callable[[int], None] | None = None,
     typed: TypedValues | None = None,
 ) -> PendingAppend:
     """Check and complete ``data``; MessageTooLargeError before anything is queued.
@@ -80,10 +76,9 @@ def prepare_append(
         mask = producer_id_mask(ids)
         if pc.any(mask).as_py():
             supplied = mask
-            if find_repeats and not atomic:
+            if find_repeats:
                 intra = find_intra_duplicates(ids, mask)
-    return PendingAppend(table, supplied, intra, atomic, before_write,
-                         typed.version if typed is not None else 0)
+    return PendingAppend(table, supplied, intra, typed.version if typed is not None else 0)
 
 
 @dataclass(frozen=True)
@@ -129,7 +124,7 @@ def plan_append(
     ids kept here are added to it.
     """
     table, supplied = append.table, append.supplied
-    if window is None or supplied is None or append.atomic:
+    if window is None or supplied is None:
         if window is not None and supplied is not None and pending is not None:
             _remember_pending(pending, table, supplied, first_offset)
         return PlannedRows(table, supplied, [], append.schema_version)

@@ -23,13 +23,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from npstream.broker.storage.appender import new_id_prefix
 from npstream.broker.storage.dir_sync import (
     SYNCFS_AVAILABLE,
     fsync_dir_shared,
     sync_filesystem_shared,
 )
 from npstream.broker.storage.files import fsync_dir, segment_path
-from npstream.broker.storage.log_state import new_id_prefix
 from npstream.broker.storage.settings import StreamConfig
 from npstream.broker.storage.small_append import (
     LoneMessage,

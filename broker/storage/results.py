@@ -36,6 +36,9 @@ class AppendResult:
     stored_count: int
     duplicates: list[tuple[int, int]]  # (index in input, original offset)
     timestamp_ms: int
+    # The log's write sequence once this append was written: StreamLog.sync_through of it
+    # returns when the append is durable (a pipelined publish acks FSYNC after that).
+    write_sequence: int = 0
 
 
 @dataclass(frozen=True)

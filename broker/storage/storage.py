@@ -37,6 +37,7 @@ from npstream.broker.storage.open_logs import OpenLogs
 from npstream.broker.storage.peek import peek_stats
 from npstream.broker.storage.results import LogStats
 from npstream.broker.storage.retention import idle_stream_check
+from npstream.broker.storage.segment_store import SegmentStore
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
 from npstream.broker.storage.stream_files import read_retention_config
 from npstream.broker.storage.value_schemas import UNTYPED, ValueSchemas
@@ -127,10 +128,9 @@ class Storage:
         directory = stream_dir(self.settings.data_dir, name)
         self._kept.drop(name)  # its files may change from now on
         loaded = load_log(directory, self._cache, self.settings.index_interval_bytes, name)
-        stream_log = StreamLog(
-            name, config, directory, loaded, settings=self.settings, cache=self._cache,
-            clock=self._clock, on_dirty=self._flusher.mark_dirty, value_schemas=value_schemas,
-        )
+        store = SegmentStore(name, config, directory, loaded, settings=self.settings,
+                             cache=self._cache, clock=self._clock, value_schemas=value_schemas)
+        stream_log = StreamLog(store, on_dirty=self._flusher.mark_dirty)
         self._logs.add(name, stream_log)
         with self._lock:
             self._idle_due.pop(name, None)

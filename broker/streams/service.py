@@ -391,12 +391,14 @@ class StreamServicer(pb_grpc.StreamServiceServicer):
                 empty = pb.PublishResponse(first_offset=stream_log.end_offset, stored_count=0)
                 return lambda: empty
             started = time.perf_counter()
-            result, sequence = self._on_log(stream, lambda: stream_log.append_unsynced(rows))
+            # Written now, fsynced in reply(): request k+1 is written while request k waits
+            # for its fsync, and one fsync covers every request written meanwhile.
+            result = self._on_log(stream, lambda: stream_log.append(rows, AckMode.WRITE))
             self._publish_fault.written()
 
         def reply() -> pb.PublishResponse:
             if ack is AckMode.FSYNC:
-                self._on_log(stream, lambda: stream_log.sync_through(sequence))
+                self._on_log(stream, lambda: stream_log.sync_through(result.write_sequence))
             return self._published(stream, result, rows, ack, started)
 
         return reply

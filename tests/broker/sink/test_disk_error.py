@@ -44,7 +44,7 @@ def test_commit_with_failed_fsync_is_finished_once_at_restart(tmp_path: Path) ->
                        pa.table({"value": [f"v{i}" for i in range(50)],
                                  "id": [f"id-{i}" for i in range(50)]}))
             stream_log = server.ctx.registry.get(STREAM)  # type: ignore[union-attr]
-            segments = stream_log._segments
+            segments = stream_log._store.files
 
             def failing_sync() -> None:
                 raise OSError(errno.EIO, "injected fsync failure")

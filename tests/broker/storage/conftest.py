@@ -12,7 +12,11 @@ import pyarrow as pa
 import pytest
 
 from npstream.broker import faults
-from npstream.broker.storage import Storage, StorageSettings, StreamConfig
+from npstream.broker.storage import UNTYPED, Storage, StorageSettings, StreamConfig
+from npstream.broker.storage.file_cache import FileCache
+from npstream.broker.storage.files import stream_dir
+from npstream.broker.storage.loader import load_log
+from npstream.broker.storage.segment_store import SegmentStore
 from npstream.proto.frames.reader import FrameReader
 from npstream.proto.frames.record_batch import FrameHeader
 from npstream.proto.schema import normalize_publish_table
@@ -161,3 +165,24 @@ def preadv_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(os, "preadv", preadv)
     return reads
+
+
+@pytest.fixture
+def open_store(data_dir: Path, clock: FakeClock) -> Iterator[Callable[..., SegmentStore]]:
+    """open_store(name, config, **settings): a SegmentStore of its own, recovered from disk,
+    for unit tests of the parts of a log (closed at teardown)."""
+    made: list[SegmentStore] = []
+
+    def make(name: str, config: StreamConfig, **settings: object) -> SegmentStore:
+        storage_settings = StorageSettings(data_dir=data_dir, **settings)  # type: ignore[arg-type]
+        cache = FileCache(storage_settings.max_open_files)
+        directory = stream_dir(data_dir, name)
+        loaded = load_log(directory, cache, storage_settings.index_interval_bytes, name)
+        store = SegmentStore(name, config, directory, loaded, settings=storage_settings,
+                             cache=cache, clock=clock, value_schemas=UNTYPED)
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.close()

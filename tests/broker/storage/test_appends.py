@@ -6,6 +6,7 @@ import errno
 import threading
 import time
 
+import pyarrow as pa
 import pytest
 
 from npstream.broker.errors import (
@@ -57,7 +58,7 @@ def test_append_over_max_message_bytes_rejects_whole_append(make_storage, table_
     exactly = table_of([b"b" * 60], keys=[b"k" * 30], headers=[{"hh": b"x" * 8}])  # 100 bytes
     assert log.append(exactly).stored_count == 1
     with pytest.raises(MessageTooLargeError):
-        log.append_atomic([table_of([b"fine"]), too_big])
+        log.append(pa.concat_tables([table_of([b"fine"]), too_big], promote_options="default"))
     assert log.end_offset == 2
 
 
@@ -96,12 +97,14 @@ def test_append_fsync_ack_returns_after_fsync(make_storage, config, table_of):
     assert events[-2:] == ["write", "fsync"]
 
 
-def test_append_unsynced_writes_now_and_sync_through_covers_it(make_storage, config, table_of):
+def test_append_write_returns_its_sequence_and_sync_through_covers_it(make_storage, config,
+                                                                     table_of):
     events: list[str] = []
     log = make_storage(flush_interval_ms=60_000, fault_hook=lambda op, path, pos: events.append(
         op)).open_log("deferred", config)
-    first, first_seq = log.append_unsynced(table_of(2))
-    second, second_seq = log.append_unsynced(table_of(3))
+    first = log.append(table_of(2), AckMode.WRITE)
+    second = log.append(table_of(3), AckMode.WRITE)
+    first_seq, second_seq = first.write_sequence, second.write_sequence
     assert (first.first_offset, first.stored_count, second.first_offset) == (0, 2, 2)
     assert 0 < first_seq < second_seq
     assert events == ["write", "write"]  # written, visible, not yet fsynced
@@ -180,7 +183,7 @@ def test_truncate_to_drops_tail_at_frame_boundary_and_mid_frame(make_storage, co
     for index in range(10):
         log.append(table_of([f"v{index}-{i}".encode() for i in range(4)]))
     assert log.stats().segment_count >= 3
-    log.truncate_to(26)  # inside a stored batch of 4
+    log.truncate_to(26, split_frame=True)  # inside a stored batch of 4
     assert log.end_offset == 26
     values = log.read_table(0, 26).column("value").to_pylist()
     assert values == [f"v{o // 4}-{o % 4}".encode() for o in range(26)]

@@ -1,4 +1,4 @@
-"""Concurrent appends (group commit), wait_for_data, append_atomic contiguity."""
+"""Concurrent appends (group commit), wait_for_data, append listeners."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_append_concurrent_small_appends_coalesce_into_fewer_frames(
             if len(fsyncs) == 1:  # hold the first fsync until all 20 appends queued behind it
                 first_fsync_started.set()
                 deadline = time.monotonic() + 30
-                while len(log._queue._queue) < 21 and time.monotonic() < deadline:
+                while len(log._appender._queue._queue) < 21 and time.monotonic() < deadline:
                     time.sleep(0.005)
 
     log = make_storage(fault_hook=slow_first_fsync).open_log("coalesce", config)
@@ -106,59 +106,6 @@ def test_wait_for_data_wakes_on_append(make_storage, config, table_of):
     woke, woke_at = outcome[0]
     assert woke is True
     assert 0 <= woke_at - appended_at < 2.0  # woken by the append, long before the 30 s timeout
-
-
-def test_append_atomic_contiguous_with_concurrent_appends_and_before_write_offset(
-        make_storage, config, table_of):
-    log = make_storage(max_batch_bytes=4096).open_log("atomic", config)
-    seen_first: list[tuple[int, int]] = []
-    atomic_results = []
-    stop = threading.Event()
-
-    def chatter(index: int) -> None:
-        while not stop.is_set():
-            log.append(table_of([f"noise{index}".encode()] * 3), ack=AckMode.WRITE)
-
-    noise = [threading.Thread(target=chatter, args=(i,)) for i in range(4)]
-    for thread in noise:
-        thread.start()
-    try:
-        for batch in range(10):
-            tables = [table_of([f"a{batch}-{part}-{i}".encode() for i in range(40)])
-                      for part in range(3)]
-
-            def before_write(first: int, batch: int = batch) -> None:
-                seen_first.append((batch, first))
-                assert first == log.end_offset  # under the append lock: nothing written yet
-
-            atomic_results.append(log.append_atomic(tables, before_write=before_write))
-    finally:
-        stop.set()
-        for thread in noise:
-            thread.join(30)
-    for batch, result in enumerate(atomic_results):
-        assert seen_first[batch] == (batch, result.first_offset)
-        assert result.stored_count == 120
-        values = log.read_table(result.first_offset, result.first_offset + 120).column(
-            "value").to_pylist()
-        assert values == [f"a{batch}-{part}-{i}".encode() for part in range(3) for i in range(40)]
-
-
-def test_append_atomic_before_write_raises_nothing_written(make_storage, config, table_of):
-    log = make_storage().open_log("refused", config)
-    log.append(table_of(2))
-
-    def refuse(first: int) -> None:
-        raise RuntimeError(f"marker failed at {first}")
-
-    try:
-        log.append_atomic([table_of(5)], before_write=refuse)
-    except RuntimeError as exc:
-        assert str(exc) == "marker failed at 2"
-    else:
-        raise AssertionError("append_atomic did not raise")
-    assert log.end_offset == 2
-    assert log.append(table_of(1)).first_offset == 2
 
 
 def test_append_listener_runs_once_data_is_visible_until_removed(make_storage, config, table_of):

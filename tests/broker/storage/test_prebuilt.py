@@ -1,19 +1,21 @@
-"""append_prebuilt: frames built before their offsets are known, stamped in place when appended."""
+"""Framed appends: frames built before their offsets are known, stamped in place when appended."""
 
 from __future__ import annotations
 
 import mmap
+import threading
 
 import pyarrow as pa
 import pytest
 
 from npstream.broker.errors import MessageTooLargeError
-from npstream.broker.storage import StreamConfig
+from npstream.broker.storage import AckMode, StreamConfig
 from npstream.broker.storage.batch_builder import (
     build_message_batch,
     complete_publish_table,
     serialize_frames,
 )
+from npstream.broker.storage.framed_append import FramedAppend
 from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload
 from npstream.proto.frames.record_batch import FLAG_PRODUCER_IDS
 
@@ -47,7 +49,7 @@ def test_prebuilt_frames_get_contiguous_offsets_one_timestamp_and_keep_ids(
                       max_frame_bytes=1024)
     assert len(frames) > 1
     seen: list[int] = []
-    result = log.append_prebuilt(frames, before_write=lambda first, _ts: seen.append(first))
+    result = log.append(FramedAppend(frames, before_write=lambda first, _ts: seen.append(first)))
     assert seen == [1]
     assert (result.first_offset, result.stored_count, result.duplicates) == (1, 50, [])
     assert result.timestamp_ms == clock.now
@@ -69,7 +71,7 @@ def test_prebuilt_frames_get_contiguous_offsets_one_timestamp_and_keep_ids(
 def test_prebuilt_frames_survive_reopen_with_valid_crcs(make_storage, config, table_of):
     storage = make_storage()
     log = storage.open_log("crc", config)
-    log.append_prebuilt(prebuilt(table_of(30), max_frame_bytes=512))
+    log.append(FramedAppend(prebuilt(table_of(30), max_frame_bytes=512)))
     storage.close_log("crc")
     reopened = storage.open_log("crc", config)
     assert reopened.end_offset == 30
@@ -82,7 +84,7 @@ def test_prebuilt_frames_over_max_message_bytes_store_nothing(make_storage, tabl
     table = table_of([b"ok", b"x" * 11, b"y"])
     frames = prebuilt(table, largest=11)
     with pytest.raises(MessageTooLargeError) as error:
-        log.append_prebuilt(frames)
+        log.append(FramedAppend(frames))
     assert (error.value.index, error.value.size, error.value.limit) == (1, 11, 10)
     assert log.end_offset == 0
 
@@ -92,7 +94,7 @@ def test_prebuilt_frames_flagged_with_producer_ids_enter_the_dedup_window(make_s
     dedup = StreamConfig(max_age_ms=0, max_bytes=0, dedup_window_ms=60_000,
                          max_message_bytes=1 << 20)
     log = make_storage().open_log("dedup", dedup)
-    log.append_prebuilt(prebuilt(table_of(2, ids=["a", "b"]), flags=FLAG_PRODUCER_IDS))
+    log.append(FramedAppend(prebuilt(table_of(2, ids=["a", "b"]), flags=FLAG_PRODUCER_IDS)))
     result = log.append(table_of([b"again"], ids=["b"]))
     assert (result.stored_count, result.duplicates) == (0, [(0, 1)])
 
@@ -107,6 +109,66 @@ def test_a_bad_prebuilt_frame_stores_nothing_of_the_append(make_storage, config,
     frames = prebuilt(table_of(20), max_frame_bytes=256)
     broken = PrebuiltFrame(memoryview(bytearray(len(frames[-1].payload))), frames[-1].count)
     with pytest.raises(ValueError, match="not a stored-batch payload"):
-        log.append_prebuilt([*frames[:-1], broken])
+        log.append(FramedAppend([*frames[:-1], broken]))
     assert log.end_offset == 0
     assert log.append(table_of([b"next"])).first_offset == 0
+
+
+def test_framed_append_stores_duplicates_but_remembers_ids(make_storage, table_of):
+    dedup = StreamConfig(max_age_ms=0, max_bytes=0, dedup_window_ms=60_000,
+                         max_message_bytes=1 << 20)
+    log = make_storage().open_log("framed-dedup", dedup)
+    log.append(table_of([b"a"], ids=["a"]))
+    result = log.append(FramedAppend(prebuilt(table_of([b"a again", b"b"], ids=["a", "b"]),
+                                              flags=FLAG_PRODUCER_IDS)))
+    assert (result.first_offset, result.stored_count, result.duplicates) == (1, 2, [])
+    assert log.append(table_of([b"b"], ids=["b"])).duplicates == [(0, 2)]
+
+
+def test_framed_append_contiguous_with_concurrent_appends_and_before_write_offset(
+        make_storage, config, table_of):
+    log = make_storage(max_batch_bytes=4096).open_log("atomic", config)
+    seen_first: list[tuple[int, int]] = []
+    framed_results = []
+    stop = threading.Event()
+
+    def chatter(index: int) -> None:
+        while not stop.is_set():
+            log.append(table_of([f"noise{index}".encode()] * 3), ack=AckMode.WRITE)
+
+    noise = [threading.Thread(target=chatter, args=(i,)) for i in range(4)]
+    for thread in noise:
+        thread.start()
+    try:
+        for batch in range(10):
+            frames = [frame for part in range(3) for frame in prebuilt(
+                table_of([f"a{batch}-{part}-{i}".encode() for i in range(40)]))]
+
+            def before_write(first: int, _timestamp: int, batch: int = batch) -> None:
+                seen_first.append((batch, first))
+                assert first == log.end_offset  # under the append lock: nothing written yet
+
+            framed_results.append(log.append(FramedAppend(frames, before_write=before_write)))
+    finally:
+        stop.set()
+        for thread in noise:
+            thread.join(30)
+    for batch, result in enumerate(framed_results):
+        assert seen_first[batch] == (batch, result.first_offset)
+        assert result.stored_count == 120
+        values = log.read_table(result.first_offset, result.first_offset + 120).column(
+            "value").to_pylist()
+        assert values == [f"a{batch}-{part}-{i}".encode() for part in range(3) for i in range(40)]
+
+
+def test_framed_append_before_write_raises_nothing_written(make_storage, config, table_of):
+    log = make_storage().open_log("refused", config)
+    log.append(table_of(2))
+
+    def refuse(first: int, _timestamp: int) -> None:
+        raise RuntimeError(f"marker failed at {first}")
+
+    with pytest.raises(RuntimeError, match=r"^marker failed at 2$"):
+        log.append(FramedAppend(prebuilt(table_of(5)), before_write=refuse))
+    assert log.end_offset == 2
+    assert log.append(table_of(1)).first_offset == 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from npstream.broker.storage import AckMode
-from npstream.broker.storage.log import RECENT_MAX_BYTES
+from npstream.broker.storage.appender import RECENT_MAX_BYTES
 from npstream.broker.storage.results import StoredRow
 from npstream.broker.storage.small_append import MessageRows
 
@@ -36,7 +36,7 @@ def test_recent_rows_survives_deletion_of_the_head_but_not_truncation(
     log.delete_before(4)  # only the start moves: rows [3, 5) are unchanged
     assert log.recent_rows(3) is None  # below the start now
     assert log.recent_rows(4).column("value").to_pylist() == [b"x1"]
-    log.truncate_to(4)
+    log.truncate_to(4, split_frame=True)
     assert log.recent_rows(4) is None
     assert log.recent_rows(3) is None
 

@@ -1,4 +1,4 @@
-"""append_prebuilt with staged files adopted as segments: stamped in place, renamed, not copied."""
+"""Framed appends with staged files adopted as segments: stamped in place, renamed, not copied."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from npstream.broker.sink.staging_format import StagedFrames, build_staging
 from npstream.broker.storage import StreamConfig
 from npstream.broker.storage.direct_write import DirectFileWriter
 from npstream.broker.storage.files import list_segment_bases, offset_index_path
+from npstream.broker.storage.framed_append import FramedAppend
 from npstream.broker.storage.staged_segment import StagedSegment
 
 STREAM = "adopt"
@@ -54,8 +55,8 @@ def test_staged_file_becomes_a_segment_after_the_sealed_tail_and_survives_reopen
                    max_frame_bytes=2048)
     assert len(segment(staged).slots) > 1
     seen: list[tuple[int, int]] = []
-    result = log.append_prebuilt([segment(staged)],
-                                 before_write=lambda first, ts: seen.append((first, ts)))
+    result = log.append(FramedAppend([segment(staged)],
+                                 before_write=lambda first, ts: seen.append((first, ts))))
     assert seen == [(2, clock.now)]
     assert (result.first_offset, result.stored_count) == (2, 300)
     assert not staged.path.exists()  # moved, not copied
@@ -83,9 +84,9 @@ def test_an_empty_active_segment_is_replaced_by_the_adopted_file(
     log = make_storage().open_log(STREAM, config)
     log.delete_all()
     first = stage(data_dir.parent / "sink", "a", ["x", "y"])
-    log.append_prebuilt([segment(first)])
+    log.append(FramedAppend([segment(first)]))
     second = stage(data_dir.parent / "sink", "b", ["z"])
-    log.append_prebuilt([segment(second)])
+    log.append(FramedAppend([segment(second)]))
     assert list_segment_bases(data_dir / "streams" / STREAM) == [0, 2]
     assert values_of(log, 0, 3) == [b"x", b"y", b"z"]
 
@@ -97,8 +98,8 @@ def test_copied_frames_and_adopted_files_interleave_contiguously(
     small = stage(data_dir.parent / "sink", "small", ["s0", "s1"])
     big = stage(data_dir.parent / "sink", "big", [f"b{i}" for i in range(50)])
     tail = stage(data_dir.parent / "sink", "tail", ["t0"])
-    result = log.append_prebuilt([*small.frames_for(STREAM), segment(big),
-                                  *tail.frames_for(STREAM)])
+    result = log.append(FramedAppend([*small.frames_for(STREAM), segment(big),
+                                  *tail.frames_for(STREAM)]))
     assert (result.first_offset, result.stored_count) == (0, 53)
     assert small.path.exists() and tail.path.exists() and not big.path.exists()
     expected = [b"s0", b"s1", *[f"b{i}".encode() for i in range(50)], b"t0"]
@@ -114,7 +115,7 @@ def test_producer_ids_of_an_adopted_file_enter_the_dedup_window(
                           max_message_bytes=1 << 20)
     log = make_storage().open_log(STREAM, config)
     staged = stage(data_dir.parent / "sink", "a", ["x", "y"], ids=["id-x", None])
-    log.append_prebuilt([segment(staged)])
+    log.append(FramedAppend([segment(staged)]))
     result = log.append(table_of([b"again", b"new"], ids=["id-x", "id-new"]))
     assert result.duplicates == [(0, 0)]  # (row of the append, offset it was stored at)
     assert result.stored_count == 1
@@ -129,7 +130,7 @@ def test_a_file_that_does_not_match_its_index_is_refused_and_the_log_is_unchange
     with open(staged.path, "r+b") as handle:
         handle.truncate(broken.size - 8)
     with pytest.raises(ValueError, match=r"has \d+ bytes, its index says"):
-        log.append_prebuilt([broken])
+        log.append(FramedAppend([broken]))
     assert not log.failed and log.end_offset == 1
     assert list_segment_bases(data_dir / "streams" / STREAM) == [0]
     assert log.append(table_of([b"next"])).first_offset == 1
@@ -146,10 +147,10 @@ def test_a_disk_error_while_stamping_leaves_the_log_unchanged_and_a_retry_stamps
     log = make_storage(fault_hook=hook).open_log(STREAM, config)
     staged = stage(data_dir.parent / "sink", "a", ["x", "y"])
     with pytest.raises(DiskIOError, match="Input/output error"):
-        log.append_prebuilt([segment(staged)])
+        log.append(FramedAppend([segment(staged)]))
     assert not log.failed and log.end_offset == 0 and staged.path.exists()
     failing["on"] = False
-    assert log.append_prebuilt([segment(staged)]).stored_count == 2
+    assert log.append(FramedAppend([segment(staged)])).stored_count == 2
     assert values_of(log, 0, 2) == [b"x", b"y"]
 
 
@@ -166,7 +167,7 @@ def test_a_failure_after_part_of_the_append_leaves_the_log_refusing_writes(
 
     faults.arm("storage.adopted", lose_second)
     with pytest.raises(FileNotFoundError):
-        log.append_prebuilt([segment(first), segment(second)])
+        log.append(FramedAppend([segment(first), segment(second)]))
     assert log.failed
     with pytest.raises(DiskIOError, match="an earlier write or fsync failed"):
         log.append(table_of([b"no"]))
@@ -183,12 +184,12 @@ def test_every_file_is_stamped_before_any_is_adopted_so_a_bad_one_changes_nothin
     missing = segment(second)
     second.path.unlink()
     with pytest.raises(FileNotFoundError):
-        log.append_prebuilt([segment(first), missing])
+        log.append(FramedAppend([segment(first), missing]))
     assert not log.failed and log.end_offset == 0 and first.path.exists()
     assert list_segment_bases(data_dir / "streams" / STREAM) == []  # nothing was adopted
     # The first file was stamped for offset 0; stamping it again elsewhere is fine.
     log.append(table_of([b"w"]))
-    assert log.append_prebuilt([segment(first)]).first_offset == 1
+    assert log.append(FramedAppend([segment(first)])).first_offset == 1
     assert values_of(log, 0, 3) == [b"w", b"x", b"y"]
 
 
@@ -197,8 +198,8 @@ def test_resuming_at_an_expected_offset_with_the_original_timestamp(
     log = make_storage().open_log(STREAM, config)
     staged = stage(data_dir.parent / "sink", "a", ["x"])
     with pytest.raises(ValueError, match="ends at offset 0, not 5"):
-        log.append_prebuilt([segment(staged)], expect_first=5)
-    log.append_prebuilt([segment(staged)], expect_first=0, timestamp=clock.now - 1000)
+        log.append(FramedAppend([segment(staged)], expect_first=5))
+    log.append(FramedAppend([segment(staged)], expect_first=0, timestamp=clock.now - 1000))
     # Timestamps never go back: an older resume timestamp counts as the log's last one.
     assert log.read_table(0, 1).column("timestamp")[0].value == clock.now - 1000
 
@@ -209,7 +210,7 @@ def test_a_lowered_size_limit_is_enforced_before_anything_is_adopted(
     log = make_storage().open_log(STREAM, config)
     staged = stage(data_dir.parent / "sink", "a", ["abc", "abcdef", "x"])
     with pytest.raises(MessageTooLargeError) as caught:
-        log.append_prebuilt([segment(staged)])
+        log.append(FramedAppend([segment(staged)]))
     assert (caught.value.index, caught.value.size, caught.value.limit) == (1, 6, 4)
     assert staged.path.exists() and log.end_offset == 0
 
@@ -228,11 +229,11 @@ def test_stamping_a_file_this_broker_staged_reads_nothing_back_and_after_a_resta
     preadv_calls.clear()
     storage = make_storage()
     log = storage.open_log(STREAM, config)
-    log.append_prebuilt([segment(area.open_frames("sink", 0, "a"))])
+    log.append(FramedAppend([segment(area.open_frames("sink", 0, "a"))]))
     assert preadv_calls == []  # every edge block stamping patches was kept when Stage wrote it
 
     restarted = StagingArea(data_dir.parent / "sink", max_frame_bytes=2048)
-    log.append_prebuilt([segment(restarted.open_frames("sink", 0, "b"))])
+    log.append(FramedAppend([segment(restarted.open_frames("sink", 0, "b"))]))
     assert preadv_calls  # a broker that did not stage the file reads the blocks from the disk
     storage.close()
 

@@ -204,7 +204,7 @@ def test_truncate_rewrites_a_typed_frame_in_its_version(make_storage, config, fr
                                                         segments_in):
     log = make_storage().open_log("truncate", config, SCHEMAS_1)
     log.append(json_table(readings(4)))
-    log.truncate_to(2)
+    log.truncate_to(2, split_frame=True)
     assert [h.schema_version for _, h in frames_of(segments_in(log.directory)[0])] == [1]
     assert [v["sensorId"] for v in values_of(log.read_table(0, 2))] == ["s0", "s1"]
 
@@ -250,11 +250,11 @@ def test_untyped_append_queued_before_the_stream_became_typed_fails_alone(make_s
     switch = threading.Thread(target=log.set_value_schemas, args=(SCHEMAS_1, hold))
     switch.start()
     entered.wait(5)
-    pending = log._prepare(table_of([b"raw"]))  # checked while the stream was untyped
+    pending = log._appender.prepare(table_of([b"raw"]))  # checked while the stream was untyped
 
     def late_append() -> None:
         try:
-            log._submit(log_request(pending))
+            log._appender._submit(log_request(pending))
         except BaseException as exc:  # the test inspects it
             failures.append(exc)
 
@@ -277,12 +277,12 @@ def log_request(pending: object) -> CommitRequest:
 def test_a_group_mixing_versions_writes_each_in_its_own(make_storage, config, frames_of,
                                                         segments_in):
     log = make_storage().open_log("mixed", config, SCHEMAS_1)
-    older = log._prepare(json_table(readings(2)))  # checked before the evolution
+    older = log._appender.prepare(json_table(readings(2)))  # checked before the evolution
     log.set_value_schemas(SCHEMAS_2)
-    newer = log._prepare(json_table(['{"sensorId": "n", "unit": "K"}']))
+    newer = log._appender.prepare(json_table(['{"sensorId": "n", "unit": "K"}']))
     requests = [CommitRequest(older, 1, fsync=False), CommitRequest(newer, 1, fsync=False)]
-    with log._append_lock:
-        log._write_group_locked(requests)
+    with log._store.lock:
+        log._appender._write_group_locked(requests)
     assert [(r.result.first_offset, r.result.stored_count) for r in requests] == [(0, 2), (2, 1)]
     assert [h.schema_version for _, h in frames_of(segments_in(log.directory)[0])] == [1, 2]
     assert log.recent_rows(0) is None  # no single batch holds the group
@@ -300,11 +300,12 @@ def test_untyped_streams_still_decode_with_message_schema(make_storage, config, 
     assert decode_payload(result.batches[0]).schema == MESSAGE_SCHEMA
 
 
-def test_append_atomic_converts_each_table(make_storage, config):
+def test_append_of_typed_tables_converts_each(make_storage, config):
     log = make_storage().open_log("atomic", config, SCHEMAS_1)
-    result = log.append_atomic([json_table(readings(2)), json_table(readings(1, start=9))])
+    result = log.append(pa.concat_tables([json_table(readings(2)),
+                                          json_table(readings(1, start=9))]))
     assert (result.first_offset, result.stored_count) == (0, 3)
     assert [v["sensorId"] for v in values_of(log.read_table(0, 3))] == ["s0", "s1", "s9"]
     with pytest.raises(ValueMismatchError):
-        log.append_atomic([json_table(['{"reading": 1}'])])
+        log.append(json_table(['{"reading": 1}']))
     assert log.end_offset == 3

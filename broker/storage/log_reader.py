@@ -1,20 +1,18 @@
-"""The read path of a StreamLog: reads over the current view, tail waits, time lookups.
+"""The readers of one stream's log: reads over the current view, recent rows, time lookups.
 
-Readers take no lock: they use the current ``LogView`` (reader.py), which
-every change replaces, so a read sees one consistent set of segments and
-offsets even while appends, retention or deletions run.
+Readers take no lock: each call takes the segment store's current ``LogView``
+(reader.py) once and works on it, so a read sees one consistent set of
+segments and offsets even while appends, retention or deletions run; every
+change publishes a new view instead of changing the one a reader holds.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
 from dataclasses import replace
 
 import pyarrow as pa
 
 from npstream.broker.errors import OffsetOutOfRangeError
-from npstream.broker.storage.log_state import LogState
 from npstream.broker.storage.reader import (
     FileSpan,
     locate_range,
@@ -23,23 +21,25 @@ from npstream.broker.storage.reader import (
     timestamp_at,
 )
 from npstream.broker.storage.results import LogStats, ReadResult, StoredRow
+from npstream.broker.storage.segment_store import SegmentStore
 from npstream.broker.storage.value_schemas import ValueSchemas
 from npstream.proto.defaults import DEFAULT_FETCH_BYTES, DEFAULT_FETCH_MESSAGES
 from npstream.proto.frames.payload import decode_payload
 from npstream.proto.value_schema import conform_batch
 
-__all__ = ["ReadPath"]
-
-log = logging.getLogger(__name__)
-
+__all__ = ["LogReader"]
 
 _READ_TABLE_BYTES = 8 << 20  # per read() of read_table: bounds the buffer, no slower
 
 
-class ReadPath(LogState):
-    """StreamLog's reads (log.py); the fields are LogState's."""
+class LogReader:
+    """Reads of one log (module docstring); thread-safe."""
 
-    # ------------------------------------------------------------------ reads
+    __slots__ = ("_first_timestamp", "_store")
+
+    def __init__(self, store: SegmentStore) -> None:
+        self._store = store
+        self._first_timestamp: tuple[int, int] = (-1, 0)  # (start offset, its timestamp)
 
     def read(self, offset: int, *, max_messages: int = DEFAULT_FETCH_MESSAGES,
              max_bytes: int = DEFAULT_FETCH_BYTES,
@@ -52,15 +52,16 @@ class ReadPath(LogState):
         others are the stored bytes), that version in ``schema_version``.
         ``whole``: stored batches uncut (reader.read_stored_batches).
         """
-        self._check_readable()
-        view = self._view
+        store = self._store
+        store.check_readable()
+        view = store.view
         try:
-            result = read_stored_batches(view, self._cache, self.name, offset,
+            result = read_stored_batches(view, store.cache, store.name, offset,
                                          max_messages=max_messages, max_bytes=max_bytes,
                                          end_offset=end_offset, whole=whole)
         except FileNotFoundError:  # retention deleted the segment under the read
-            view = self._view
-            raise OffsetOutOfRangeError(self.name, offset, view.start, view.end) from None
+            view = store.view
+            raise OffsetOutOfRangeError(store.name, offset, view.start, view.end) from None
         if latest and view.schemas.typed:
             return _conformed(result, view.schemas)
         return result
@@ -73,11 +74,11 @@ class ReadPath(LogState):
         no file read and no decoding: its stored batch (sliced from offset), or
         for a lone message a list with its one row as Python values. None when
         that write was too large to keep, when offset is outside it, or after a
-        change that was not a write (truncation, prebuilt appends): the caller
+        change that was not a write (truncation, framed appends): the caller
         reads the file then.
         """
-        self._check_readable()
-        view = self._view  # one read: the rows and the offsets belong together
+        self._store.check_readable()
+        view = self._store.view  # one read: the rows and the offsets belong together
         recent = view.recent
         if recent is None:
             return None
@@ -95,8 +96,9 @@ class ReadPath(LogState):
     def locate(self, offset: int, *, max_messages: int = DEFAULT_FETCH_MESSAGES,
                end_offset: int | None = None) -> tuple[list[FileSpan], int]:
         """File spans holding [offset, stop) and stop, for same-host readers (reader.py)."""
-        self._check_readable()
-        return locate_range(self._view, self.name, offset, max_messages=max_messages,
+        store = self._store
+        store.check_readable()
+        return locate_range(store.view, store.name, offset, max_messages=max_messages,
                             end_offset=end_offset)
 
     def read_table(self, offset: int, end_offset: int) -> pa.Table:
@@ -106,45 +108,23 @@ class ReadPath(LogState):
         """
         batches: list[pa.RecordBatch] = []
         position = offset
-        schema = self._schemas.stored_schema(self._schemas.current)
+        schemas = self._store.schemas
+        schema = schemas.stored_schema(schemas.current)
         while position < end_offset:
             result = self.read(position, max_messages=end_offset - position,
                                max_bytes=_READ_TABLE_BYTES, end_offset=end_offset, latest=True)
             if result.count == 0:
                 break
-            schema = self._schemas.stored_schema(result.schema_version)
+            schema = schemas.stored_schema(result.schema_version)
             batches.extend(decode_payload(payload, schema) for payload in result.batches)
             position = result.next_offset
         return pa.Table.from_batches(batches, schema=schema)
 
-    def wait_for_data(self, offset: int, timeout_s: float) -> bool:
-        """True as soon as end_offset > offset (woken by appends), False on timeout."""
-        with self._state:
-            self._state.wait_for(
-                lambda: self._view.end > offset or self._closed is not None, timeout_s
-            )
-            return self._view.end > offset
-
-    def add_append_listener(self, listener: Callable[[], None]) -> None:
-        """Call ``listener()`` after every change of the view (appends, deletions).
-
-        It runs in the writing thread, under the append lock, right after the
-        data became visible: a waiter woken by it reacts without the hand-off
-        through a watcher thread that ``wait_for_data`` would need (shared
-        groups wait on their own condition). It must be quick, must not raise
-        and must never wait for anything that holds this log's append lock.
-        """
-        with self._listeners_lock:
-            self._listeners = (*self._listeners, listener)
-
-    def remove_append_listener(self, listener: Callable[[], None]) -> None:
-        with self._listeners_lock:
-            self._listeners = tuple(x for x in self._listeners if x != listener)
-
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """First offset with timestamp >= ``timestamp_ms``; end_offset if none."""
-        self._check_readable()
-        return offset_for_timestamp(self._view, self._cache, timestamp_ms)
+        store = self._store
+        store.check_readable()
+        return offset_for_timestamp(store.view, store.cache, timestamp_ms)
 
     def timestamp_at(self, offset: int) -> int:
         """Append time (epoch ms) of the message at ``offset``; 0 when none is stored there.
@@ -152,14 +132,15 @@ class ReadPath(LogState):
         A group's lag in seconds is the age of its oldest unconsumed message:
         usually the frame header answers, a frame of mixed times is decoded.
         """
-        self._check_readable()
-        view = self._view
+        store = self._store
+        store.check_readable()
+        view = store.view
         if not view.start <= offset < view.end:
             return 0
-        return timestamp_at(view, self._cache, offset)
+        return timestamp_at(view, store.cache, offset)
 
     def stats(self) -> LogStats:
-        view = self._view
+        view = self._store.view
         if not view.segments:
             return LogStats(view.start, view.end, 0, 0, 0, 0)
         size = sum(segment.size for segment in view.segments[:-1]) + view.tail_size
@@ -167,14 +148,15 @@ class ReadPath(LogState):
         if view.start < view.end:
             cached_start, cached = self._first_timestamp
             if cached_start != view.start:
-                cached = timestamp_at(view, self._cache, view.start)
+                cached = timestamp_at(view, self._store.cache, view.start)
                 self._first_timestamp = (view.start, cached)
             first = cached
             last = max(s.max_timestamp for s in view.segments[-2:])
         return LogStats(view.start, view.end, size, first, last, len(view.segments))
 
+
 def _conformed(result: ReadResult, schemas: ValueSchemas) -> ReadResult:
-    """``result`` with every batch in the current schema version (see StreamLog.read)."""
+    """``result`` with every batch in the current schema version (see LogReader.read)."""
     current = schemas.current
     batches = result.batches
     if any(version != current for version in result.versions):
@@ -187,4 +169,3 @@ def _conformed(result: ReadResult, schemas: ValueSchemas) -> ReadResult:
         ]
     return replace(result, batches=batches, versions=(current,) * len(batches),
                    schema_version=current)
-
