@@ -59,7 +59,7 @@ class LogView:
     a lone message (small_append.py) the one row as Python values. A reader
     that follows the tail (a shared group woken by that write) takes them from
     memory instead of reading back and decoding the frame just written. They
-    live in the view so that one read of ``StreamLog._view`` gives rows and
+    live in the view so that one read of ``SegmentStore.view`` gives rows and
     offsets that belong together.
 
     ``schemas`` are the stream's value schemas (value_schemas.py) when the
