@@ -41,11 +41,12 @@ from npstream.broker.errors import (
     is_disk_full,
 )
 from npstream.broker.storage.dedup import DedupWindow, rebuild_window
+from npstream.broker.storage.errors import UndoFailedError
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.loader import LoadedLog
 from npstream.broker.storage.reader import LogView
 from npstream.broker.storage.results import StoredRow
-from npstream.broker.storage.segment_list import SegmentList, UndoFailedError
+from npstream.broker.storage.segment_list import SegmentList
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
 from npstream.broker.storage.staged_segment import StagedSegment
 from npstream.broker.storage.stream_files import (

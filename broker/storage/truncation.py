@@ -17,34 +17,16 @@ import logging
 
 from npstream.broker.errors import OffsetOutOfRangeError
 from npstream.broker.log_events import event_fields
+from npstream.broker.storage.errors import FrameBoundaryError
 from npstream.broker.storage.reader import iter_frames
 from npstream.broker.storage.retention import plan_retention
 from npstream.broker.storage.segment_store import SegmentStore
 from npstream.broker.storage.stream_files import remove_clean_shutdown, write_start_offset
 from npstream.proto.frames.record_batch import FrameHeader
 
-__all__ = ["FrameBoundaryError", "Truncation"]
+__all__ = ["Truncation"]
 
 log = logging.getLogger(__name__)
-
-
-class FrameBoundaryError(ValueError):
-    """truncate_to was asked to cut inside a stored frame; nothing was changed.
-
-    Frames are the unit of replication and of the files' checks (CRC), so a
-    cut keeps whole frames: ``frame_start`` and ``frame_end`` are the offsets
-    a cut may use instead.
-    """
-
-    def __init__(self, stream: str, offset: int, frame_start: int, frame_end: int) -> None:
-        super().__init__(
-            f"stream '{stream}': cannot truncate to offset {offset}, inside the frame holding "
-            f"offsets [{frame_start}, {frame_end}); truncate to {frame_start} or {frame_end} "
-            "(the log was not changed)")
-        self.stream = stream
-        self.offset = offset
-        self.frame_start = frame_start
-        self.frame_end = frame_end
 
 
 class Truncation:

@@ -16,7 +16,7 @@ from npstream.broker.errors import (
 )
 from npstream.broker.storage import AckMode
 from npstream.broker.storage.appender import Appender
-from npstream.broker.storage.segment_list import UndoFailedError
+from npstream.broker.storage.errors import UndoFailedError
 from npstream.broker.storage.stream_files import CleanShutdown, read_clean_shutdown
 
 

@@ -6,8 +6,8 @@ import pytest
 
 from npstream.broker.errors import OffsetOutOfRangeError
 from npstream.broker.storage import StreamConfig
+from npstream.broker.storage.errors import FrameBoundaryError
 from npstream.broker.storage.stream_files import CleanShutdown, read_clean_shutdown
-from npstream.broker.storage.truncation import FrameBoundaryError
 
 DEDUP = StreamConfig(max_age_ms=0, max_bytes=0, dedup_window_ms=60_000,
                      max_message_bytes=1 << 20)
@@ -92,7 +92,8 @@ def test_truncate_to_outside_start_and_end_raises_offset_out_of_range(make_stora
     log.delete_before(4)
     with pytest.raises(OffsetOutOfRangeError) as error:
         log.truncate_to(offset)
-    assert (error.value.offset, error.value.start, error.value.end) == (offset, 4, 40)
+    assert (error.value.offset, error.value.start_offset, error.value.end_offset) == (
+        offset, 4, 40)
     assert (log.start_offset, log.end_offset) == (4, 40)
 
 
