@@ -148,7 +148,7 @@ def test_delete_before_moves_start_exactly_and_persists(make_storage, config, ta
         f"v{target}".encode(), f"v{target + 1}".encode()]
     with pytest.raises(OffsetOutOfRangeError) as error:
         log.read(target - 1)
-    assert (error.value.start, error.value.end) == (target, 40)
+    assert (error.value.start_offset, error.value.end_offset) == (target, 40)
     log.delete_before(3)  # below start: no change
     assert log.start_offset == target
     with pytest.raises(OffsetOutOfRangeError):
