@@ -2,9 +2,11 @@
 
 ``from npstream.proto import pb, pb_grpc`` gives the message classes and the
 service stubs/servicers. Regenerate with ``python proto/generate.py``.
+``pb_grpc`` is a submodule of its own (npstream.proto.pb_grpc), imported only
+by who asks for it: the messages need protobuf alone, so a module that uses
+only them (the storage engine, the broker's errors) loads no grpc.
 """
 
 from npstream.proto.npstream.v1 import npstream_pb2 as pb
-from npstream.proto.npstream.v1 import npstream_pb2_grpc as pb_grpc
 
 __all__ = ["pb", "pb_grpc"]

@@ -34,7 +34,6 @@ from npstream.broker.errors import (
 )
 from npstream.broker.groups.cursor import CursorGroup
 from npstream.broker.groups.dead_letter import DeadLetterWriter
-from npstream.broker.groups.group_collector import GroupCollector
 from npstream.broker.groups.metrics import GroupMetrics
 from npstream.broker.groups.positions import Resolved, resolve_start
 from npstream.broker.groups.shared import MemberInfo, SharedGroup
@@ -42,13 +41,14 @@ from npstream.broker.groups.shared_config import SharedConfig
 from npstream.broker.groups.store import GroupRow, GroupStore, PositionWriter
 from npstream.broker.groups.tuning import TICK_INTERVAL_S
 from npstream.broker.log_events import event_fields
-from npstream.broker.server.context import BrokerContext
 from npstream.broker.streams.names import check_stream_name
 from npstream.proto import pb
 from npstream.proto.names import validate_group_name
 
 if TYPE_CHECKING:
+    from npstream.broker.metadata import Metadata
     from npstream.broker.storage import StreamLog
+    from npstream.broker.streams.registry import StreamRegistry
 
 __all__ = ["GroupManager", "GroupStatus"]
 
@@ -96,27 +96,29 @@ def _kind_error(stream: str, group: str, kind: str, wanted: str) -> InvalidArgum
 
 
 class GroupManager:
-    """The broker's groups; thread-safe. ``close()`` stops upkeep and flushes positions."""
+    """The broker's groups; thread-safe. ``close()`` stops upkeep and flushes positions.
 
-    def __init__(self, ctx: BrokerContext, clock: Callable[[], int] = _now_ms) -> None:
-        self._registry = ctx.registry
+    Built from its parts, not from the broker's context (the groups package
+    imports nothing of the server layer): npstream.broker.groups.service's
+    ``group_manager`` wires one to the context's hooks and metrics.
+    """
+
+    def __init__(self, registry: StreamRegistry, metadata: Metadata,
+                 dead_letters: DeadLetterWriter, metrics: GroupMetrics,
+                 clock: Callable[[], int] = _now_ms) -> None:
+        self._registry = registry
         self._clock = clock
-        self._store = GroupStore(ctx.metadata, clock)
+        self._store = GroupStore(metadata, clock)
         self._writer = PositionWriter(self._store)
-        self._dead_letters = DeadLetterWriter(ctx.registry, ctx.cluster.check_dead_letter_create,
-                                              ctx.cluster.local_write)
-        self.metrics = GroupMetrics(ctx.metrics.registry, count_out=ctx.metrics.count_out)
+        self._dead_letters = dead_letters
+        self.metrics = metrics
         self._lock = threading.RLock()
         self._groups: dict[tuple[str, str], Group] = {}
         self._stop = threading.Event()
         self._drop_orphans()
-        ctx.on_stream_deleted.append(self.on_stream_deleted)
-        ctx.on_stream_leaving.append(self.release_stream)
         self._ticker = threading.Thread(target=self._tick_loop, name="npstream-group-upkeep",
                                         daemon=True)
         self._ticker.start()
-        ctx.metrics.registry.register(
-            GroupCollector(self, ctx.config.metrics.metrics_group_gauges_max))
 
     # ------------------------------------------------------------ plumbing
 

@@ -36,8 +36,11 @@ from prometheus_client import Counter
 
 from npstream.broker.auth.access import AccessControl, Right
 from npstream.broker.errors import BrokerError, InvalidArgumentError, ShuttingDownError
+from npstream.broker.groups.dead_letter import DeadLetterWriter
 from npstream.broker.groups.deliveries import Delivered, Grant, delivery_table, grants
+from npstream.broker.groups.group_collector import GroupCollector
 from npstream.broker.groups.manager import GroupManager, GroupStatus
+from npstream.broker.groups.metrics import GroupMetrics
 from npstream.broker.groups.shared import SharedGroup
 from npstream.broker.groups.shared_config import DEAD_LETTER_SUFFIX
 from npstream.broker.groups.tuning import (
@@ -484,9 +487,23 @@ class _SubscribeSession:
             self._credits -= count
 
 
+def group_manager(ctx: BrokerContext) -> GroupManager:
+    """The broker's GroupManager, wired to the context: the cluster's dead-letter checks,
+    the broker's metrics, and told of streams deleted or leaving for another member."""
+    dead_letters = DeadLetterWriter(ctx.registry, ctx.cluster.check_dead_letter_create,
+                                    ctx.cluster.local_write)
+    metrics = GroupMetrics(ctx.metrics.registry, count_out=ctx.metrics.count_out)
+    manager = GroupManager(ctx.registry, ctx.metadata, dead_letters, metrics)
+    ctx.on_stream_deleted.append(manager.on_stream_deleted)
+    ctx.on_stream_leaving.append(manager.release_stream)
+    ctx.metrics.registry.register(
+        GroupCollector(manager, ctx.config.metrics.metrics_group_gauges_max))
+    return manager
+
+
 def add_to_server(server: grpc.Server, ctx: BrokerContext) -> GroupManager:
     """Register GroupService on ``server``; the returned manager is closed at shutdown."""
-    manager = GroupManager(ctx)
+    manager = group_manager(ctx)
     add_service(server, "GroupService", GroupServicer(manager, ctx),
                 raw_responses={"ReceiveBatch", "SubscribeBatches"})
     return manager

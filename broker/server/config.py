@@ -35,8 +35,8 @@ from npstream.broker.cluster.settings import ClusterSettings, parse_members
 from npstream.broker.server.affinity import parse_cpu_affinity
 from npstream.broker.server.errors import ConfigError
 from npstream.broker.storage.settings import StorageSettings
+from npstream.broker.streams.settings import StreamsSettings, allows_max_message_bytes
 from npstream.proto.defaults import DEFAULT_BROKER_PORT, GRPC_MAX_MESSAGE_BYTES
-from npstream.proto.stream_config import STREAM_CONFIG_FIELDS, StreamConfig
 from npstream.proto.units import parse_duration_ms, parse_size
 
 __all__ = [
@@ -275,7 +275,7 @@ class ServerSettings:
 
     def allows_max_message_bytes(self, value: int) -> bool:
         """Whether a stream may have this max_message_bytes (the default or its own)."""
-        return 1 <= value <= self.max_message_bytes_limit
+        return allows_max_message_bytes(value, self.max_message_bytes_limit)
 
     @property
     def tls_enabled(self) -> bool:
@@ -329,22 +329,6 @@ class MetricsSettings:
             problems.append(f"console_history={self.console_history_ms}ms must be within "
                             "10s..24h")
         _refuse(problems)
-
-
-@dataclass(frozen=True)
-class StreamsSettings:
-    """``[streams]``: auto-creation, and the config of every stream that did not set its own."""
-
-    auto_create_streams: bool
-    default_max_age_ms: int
-    default_max_bytes: int
-    default_dedup_window_ms: int
-    default_max_message_bytes: int
-
-    @property
-    def stream_defaults(self) -> StreamConfig:
-        """The ``default_<field>`` keys as a StreamConfig (what a stream without overrides gets)."""
-        return StreamConfig(**{f: getattr(self, f"default_{f}") for f in STREAM_CONFIG_FIELDS})
 
 
 @dataclass(frozen=True)

@@ -139,7 +139,9 @@ class BrokerServer:
         storage = Storage(config.storage)
         metrics = BrokerMetrics()
         listeners: list[Callable[[str], None]] = [metrics.forget_stream]
-        registry = StreamRegistry(metadata, storage, config, on_stream_deleted=listeners)
+        registry = StreamRegistry(metadata, storage, config.streams,
+                                  config.server.max_message_bytes_limit,
+                                  on_stream_deleted=listeners)
         metrics.registry.register(StreamCollector(registry, metrics,
                                                   config.metrics.metrics_stream_gauges_max))
         metrics.registry.register(ResourceCollector(

@@ -11,8 +11,8 @@ import dataclasses
 from collections.abc import Mapping
 
 from npstream.broker.errors import InvalidArgumentError
-from npstream.broker.server.config import ServerSettings
 from npstream.broker.storage import StreamConfig
+from npstream.broker.streams.settings import allows_max_message_bytes
 from npstream.proto.stream_config import STREAM_CONFIG_FIELDS
 
 __all__ = ["ConfigOverrides"]
@@ -21,9 +21,9 @@ __all__ = ["ConfigOverrides"]
 class ConfigOverrides:
     """The broker's stream defaults and the limits an override is checked against."""
 
-    def __init__(self, defaults: StreamConfig, server: ServerSettings) -> None:
+    def __init__(self, defaults: StreamConfig, max_message_bytes_limit: int) -> None:
         self._defaults = defaults
-        self._server = server
+        self._limit = max_message_bytes_limit
 
     def effective(self, overrides: Mapping[str, int]) -> StreamConfig:
         if not overrides:
@@ -34,7 +34,6 @@ class ConfigOverrides:
     def check(self, name: str, overrides: Mapping[str, int]) -> dict[str, int]:
         """The overrides as ints; InvalidArgumentError naming the first one refused."""
         checked: dict[str, int] = {}
-        server = self._server
         for field, value in overrides.items():
             if field not in STREAM_CONFIG_FIELDS:
                 raise InvalidArgumentError(f"unknown stream config field '{field}'")
@@ -42,10 +41,10 @@ class ConfigOverrides:
                 raise InvalidArgumentError(
                     f"{field}={value} for stream '{name}' must be >= 0"
                 )
-            if field == "max_message_bytes" and not server.allows_max_message_bytes(value):
+            if field == "max_message_bytes" and not allows_max_message_bytes(value, self._limit):
                 raise InvalidArgumentError(
                     f"max_message_bytes={value} for stream '{name}' must be within "
-                    f"1..{server.max_message_bytes_limit} "
+                    f"1..{self._limit} "
                     "(half of the broker's grpc_max_message_bytes)"
                 )
             checked[field] = int(value)

@@ -26,25 +26,42 @@ a stream move waits for it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from npstream.broker.cluster.router import Cluster
-from npstream.broker.errors import InvalidArgumentError
+from npstream.broker.errors import BrokerError, InvalidArgumentError
 from npstream.broker.rpc.status import error_status
 from npstream.proto import pb
 from npstream.proto.defaults import MAX_PUBLISH_MANY_BYTES, MAX_PUBLISH_MANY_ENTRIES
 from npstream.proto.names import validate_stream_name
 
-__all__ = ["METHOD", "parse_publish_many", "serve_publish_many"]
+__all__ = ["METHOD", "Routing", "parse_publish_many", "serve_publish_many"]
 
 METHOD = "PublishMany"
 
 # What writing one entry gives back: the reply, to be called once every entry is written
 # (it waits for the entry's fsync or nursery commit), or the entry's error.
 Reply = Callable[[], pb.PublishResponse]
+
+
+class Routing(Protocol):
+    """What PublishMany asks of the cluster (npstream.broker.cluster.router.Cluster is one).
+
+    A protocol, so that the streams package imports nothing of cluster/.
+    """
+
+    def route_many(self, streams: Iterable[str],
+                   context: grpc.ServicerContext) -> dict[str, BrokerError]:
+        """The error of each of ``streams`` not served here."""
+        ...
+
+    def serving(self, stream: str) -> AbstractContextManager[None]:
+        """Around the write of one routed entry: counted as a call on ``stream``."""
+        ...
 
 
 def parse_publish_many(raw: bytes) -> pb.PublishManyRequest:
@@ -82,7 +99,7 @@ def _failed(exc: BaseException, entry: pb.PublishRequest) -> pb.PublishManyResul
 
 def serve_publish_many(raw: bytes, context: grpc.ServicerContext,
                        write: Callable[[pb.PublishRequest], Reply],
-                       cluster: Cluster) -> pb.PublishManyResponse:
+                       cluster: Routing) -> pb.PublishManyResponse:
     """Write every entry of the request ``raw``, then wait for each: one result per entry.
 
     ``write`` stores one entry as a PublishStream request is stored and returns

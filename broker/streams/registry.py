@@ -48,7 +48,6 @@ from npstream.broker.errors import (
 from npstream.broker.handover import StreamStateOwner
 from npstream.broker.log_events import event_fields
 from npstream.broker.metadata import Metadata
-from npstream.broker.server.config import BrokerConfig
 from npstream.broker.storage import (
     UNTYPED,
     Storage,
@@ -78,6 +77,7 @@ from npstream.broker.streams.schemas import (
     check_becomes_typed,
     refuse_other_schema,
 )
+from npstream.broker.streams.settings import StreamsSettings
 
 __all__ = ["StreamRegistry"]
 
@@ -100,17 +100,18 @@ class StreamRegistry:
         self,
         metadata: Metadata,
         storage: Storage,
-        config: BrokerConfig,
+        settings: StreamsSettings,
+        max_message_bytes_limit: int,
         on_stream_deleted: list[Callable[[str], None]] | None = None,
         clock: Callable[[], int] = _now_ms,
     ) -> None:
         self._metadata = metadata
         self._storage = storage
-        self._config = config
-        self._defaults = config.streams.stream_defaults
+        self._settings = settings
+        self._defaults = settings.stream_defaults
         self._on_deleted = on_stream_deleted if on_stream_deleted is not None else []
         self._clock = clock
-        self._overrides = ConfigOverrides(self._defaults, config.server)
+        self._overrides = ConfigOverrides(self._defaults, max_message_bytes_limit)
         self._schemas = StreamSchemas(metadata, clock)
         self._rows = StreamRows(metadata, self._schemas)
         self._lock = threading.Lock()  # guards the dicts below
@@ -142,7 +143,7 @@ class StreamRegistry:
 
     @property
     def auto_create(self) -> bool:
-        return self._config.streams.auto_create_streams
+        return self._settings.auto_create_streams
 
     def __len__(self) -> int:
         return len(self._records)

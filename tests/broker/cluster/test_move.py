@@ -23,7 +23,7 @@ from npstream.broker.cluster.move_in import MoveReceiver
 from npstream.broker.cluster.move_state import MoveBook
 from npstream.broker.cluster.router import Cluster
 from npstream.broker.errors import InvalidArgumentError, MemberUnavailableError
-from npstream.broker.groups.manager import GroupManager
+from npstream.broker.groups.service import group_manager
 from npstream.broker.groups.store import GroupStore
 from npstream.broker.handover import StateRecord
 from npstream.broker.metadata import Metadata
@@ -70,7 +70,8 @@ class _Member:
         self.metadata = Metadata(config.server.data_dir)
         self.storage = Storage(config.storage)
         listeners: list = []
-        self.registry = StreamRegistry(self.metadata, self.storage, config,
+        self.registry = StreamRegistry(self.metadata, self.storage, config.streams,
+                                       config.server.max_message_bytes_limit,
                                        on_stream_deleted=listeners)
         self.ctx = BrokerContext(config=config, metadata=self.metadata, storage=self.storage,
                                  registry=self.registry, metrics=BrokerMetrics(),
@@ -78,7 +79,7 @@ class _Member:
                                  state_owners=state_owners(self.metadata, self.registry))
         self.ctx.cluster = Cluster(identity, ("a:1", "b:1"), self.registry.__contains__,
                                    AccessControl(), wire)  # type: ignore[arg-type]
-        self.groups = GroupManager(self.ctx)
+        self.groups = group_manager(self.ctx)
         self.book = MoveBook(self.metadata)
         self.mover = Mover(self.ctx, self.book)
         wire.receivers[identity] = MoveReceiver(self.ctx, self.book)
