@@ -3,24 +3,26 @@
 The broker side: exactly one BrokerError class declares each reason; another
 error of the same reason is a subclass of it. Each broker error is reported
 with the status and trailing keys its reason declares, and the client turns
-that report into the reason's one class, with the values of its attributes.
+that report into the reason's one class, with the values of its attributes:
+in process (error_status, from_status), then through a gRPC server on loopback.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 
 import npstream.broker as broker_package
 from npstream.broker import errors as be
-from npstream.broker.rpc.status import error_status
-from npstream.errors import REASON_CLASSES, NpstreamError, from_status
-from npstream.proto import metadata_keys
-from npstream.proto.error_reasons import SPECS
+from npstream.broker.rpc.status import error_status, rpc_method
+from npstream.errors import REASON_CLASSES, NpstreamError, from_rpc_error, from_status
+from npstream.proto import metadata_keys, pb, pb_grpc
+from npstream.proto.error_reasons import SPECS, attribute_of
 
 _CORRUPT = be.CorruptRecordError("/d/s/0.log", 64, "bad crc")
 
@@ -117,6 +119,44 @@ def test_trailing_values_become_the_client_errors_attributes() -> None:
     assert (moving.stream, moving.retry_after) == ("s", 0.3)  # type: ignore[attr-defined]
     assert through(SAMPLES["OverloadedError"]()).retry_after == 0.25  # type: ignore[attr-defined]
     assert str(through(SAMPLES["ShuttingDownError"]())) == "broker at h:1 is unavailable: stopping"
+
+
+class _Raising(pb_grpc.StreamServiceServicer):
+    """DescribeStream raises the broker error SAMPLES names by the request's stream name."""
+
+    @rpc_method
+    def DescribeStream(self, request, context):
+        raise SAMPLES[request.name]()
+
+
+@pytest.fixture(scope="module")
+def raising_address() -> Iterator[str]:
+    server = grpc.server(ThreadPoolExecutor(2))
+    pb_grpc.add_StreamServiceServicer_to_server(_Raising(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_broker_error_over_grpc_becomes_its_reasons_class(raising_address: str,
+                                                         name: str) -> None:
+    """The same through a real gRPC server: status, details and trailing metadata on the wire."""
+    exc = SAMPLES[name]()
+    with grpc.insecure_channel(raising_address) as channel, \
+            pytest.raises(grpc.RpcError) as info:
+        pb_grpc.StreamServiceStub(channel).DescribeStream(pb.DescribeStreamRequest(name=name),
+                                                          timeout=10)
+    error = from_rpc_error(info.value, raising_address)
+    assert type(error) is REASON_CLASSES[exc.reason]
+    assert error.reason == exc.reason
+    assert error.code == grpc.StatusCode[SPECS[exc.reason].status]
+    assert str(error).endswith(str(exc))
+    for key in SPECS[exc.reason].trailing:
+        if key != metadata_keys.RETRY_AFTER_MS:  # the client keeps it in seconds
+            attribute = attribute_of(key)
+            assert str(getattr(error, attribute)) == str(getattr(exc, attribute)), key
 
 
 def test_a_class_unlike_its_declaration_fails_the_import(
