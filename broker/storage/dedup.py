@@ -129,7 +129,7 @@ class DedupWindow:
         self._generations.clear()
 
     def _drop(self, generation: dict[str, int]) -> None:
-        """Remove a generation's ids, unless a later batch re-stored them (atomic appends)."""
+        """Remove a generation's ids, unless a later batch re-stored them (framed appends)."""
         owned = self._seen.items() & generation.items()
         deque(map(self._seen.pop, map(_first, owned), repeat(None)), maxlen=0)
 

@@ -1,10 +1,11 @@
 """The ordered segments of one stream directory, and every change made to them on disk.
 
-StreamLog owns the API, the locks, the views and the dedup window; this class
-owns the files: writing a batch as frames (rolling segments by size, age and
-offset range on the way, undoing everything if a write fails), deleting
-segments from the head, and cutting the log back for truncate_to. Every
-method is called with the log's append lock held.
+The segment store (segment_store.py) holds it beside the append lock, the
+views and the dedup window; this class owns the files: writing a batch as
+frames (rolling segments by size, age and offset range on the way, undoing
+everything if a write fails), deleting segments from the head, and cutting
+the log back for truncate_to (truncation.py). Every method is called with
+the log's append lock held.
 """
 
 from __future__ import annotations
