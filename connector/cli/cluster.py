@@ -53,7 +53,8 @@ DEFAULT_LOCAL_PORT = 7070
 
 
 def register(subparsers: Any) -> None:
-    cluster = subparsers.add_parser("cluster", help="a cluster of brokers: status, run locally")
+    cluster = subparsers.add_parser(
+        "cluster", help="a cluster of brokers: status, local (run one here)")
     commands = cluster.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
 
     status = commands.add_parser(

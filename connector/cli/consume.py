@@ -69,7 +69,8 @@ def format_messages(batch: pa.RecordBatch | pa.Table) -> list[str]:
 
     An untyped stream's value is shown by ``decode_value`` (JSON, text or
     base64); a typed stream's value (a struct column) as the JSON object of
-    its fields (``typed_value_json``).
+    its fields (``typed_value_json``). Shared-group deliveries (``groups
+    receive``) add ``attempt`` and ``lease_expires``.
     """
     value_type = batch.schema.field("value").type
     typed = pa.types.is_struct(value_type)
@@ -79,9 +80,10 @@ def format_messages(batch: pa.RecordBatch | pa.Table) -> list[str]:
     values = batch.column("value").to_pylist()
     stamps = batch.column("timestamp").cast(pa.int64()).to_pylist()
     headers = batch.column("headers").to_pylist()
+    lease = _lease_fields(batch)
     lines = []
-    for offset, message_id, key, value, stamp, header in zip(
-        offsets, ids, keys, values, stamps, headers, strict=True
+    for offset, message_id, key, value, stamp, header, leased in zip(
+        offsets, ids, keys, values, stamps, headers, lease, strict=True
     ):
         shown_value = (typed_value_json(value, value_type) if typed
                        else _dumps(decode_value(value)))
@@ -91,9 +93,21 @@ def format_messages(batch: pa.RecordBatch | pa.Table) -> list[str]:
         lines.append(
             f'{{"offset": {_dumps(offset)}, "id": {_dumps(message_id)}, '
             f'"key": {_dumps(decode_text(key))}, "value": {shown_value}, '
-            f'"timestamp": {_dumps(ms_to_iso(stamp))}, "headers": {_dumps(shown_headers)}}}'
+            f'"timestamp": {_dumps(ms_to_iso(stamp))}, "headers": {_dumps(shown_headers)}'
+            f'{leased}}}'
         )
     return lines
+
+
+def _lease_fields(batch: pa.RecordBatch | pa.Table) -> list[str]:
+    """A shared group's deliveries (DELIVERY_SCHEMA) also show ``attempt`` and
+    ``lease_expires``; plain messages nothing more."""
+    if "attempt" not in batch.schema.names:
+        return [""] * batch.num_rows
+    attempts = batch.column("attempt").to_pylist()
+    expiries = batch.column("lease_expires").cast(pa.int64()).to_pylist()
+    return [f', "attempt": {attempt}, "lease_expires": {_dumps(ms_to_iso(expires))}'
+            for attempt, expires in zip(attempts, expiries, strict=True)]
 
 
 def _dumps(data: object) -> str:

@@ -1,5 +1,7 @@
 """``npstream groups list|describe|seek|delete|redrive`` and ``npstream consume STREAM --group G``.
 
+(``groups receive|ack|nack``, for shared groups, are in cli/shared.py.)
+
 ``consume --group`` reads through a cursor group: it starts where the group
 is (``--from`` only applies when the group is new), prints the messages as
 JSON lines like plain ``consume``, and commits each batch after it is
@@ -15,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from npstream.cli import shared as cli_shared
 from npstream.cli.common import (
     CliError,
     add_client_options,
@@ -40,11 +43,13 @@ PULL_LIMIT = 1000
 
 
 def register(subparsers: Any) -> None:
-    """Add `groups list|describe|seek|delete` to the CLI's subparsers."""
+    """Add `groups list|describe|seek|delete|redrive|receive|ack|nack` to the CLI."""
     groups = subparsers.add_parser(
-        "groups", help="consumer groups: list, describe, seek, delete",
+        "groups", help="consumer groups: list, describe, seek, delete, redrive, receive, ack, "
+                       "nack",
         description="Inspect and manage consumer groups. Cursor groups are read with "
-        "`npstream consume STREAM --group G`; shared groups with the SDK's receive/subscribe.",
+        "`npstream consume STREAM --group G`; shared groups with `npstream groups receive` "
+        "and settled with `groups ack` / `groups nack` (or the SDK's receive/subscribe).",
     )
     commands = groups.add_subparsers(dest="groups_command", metavar="COMMAND", required=True)
 
@@ -95,6 +100,8 @@ def register(subparsers: Any) -> None:
     redrive.add_argument("--json", action="store_true", help="print the report as JSON")
     add_client_options(redrive)
     redrive.set_defaults(handler=_redrive)
+
+    cli_shared.register(commands)
 
 
 def _print_json(data: object) -> None:

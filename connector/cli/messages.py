@@ -59,7 +59,8 @@ _TABLE: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
         (r"use another group name or delete this one$",
          "use another group name or delete this one (`npstream groups delete <STREAM> <GROUP>`)"),
         (r"\(max_deliver > 0\)", "(the group's max deliver is set: --max-deliver)"),
-        # Shared-group settings (SDK): groups receive.
+        # Shared-group settings (SDK and broker): groups receive.
+        (r"^receive on stream ('[^']*'): max_messages=(\d+)", r"receive on stream \1: --max \2"),
         (r"^ack_wait=", "--ack-wait "),
         (r"^max_deliver=", "--max-deliver "),
         # The connection (SDK).

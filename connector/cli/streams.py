@@ -23,7 +23,8 @@ __all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
-    streams = subparsers.add_parser("streams", help="create, inspect and delete streams")
+    streams = subparsers.add_parser(
+        "streams", help="streams: create, update, list, describe, delete, truncate, repair, move")
     commands = streams.add_subparsers(dest="streams_command", metavar="COMMAND", required=True)
 
     create = commands.add_parser("create", help="create a stream")
