@@ -29,9 +29,12 @@ __all__ = [
     "CliParser",
     "add_client_options",
     "client_from_args",
+    "count_arg",
     "duration_arg",
     "group_arg",
     "offset_arg",
+    "positive_count_arg",
+    "seconds_arg",
     "size_arg",
     "stream_arg",
 ]
@@ -152,8 +155,33 @@ def _offset(text: str) -> int:
     return int(text)
 
 
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"invalid count {text!r}: use an integer >= 0")
+    return int(text)
+
+
+def _positive_count(text: str) -> int:
+    if not text.isdigit() or int(text) == 0:
+        raise ValueError(f"invalid count {text!r}: use an integer > 0")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        raise ValueError(f"invalid seconds {text!r}: use a number >= 0")
+    return value
+
+
 stream_arg = _argtype(validate_stream_name, "stream name")
 group_arg = _argtype(validate_group_name, "group name")
 duration_arg = _argtype(parse_duration_ms, "duration", keep_text=True)
 size_arg = _argtype(parse_size, "size", keep_text=True)
 offset_arg = _argtype(_offset, "offset")
+count_arg = _argtype(_count, "count")
+positive_count_arg = _argtype(_positive_count, "count")
+seconds_arg = _argtype(_seconds, "seconds")

@@ -16,6 +16,7 @@ from npstream.cli.common import (
     CliError,
     add_client_options,
     client_from_args,
+    count_arg,
     group_arg,
     stream_arg,
 )
@@ -34,12 +35,6 @@ FOLLOW_WAIT_S = 5.0
 FETCH_MESSAGES = DEFAULT_FETCH_MESSAGES
 
 
-def _count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"invalid count {text!r}: use an integer >= 0")
-    return int(text)
-
-
 def register(subparsers: Any) -> None:
     consume = subparsers.add_parser(
         "consume",
@@ -55,7 +50,7 @@ def register(subparsers: Any) -> None:
                               "(e.g. 2025-01-01T00:00:00Z)")
     consume.add_argument("--follow", "-f", action="store_true",
                          help="keep waiting for new messages (Ctrl-C to stop)")
-    consume.add_argument("--max", type=_count, default=None, metavar="N",
+    consume.add_argument("--max", type=count_arg, default=None, metavar="N",
                          help="stop after N messages (default: no limit)")
     consume.add_argument("--group", type=group_arg, default=None, metavar="GROUP",
                          help="read through consumer group GROUP (its position advances); "

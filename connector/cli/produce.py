@@ -29,6 +29,8 @@ from npstream.cli.common import (
     CliError,
     add_client_options,
     client_from_args,
+    positive_count_arg,
+    seconds_arg,
     stream_arg,
 )
 from npstream.client.client import Client
@@ -60,22 +62,6 @@ class _Pause(enum.Enum):
 _FLUSH: Final = _Pause.FLUSH  # marker from the pipe reader: input paused, send what is pending
 
 
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) == 0:
-        raise argparse.ArgumentTypeError(f"invalid count {text!r}: use an integer > 0")
-    return int(text)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"invalid seconds {text!r}: use a number >= 0")
-    return value
-
-
 def register(subparsers: Any) -> None:
     produce = subparsers.add_parser(
         "produce",
@@ -96,9 +82,9 @@ def register(subparsers: Any) -> None:
                               "(absent or null: no key)")
     produce.add_argument("--ack", choices=["fsync", "write"], default="fsync",
                          help="wait for fsync (default) or only for the write")
-    produce.add_argument("--batch-size", type=_positive_int, default=DEFAULT_BATCH_SIZE,
+    produce.add_argument("--batch-size", type=positive_count_arg, default=DEFAULT_BATCH_SIZE,
                          metavar="N", help=f"lines per batch (default: {DEFAULT_BATCH_SIZE})")
-    produce.add_argument("--linger", type=_seconds, default=DEFAULT_LINGER_S, metavar="SECONDS",
+    produce.add_argument("--linger", type=seconds_arg, default=DEFAULT_LINGER_S, metavar="SECONDS",
                          help="when reading a pipe, send pending lines after this long without "
                               f"input (default: {DEFAULT_LINGER_S})")
     produce.add_argument("--json", action="store_true", help="print the summary as JSON")

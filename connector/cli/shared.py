@@ -26,8 +26,11 @@ import numpy as np
 from npstream.cli.common import (
     add_client_options,
     client_from_args,
+    count_arg,
     duration_arg,
     group_arg,
+    positive_count_arg,
+    seconds_arg,
     stream_arg,
 )
 from npstream.client import group_rpc
@@ -42,28 +45,6 @@ __all__ = ["cli_member_id", "register"]
 def cli_member_id() -> str:
     """The CLI's member id: one per machine, so receive and a later nack agree."""
     return f"{socket.gethostname()}-cli"
-
-
-def _count(text: str) -> int:
-    if not text.isdigit() or int(text) == 0:
-        raise argparse.ArgumentTypeError(f"invalid count {text!r}: use an integer > 0")
-    return int(text)
-
-
-def _non_negative(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"invalid count {text!r}: use an integer >= 0")
-    return int(text)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"invalid seconds {text!r}: use a number >= 0")
-    return value
 
 
 def _durations(text: str) -> list[str]:
@@ -111,10 +92,10 @@ def register(commands: Any) -> None:
         "them with `npstream groups ack` or `nack` (stderr says how), or pass --ack.")
     receive.add_argument("stream", type=stream_arg)
     receive.add_argument("group", type=group_arg)
-    receive.add_argument("--max", type=_count, default=10, metavar="N",
+    receive.add_argument("--max", type=positive_count_arg, default=10, metavar="N",
                          help="most messages to lease (default 10; the broker leases at "
                               "most 10,000 per call)")
-    receive.add_argument("--wait", type=_seconds, default=0.0, metavar="SECONDS",
+    receive.add_argument("--wait", type=seconds_arg, default=0.0, metavar="SECONDS",
                          help="wait this long for a message when none is deliverable "
                               "(default 0)")
     receive.add_argument("--ack-wait", type=duration_arg, default="30s", metavar="DURATION",
@@ -122,7 +103,7 @@ def register(commands: Any) -> None:
     receive.add_argument("--ack", action="store_true",
                          help="ack every printed message at once (consume and done)")
     receive.add_argument("--member", default=None, metavar="ID", help=member_help)
-    receive.add_argument("--max-deliver", type=_non_negative, default=None, metavar="N",
+    receive.add_argument("--max-deliver", type=count_arg, default=None, metavar="N",
                          help="group setting: attempts before dead-lettering, 0 = unlimited "
                               "(default: the group's, else 0)")
     receive.add_argument("--backoff", type=_durations, default=None, metavar="D1,D2,...",
