@@ -18,6 +18,7 @@ import fcntl
 import logging
 import os
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -38,7 +39,7 @@ from npstream.broker.cluster.wiring import build_cluster, routing_interceptors
 from npstream.broker.console import Console
 from npstream.broker.groups import service as group_service
 from npstream.broker.groups.manager import GroupManager
-from npstream.broker.metadata import Metadata
+from npstream.broker.metadata import METADATA_FILE, Metadata
 from npstream.broker.rpc import status as rpc_status
 from npstream.broker.rpc.budget import PublishAdmission, PublishBudget
 from npstream.broker.server.config import BrokerConfig, is_loopback_host
@@ -51,6 +52,7 @@ from npstream.broker.sink import service as sink_service
 from npstream.broker.storage import Storage
 from npstream.broker.streams import reads as stream_reads
 from npstream.broker.streams import service as stream_service
+from npstream.broker.streams.consistency import inspect_metadata_files, start_data_dir_check
 from npstream.broker.streams.registry import StreamRegistry
 from npstream.proto import pb
 
@@ -121,6 +123,7 @@ class BrokerServer:
         self._server: grpc.Server | None = None
         self._health: health.HealthServicer | None = None
         self._retention: threading.Thread | None = None
+        self._data_dir_check: threading.Thread | None = None
         self.ctx: BrokerContext | None = None
 
     # ------------------------------------------------------------ start
@@ -135,7 +138,13 @@ class BrokerServer:
                                    config.cluster.cluster_token)
         except TokensFileError as exc:
             raise StartupError(str(exc)) from None
-        metadata = Metadata(data_dir, synchronous=config.storage.metadata_sync)
+        found = inspect_metadata_files(data_dir)  # before opening changes them
+        try:
+            metadata = Metadata(data_dir, synchronous=config.storage.metadata_sync)
+        except sqlite3.DatabaseError as exc:
+            raise StartupError(f"metadata database {data_dir / METADATA_FILE} is unreadable "
+                               f"({exc}); restore it from a backup (stream files are kept "
+                               f"under {data_dir / 'streams'})") from None
         storage = Storage(config.storage)
         metrics = BrokerMetrics()
         listeners: list[Callable[[str], None]] = [metrics.forget_stream]
@@ -147,6 +156,8 @@ class BrokerServer:
         metrics.registry.register(ResourceCollector(
             storage, lambda: self.port, config.server.retain_freed_memory,
             config.server.max_publish_bytes_in_flight))
+        self._data_dir_check = start_data_dir_check(data_dir, found, registry.__contains__,
+                                                    metrics.registry, self.stopping)
         storage.set_sync_observer(metrics.observe_fsync)
         rpc_status.observe_errors(metrics.error_counter())
         budget = PublishBudget(config.server.max_publish_bytes_in_flight, metrics.registry)
@@ -305,6 +316,8 @@ class BrokerServer:
         drained = time.monotonic()
         if self._retention is not None:
             self._retention.join(timeout=30)
+        if self._data_dir_check is not None:
+            self._data_dir_check.join(timeout=30)
         if self._http is not None:
             self._http.stop()
         if self._console is not None:

@@ -10,6 +10,7 @@ Layout (docs/format.md)::
         start-offset                       logical start pointer (after delete_before)
         retention.json                     last config given by the broker
         clean-shutdown                     tail segment state at the last clean close
+        log-extent                         first segment and end last recorded (never less)
 
 Base offsets are zero-padded to 20 digits (int64 max has 19) so that names sort
 in offset order. Stream names are validated before they become paths:
@@ -26,6 +27,7 @@ from npstream.proto.names import validate_stream_name
 
 __all__ = [
     "CLEAN_SHUTDOWN_FILE",
+    "LOG_EXTENT_FILE",
     "OFFSET_INDEX_SUFFIX",
     "RETENTION_FILE",
     "SCHEMA_FILE",
@@ -54,6 +56,7 @@ SCHEMA_FILE = "schema.arrow"
 START_OFFSET_FILE = "start-offset"
 RETENTION_FILE = "retention.json"
 CLEAN_SHUTDOWN_FILE = "clean-shutdown"
+LOG_EXTENT_FILE = "log-extent"
 _BASE_DIGITS = 20
 
 

@@ -31,16 +31,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from npstream.broker.errors import CorruptRecordError
+from npstream.broker.storage.extent_check import (
+    check_end,
+    check_first_segment,
+    check_tail_size,
+    extent_of,
+    read_records,
+    record_extent,
+    shortfall,
+)
 from npstream.broker.storage.file_cache import FileCache
-from npstream.broker.storage.files import TMP_SUFFIX, list_segment_bases, segment_path
+from npstream.broker.storage.files import (
+    TMP_SUFFIX,
+    list_segment_bases,
+    segment_path,
+)
 from npstream.broker.storage.segment import Segment
 from npstream.broker.storage.settings import SCAN_CHUNK_BYTES
 from npstream.broker.storage.sparse_index import IndexFileError
 from npstream.broker.storage.stream_files import (
     check_schema,
-    read_clean_shutdown,
     read_start_offset,
     remove_clean_shutdown,
+    remove_log_extent,
     remove_start_offset,
     write_schema,
     write_start_offset,
@@ -163,10 +176,11 @@ def load_log(
     _remove_temporaries(directory)
     pointer = read_start_offset(directory) or 0
     bases = list_segment_bases(directory)
+    marker, extent, recorded = read_records(directory, stream)
+    check_first_segment(directory, bases, pointer, recorded)
     if not bases:
         remove_clean_shutdown(directory)
         return LoadedLog([], pointer, pointer)
-    marker = read_clean_shutdown(directory)
     result = LoadedLog([], 0, 0)
     for base, next_base in itertools.pairwise(bases):
         result.segments.append(
@@ -178,10 +192,12 @@ def load_log(
         raise CorruptRecordError(segment_path(directory, tail_base), 0, "offsets do not continue")
     tail, bad = Segment.scan(directory, tail_base, cache, index_interval)
     file_size = os.stat(tail.path).st_size
+    check_tail_size(tail.path, tail_base, file_size, recorded)
     if bad is not None:
         clean = marker is not None and (marker.segment, marker.size) == (tail_base, file_size)
         if clean:
             raise CorruptRecordError(tail.path, bad.position, bad.detail)
+        check_end(tail.path, tail.next_offset, bad.position, recorded, bad.detail)
         refused = _torn_tail_refused(bad, tail.path, file_size, cache)
         if refused:
             raise CorruptRecordError(tail.path, bad.position, refused)
@@ -192,9 +208,11 @@ def load_log(
             "log ends at offset %d", stream, tail.path, bad.position, result.truncated_bytes,
             bad.detail, tail.next_offset,
         )
+    check_end(tail.path, tail.next_offset, tail.size, recorded)
     tail.delete_index_files()
     result.valid_bytes = tail.size
     result.segments.append(tail)
+    record_extent(directory, extent_of(result.segments), stream, durable=False, known=extent)
     remove_clean_shutdown(directory)
     result.end_offset = tail.next_offset
     result.start_offset = min(max(pointer, bases[0]), result.end_offset)
@@ -218,7 +236,13 @@ def repair_log(
         log.warning("stream %s: repair removed the start offset pointer: %s", stream, exc)
         remove_start_offset(directory)
         pointer = None
+    short = shortfall(directory, list_segment_bases(directory), pointer or 0,
+                      read_records(directory, stream, warn=False)[2])
+    if short:  # repair keeps what the files hold: later offsets are assigned again
+        log.warning("stream %s: repair accepts files that hold less than recorded: %s",
+                    stream, short)
     remove_clean_shutdown(directory)
+    remove_log_extent(directory)
     bases = list_segment_bases(directory)
     for number, base in enumerate(bases):
         segment, bad = Segment.scan(directory, base, cache, index_interval)

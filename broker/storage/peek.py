@@ -8,8 +8,9 @@ streams of a many-streams broker: a chat, a sensor) is instead described
 from its directory listing, its start-offset file and one read of its
 segment, every frame's header and CRC checked as recovery would. Anything
 else (several segments, a large segment, a frame that fails a check, a
-frame of several timestamps whose first message is not the start) answers
-None, and the caller opens the log: the answer is always what opening it
+frame of several timestamps whose first message is not the start, files
+holding less than their extent records: extent_check.py) answers None, and
+the caller opens the log: the answer is always what opening it
 would report.
 """
 
@@ -19,7 +20,19 @@ import os
 from pathlib import Path
 
 from npstream.broker.errors import CorruptRecordError
-from npstream.broker.storage.files import START_OFFSET_FILE, segment_bases, segment_path
+from npstream.broker.storage.extent_check import (
+    check_end,
+    check_first_segment,
+    check_tail_size,
+    read_records,
+)
+from npstream.broker.storage.files import (
+    CLEAN_SHUTDOWN_FILE,
+    LOG_EXTENT_FILE,
+    START_OFFSET_FILE,
+    segment_bases,
+    segment_path,
+)
 from npstream.broker.storage.results import LogStats
 from npstream.broker.storage.stream_files import read_start_offset
 from npstream.proto.frames.record_batch import HEADER_SIZE, FrameError, frame_crc, parse_header
@@ -72,6 +85,14 @@ def peek_stats(directory: Path) -> LogStats | None:
         last_ts = max(last_ts, header.max_timestamp)
         end = header.next_offset
         position += header.frame_size
+    if LOG_EXTENT_FILE in names or CLEAN_SHUTDOWN_FILE in names:
+        recorded = read_records(directory, "", warn=False)[2]
+        try:  # files holding less than recorded: opening refuses them
+            check_first_segment(directory, bases, pointer, recorded)
+            check_tail_size(directory, bases[0], len(data), recorded)
+            check_end(directory, end, len(data), recorded)
+        except CorruptRecordError:
+            return None
     start = min(start, end)
     if start == end:
         return LogStats(start, end, len(data), 0, 0, 1)

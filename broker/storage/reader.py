@@ -115,22 +115,32 @@ def iter_frames(
     """
     stop = view.end if stop is None else stop
     refused = False
+    expected = -1  # where the previous frame of the span ended (-1: none yet)
 
     def wanted(header: FrameHeader) -> bool:
+        """Refuse (stop before) a frame only when its header continues the frames before
+        it: a header damaged in a trusted segment (its base offset changed) is read whole
+        instead, and its CRC reports it, rather than ending the read early, silently.
+        A span from an indexed position starts at a frame holding ``offset``, which
+        is never refused (nor past ``stop``) unless damaged."""
         nonlocal refused
         if header.next_offset <= offset:
             return True  # skipped below (within an index interval of ``offset``)
+        if header.base_offset != expected:
+            return True
         if header.base_offset >= stop or (wants is not None and not wants(header)):
             refused = True
             return False
         return True
 
     for segment, start, end in _segment_spans(view, offset, stop):
+        expected = segment.base_offset if start == 0 else -1
         try:
             for position, header, payload in segment.frames(
                 cache, start, end, min(max(read_size, MIN_READ_BYTES), max(0, end - start)),
                 wants=wanted, large_frame=LARGE_FRAME_BYTES,
             ):
+                expected = header.next_offset
                 if header.next_offset <= offset:
                     continue
                 yield segment, position, header, payload

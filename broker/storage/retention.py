@@ -31,7 +31,11 @@ from typing import Protocol
 from npstream.broker.errors import CorruptRecordError
 from npstream.broker.storage.files import list_segment_bases, segment_path, time_index_path
 from npstream.broker.storage.settings import StreamConfig
-from npstream.broker.storage.stream_files import read_clean_shutdown, read_start_offset
+from npstream.broker.storage.stream_files import (
+    UnreadableFile,
+    read_clean_shutdown,
+    read_start_offset,
+)
 
 __all__ = ["NEVER", "IdleCheck", "RetentionPlan", "idle_stream_check", "plan_retention"]
 
@@ -134,7 +138,10 @@ def idle_stream_check(directory: Path, config: StreamConfig, now_ms: int) -> Idl
         if fact is None:
             return IdleCheck(True, NEVER)  # index missing or stale: let recovery look
         facts.append(fact)
-    marker = read_clean_shutdown(directory)
+    try:
+        marker = read_clean_shutdown(directory)
+    except UnreadableFile:
+        return IdleCheck(True, NEVER)  # recovery looks at it (and says what it found)
     tail_path = segment_path(directory, bases[-1])
     try:
         tail_size = os.stat(tail_path).st_size

@@ -27,6 +27,7 @@ from npstream.broker.storage.dir_sync import (
     sync_filesystem_shared,
 )
 from npstream.broker.storage.errors import UndoFailedError
+from npstream.broker.storage.extent_check import extent_of, record_extent
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.files import fsync_dir, segment_path
 from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload
@@ -34,7 +35,7 @@ from npstream.broker.storage.reader import LogView, decode_frame, iter_frames
 from npstream.broker.storage.segment import Segment
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
 from npstream.broker.storage.staged_segment import StagedSegment, Stamp, StoredSchemas
-from npstream.broker.storage.stream_files import write_retention_config
+from npstream.broker.storage.stream_files import LogExtent, write_retention_config
 from npstream.proto.frames.record_batch import FLAG_PRODUCER_IDS, FrameHeader, encode_frame
 
 __all__ = ["SegmentList", "UndoFailedError"]
@@ -257,6 +258,8 @@ class SegmentList:
         old.seal()
         new = Segment(self.directory, old.next_offset)
         new.create_file(self._cache)
+        record_extent(self.directory, extent_of([*self.segments, new]), self.name,
+                      durable=False)  # made durable by the directory's fsync
         fsync_dir(self.directory)
         self.segments.append(new)
         log.info("stream %s: rolled segment %s (offsets [%d, %d), %d bytes; %s); "
@@ -289,6 +292,8 @@ class SegmentList:
         return doomed
 
     def delete_files(self, doomed: list[Segment]) -> None:
+        """Delete detached head segments; the new first segment is recorded first."""
+        record_extent(self.directory, extent_of(self.segments), self.name, durable=True)
         for segment in doomed:
             segment.delete(self._cache)
         fsync_dir(self.directory)
@@ -304,6 +309,9 @@ class SegmentList:
                 kept = reencode_rows(decode_frame(view, frame_segment, position, header, payload),
                                      0, offset - header.base_offset)
             break
+        record_extent(self.directory, LogExtent(self.segments[0].base_offset,
+                                                segment.base_offset, cut, offset),
+                      self.name, durable=True)  # lowered before the files are cut
         for later in self.segments[number + 1 :]:
             later.delete(self._cache)
         del self.segments[number + 1 :]

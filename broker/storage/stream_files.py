@@ -10,6 +10,14 @@
   it is opened: the tail segment's size, next offset and max timestamp. While
   it matches the tail, a bad frame there is corruption rather than a torn
   write, and retention can see the tail's age without opening the stream.
+- ``log-extent``: the first segment's base offset and the tail segment's
+  base, size and next offset, as last recorded: when the log is opened, when
+  a segment is rolled, before segments are deleted from the head and before
+  the end is cut back (truncate_to). The log on disk must never be less than
+  it says (loader.py checks on every open), so a segment file removed or a
+  tail cut short outside the broker is refused instead of served shorter,
+  with offsets reused. A record that cannot be written is removed: a missing
+  record only means the check is skipped, a stale one would refuse a good log.
 - ``schema.arrow``: MESSAGE_SCHEMA as an Arrow IPC stream with no batches, so
   the segment payloads can be decoded without this code; checked on open.
 """
@@ -22,7 +30,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -30,6 +38,7 @@ import pyarrow.ipc as ipc
 from npstream.broker.errors import CorruptRecordError
 from npstream.broker.storage.files import (
     CLEAN_SHUTDOWN_FILE,
+    LOG_EXTENT_FILE,
     RETENTION_FILE,
     SCHEMA_FILE,
     START_OFFSET_FILE,
@@ -40,13 +49,18 @@ from npstream.proto.schema import MESSAGE_SCHEMA
 
 __all__ = [
     "CleanShutdown",
+    "LogExtent",
+    "UnreadableFile",
     "check_schema",
     "read_clean_shutdown",
+    "read_log_extent",
     "read_retention_config",
     "read_start_offset",
     "remove_clean_shutdown",
+    "remove_log_extent",
     "remove_start_offset",
     "write_clean_shutdown",
+    "write_log_extent",
     "write_retention_config",
     "write_schema",
     "write_start_offset",
@@ -59,6 +73,39 @@ class CleanShutdown:
     size: int
     next_offset: int
     max_timestamp: int
+
+
+@dataclass(frozen=True)
+class LogExtent:
+    """What a stream's files held when last recorded; they may hold more, never less."""
+
+    first_segment: int  # base offset of the first segment
+    segment: int  # base offset of the tail segment
+    size: int  # bytes of the tail segment
+    next_offset: int  # the log's end offset
+
+
+class UnreadableFile(ValueError):
+    """A small file that exists but does not parse (its content is not what was written)."""
+
+
+_Record = TypeVar("_Record", "CleanShutdown", "LogExtent")
+
+
+def _read_record(path: Path, kind: type[_Record]) -> _Record | None:
+    """The dataclass ``kind`` stored as JSON in ``path``; None if absent, UnreadableFile if
+    it does not parse or its fields are not non-negative integers."""
+    try:
+        data = _read_json(path)
+        if data is None:
+            return None
+        record = kind(**data)
+    except (ValueError, TypeError) as exc:
+        raise UnreadableFile(f"{path}: {exc}") from None
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+               for v in asdict(record).values()):
+        raise UnreadableFile(f"{path}: fields must be non-negative integers: {data}")
+    return record
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -130,11 +177,32 @@ def write_retention_config(directory: Path, config: StreamConfig, *, new: bool =
 
 
 def read_clean_shutdown(directory: Path) -> CleanShutdown | None:
+    """The clean-shutdown marker; None if absent, UnreadableFile if garbled."""
+    return _read_record(directory / CLEAN_SHUTDOWN_FILE, CleanShutdown)
+
+
+def read_log_extent(directory: Path) -> LogExtent | None:
+    """The recorded extent of the log; None if absent, UnreadableFile if garbled."""
+    return _read_record(directory / LOG_EXTENT_FILE, LogExtent)
+
+
+def write_log_extent(directory: Path, extent: LogExtent, *, durable: bool) -> None:
+    """Record ``extent``; if that fails, remove the old record and raise.
+
+    ``durable``: before segments are deleted or the end is cut back, the lower
+    record must be on disk first (else a crash leaves a record above the files).
+    """
     try:
-        data = _read_json(directory / CLEAN_SHUTDOWN_FILE)
-        return CleanShutdown(**data) if data is not None else None
-    except (ValueError, TypeError):
-        return None
+        write_file_atomically(directory / LOG_EXTENT_FILE, json.dumps(asdict(extent)).encode(),
+                              durable=durable)
+    except OSError:
+        remove_log_extent(directory)
+        raise
+
+
+def remove_log_extent(directory: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(directory / LOG_EXTENT_FILE)
 
 
 def write_clean_shutdown(directory: Path, marker: CleanShutdown) -> None:

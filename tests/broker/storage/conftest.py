@@ -186,3 +186,23 @@ def open_store(data_dir: Path, clock: FakeClock) -> Iterator[Callable[..., Segme
     yield make
     for store in made:
         store.close()
+
+
+@pytest.fixture
+def build_log(make_storage: Callable[..., Storage], config: StreamConfig,
+              table_of: Callable[..., pa.Table]) -> Callable[..., Path]:
+    """build_log(name, appends, **settings): a cleanly closed log of ``appends`` frames
+    (1, 2, 3, 1, ... messages) whose values are v<offset>; returns its directory."""
+
+    def build(name: str, appends: int, **settings: object) -> Path:
+        storage = make_storage(**settings)
+        log = storage.open_log(name, config)
+        offset = 0
+        for index in range(appends):
+            count = index % 3 + 1
+            log.append(table_of([f"v{o}".encode() for o in range(offset, offset + count)]))
+            offset += count
+        storage.close()
+        return storage.settings.data_dir / "streams" / name
+
+    return build

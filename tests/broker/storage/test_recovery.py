@@ -6,7 +6,6 @@ import logging
 import os
 import random
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -16,26 +15,14 @@ from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.loader import load_log
 
 
-def build_log(make_storage, config, table_of, name: str, appends: int, **settings) -> Path:
-    """A cleanly closed log whose message values are v<offset>; returns its directory."""
-    storage = make_storage(**settings)
-    log = storage.open_log(name, config)
-    offset = 0
-    for index in range(appends):
-        count = index % 3 + 1
-        log.append(table_of([f"v{o}".encode() for o in range(offset, offset + count)]))
-        offset += count
-    storage.close()
-    return storage.settings.data_dir / "streams" / name
-
-
 def warnings_of(caplog) -> list[str]:
     return [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
 
 
 def test_open_torn_tail_at_every_byte_truncates_to_last_whole_frame(
-        make_storage, config, table_of, segments_in, frames_of, caplog):
-    directory = build_log(make_storage, config, table_of, "torn", 14, segment_bytes=2048)
+        build_log, make_storage, config, table_of, segments_in, frames_of, caplog):
+    directory = build_log("torn", 14, segment_bytes=2048)
+    (directory / "clean-shutdown").unlink()  # a torn write happens in a crash only
     tail = segments_in(directory)[-1]
     pristine = tail.read_bytes()
     last_position, last_header = frames_of(tail)[-1]
@@ -65,8 +52,8 @@ def test_open_torn_tail_at_every_byte_truncates_to_last_whole_frame(
 
 
 def test_open_garbage_before_tail_raises_corrupt_record_then_repair_truncates(
-        make_storage, config, table_of, segments_in, frames_of, data_dir, tmp_path):
-    directory = build_log(make_storage, config, table_of, "garbage", 30, segment_bytes=1500)
+        build_log, make_storage, config, table_of, segments_in, frames_of, data_dir, tmp_path):
+    directory = build_log("garbage", 30, segment_bytes=1500)
     pristine = tmp_path / "pristine"
     shutil.copytree(directory, pristine)
     files = segments_in(directory)
@@ -104,8 +91,8 @@ def test_open_garbage_before_tail_raises_corrupt_record_then_repair_truncates(
 
 
 def test_open_bad_last_frame_after_clean_close_raises_but_after_crash_truncates(
-        make_storage, config, table_of, segments_in, frames_of, data_dir):
-    directory = build_log(make_storage, config, table_of, "last", 5)
+        build_log, make_storage, config, table_of, segments_in, frames_of, data_dir):
+    directory = build_log("last", 5)
     tail = segments_in(directory)[-1]
     position, header = frames_of(tail)[-1]
     with open(tail, "r+b") as handle:  # damage the payload of the last frame
@@ -121,8 +108,9 @@ def test_open_bad_last_frame_after_clean_close_raises_but_after_crash_truncates(
     assert log.end_offset == header.base_offset
 
 
-def test_open_zero_filled_tail_truncates_zeros(make_storage, config, table_of, segments_in):
-    directory = build_log(make_storage, config, table_of, "zeros", 4)
+def test_open_zero_filled_tail_truncates_zeros(
+        build_log, make_storage, config, table_of, segments_in):
+    directory = build_log("zeros", 4)
     (directory / "clean-shutdown").unlink()
     tail = segments_in(directory)[-1]
     size = tail.stat().st_size
@@ -132,9 +120,9 @@ def test_open_zero_filled_tail_truncates_zeros(make_storage, config, table_of, s
     assert (loaded.end_offset, loaded.truncated_bytes, tail.stat().st_size) == (7, 5000, size)
 
 
-def test_open_missing_or_damaged_index_rebuilds_it(make_storage, config, table_of, segments_in,
-                                                    caplog):
-    directory = build_log(make_storage, config, table_of, "index", 20, segment_bytes=1500)
+def test_open_missing_or_damaged_index_rebuilds_it(
+        build_log, make_storage, config, table_of, segments_in, caplog):
+    directory = build_log("index", 20, segment_bytes=1500)
     files = segments_in(directory)
     first_index = files[0].with_suffix(".index")
     second_time_index = files[1].with_suffix(".timeindex")
@@ -152,8 +140,8 @@ def test_open_missing_or_damaged_index_rebuilds_it(make_storage, config, table_o
 
 
 def test_open_segment_missing_in_the_middle_raises_corrupt_record(
-        make_storage, config, table_of, segments_in):
-    directory = build_log(make_storage, config, table_of, "gap", 20, segment_bytes=1500)
+        build_log, make_storage, config, table_of, segments_in):
+    directory = build_log("gap", 20, segment_bytes=1500)
     files = segments_in(directory)
     for suffix in (".log", ".index", ".timeindex"):
         os.unlink(files[1].with_suffix(suffix))
@@ -180,9 +168,9 @@ def test_open_after_crash_without_fsync_keeps_whole_frames(make_storage, config,
         reopened.close()
 
 
-def test_read_damaged_trusted_segment_raises_corrupt_record(make_storage, config, table_of,
-                                                            segments_in, frames_of):
-    directory = build_log(make_storage, config, table_of, "rot", 20, segment_bytes=3000)
+def test_read_damaged_trusted_segment_raises_corrupt_record(
+        build_log, make_storage, config, table_of, segments_in, frames_of):
+    directory = build_log("rot", 20, segment_bytes=3000)
     first = segments_in(directory)[0]
     position, header = frames_of(first)[1]
     stat = first.stat()
@@ -206,9 +194,9 @@ def test_read_damaged_trusted_segment_raises_corrupt_record(make_storage, config
 
 @pytest.mark.parametrize("bit", range(32))
 def test_open_length_bit_flip_mid_tail_after_crash_refuses_and_keeps_later_frames(
-        make_storage, config, table_of, segments_in, frames_of, bit):
+        build_log, make_storage, config, table_of, segments_in, frames_of, bit):
     """Issue 34 item 1: frame 100 of 200 damaged in place is corruption, never a torn tail."""
-    directory = build_log(make_storage, config, table_of, "midflip", 200)
+    directory = build_log("midflip", 200)
     (directory / "clean-shutdown").unlink()  # as after a crash
     tail = segments_in(directory)[-1]
     frames = frames_of(tail)
@@ -228,9 +216,9 @@ def test_open_length_bit_flip_mid_tail_after_crash_refuses_and_keeps_later_frame
 
 
 def test_open_torn_write_after_intact_frame_copy_refuses(
-        make_storage, config, table_of, segments_in, frames_of):
+        build_log, make_storage, config, table_of, segments_in, frames_of):
     """A frame that runs past the end with a whole frame inside what follows is not torn."""
-    directory = build_log(make_storage, config, table_of, "copied", 20)
+    directory = build_log("copied", 20)
     (directory / "clean-shutdown").unlink()
     tail = segments_in(directory)[-1]
     data = tail.read_bytes()
@@ -242,3 +230,22 @@ def test_open_torn_write_after_intact_frame_copy_refuses(
         make_storage().open_log("copied", config)
     assert error.value.position == len(data)
     assert f"an intact frame follows at byte {len(data) + 48}" in error.value.detail
+
+
+def test_read_trusted_segment_with_damaged_base_offset_raises_instead_of_ending_early(
+        build_log, make_storage, config, table_of, segments_in, frames_of):
+    """A header's base offset changed by bit rot in a trusted segment used to end a read
+    there, silently: the frame looked as if it began past the range asked for."""
+    directory = build_log("early", 20, segment_bytes=3000)
+    first = segments_in(directory)[0]
+    position, _header = frames_of(first)[0]
+    stat = first.stat()
+    with open(first, "r+b") as handle:
+        handle.seek(position + 16)  # base_offset, low byte: 0 becomes 255
+        handle.write(b"\xff")
+    os.utime(first, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    log = make_storage().open_log("early", config)  # the seal matches: not scanned
+    with pytest.raises(CorruptRecordError) as error:
+        log.read_table(0, log.end_offset)
+    assert (error.value.path, error.value.position) == (first, position)
+    assert "CRC mismatch" in error.value.detail

@@ -1,0 +1,150 @@
+"""At start, the registry is checked against the data dir and every mismatch is said (issue 34).
+
+Real broker processes on a data dir changed while they are stopped: the
+metadata database deleted, a stream's last segment cut, the WAL damaged.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import BrokerProcess
+from npstream import Client, StreamNeedsRepair
+from npstream.broker.streams.consistency import wal_problem
+from npstream.proto.frames.reader import FrameReader
+
+
+def wait_for_check(broker: BrokerProcess, timeout: float = 30) -> str:
+    """The broker's log once its data dir check has logged its summary (the log was
+    emptied before the start)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = broker.log_text()
+        if "data dir check:" in text:
+            return text
+        time.sleep(0.05)
+    raise AssertionError(f"no data dir check summary:\n{broker.log_text()[-3000:]}")
+
+
+def frame_positions(path: Path) -> list[int]:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        reader = FrameReader(fd, 0, os.fstat(fd).st_size, read_size=1 << 20)
+        positions = []
+        while (frame := reader.next_frame()) is not None:
+            positions.append(frame[0])
+        return positions
+    finally:
+        os.close(fd)
+
+
+def error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if " ERROR " in line]
+
+
+def test_start_without_metadata_database_reports_every_orphaned_directory(broker_factory):
+    broker = broker_factory()
+    names = ["orders", "payments", "audit"]
+    with Client(broker.address) as client:
+        for name in names:
+            client.create_stream(name)
+            client.publish(name, b"a")
+    broker.stop()
+    for suffix in ("", "-wal", "-shm"):
+        (broker.data_dir / f"meta.sqlite3{suffix}").unlink(missing_ok=True)
+    broker.log_path.write_text("")
+    broker.start()
+    text = wait_for_check(broker)
+    errors = error_lines(text)
+    assert any(f"metadata database {broker.data_dir / 'meta.sqlite3'} was missing (an empty one "
+               f"was made) while 3 stream directories exist" in line for line in errors), errors
+    for name in names:
+        assert any(f"stream '{name}': directory {broker.data_dir / 'streams' / name} has no row"
+                   in line for line in errors), errors
+    assert any("data dir check: 3 stream directories; mismatches: metadata 1, "
+               "orphaned_directory 3, short_log 0" in line for line in errors), errors
+    metrics = broker.metrics()
+    assert metrics['npstream_data_dir_mismatches{kind="orphaned_directory"}'] == 3
+    assert metrics['npstream_data_dir_mismatches{kind="metadata"}'] == 1
+
+
+def test_start_with_tail_cut_at_frame_boundary_reports_and_refuses_the_stream(broker_factory):
+    broker = broker_factory()
+    with Client(broker.address) as client:
+        client.create_stream("cut")
+        client.create_stream("whole")
+        for index in range(200):
+            client.publish("cut", f"m{index}".encode())
+        client.publish("whole", b"w")
+    broker.stop()
+    segment = broker.data_dir / "streams" / "cut" / f"{0:020d}.log"
+    positions = frame_positions(segment)
+    assert len(positions) == 200
+    os.truncate(segment, positions[150])
+    broker.log_path.write_text("")
+    broker.start()
+    text = wait_for_check(broker)
+    assert any(f"stream 'cut': its files in {segment.parent} hold less than recorded" in line
+               and "the clean-shutdown marker records offsets up to 200" in line
+               for line in error_lines(text)), error_lines(text)
+    assert broker.metrics()['npstream_data_dir_mismatches{kind="short_log"}'] == 1
+    with Client(broker.address) as client:
+        info = client.stream_info("cut")
+        assert info.error.startswith("stream 'cut' cannot be opened: corrupt record in")
+        assert "offsets up to 200" in info.error and "npstream streams repair cut" in info.error
+        with pytest.raises(StreamNeedsRepair):
+            client.publish("cut", b"would reuse offset 150")
+        assert client.stream_info("whole").end_offset == 1
+        repaired = client.repair_stream("cut")
+        assert repaired.truncated_bytes == 0
+        assert client.stream_info("cut").end_offset == 150
+    assert segment.stat().st_size == positions[150]
+
+
+def test_start_with_damaged_wal_frame_reports_metadata_mismatch(broker_factory):
+    broker = broker_factory()
+    with Client(broker.address) as client:
+        for index in range(6):
+            client.create_stream(f"s{index}")
+            client.publish(f"s{index}", b"x")
+    broker.kill()  # no checkpoint: the rows are in the WAL
+    wal = broker.data_dir / "meta.sqlite3-wal"
+    data = bytearray(wal.read_bytes())
+    page_size = struct.unpack(">I", data[8:12])[0]
+    assert len(data) >= 32 + 3 * (24 + page_size)
+    data[32 + 24 + 100] ^= 0xFF  # the first frame's page
+    wal.write_bytes(bytes(data))
+    assert wal_problem(wal).startswith("damaged frame at byte 32 followed by a valid frame")
+    broker.log_path.write_text("")
+    broker.start()
+    text = wait_for_check(broker)
+    errors = error_lines(text)
+    assert any(f"metadata WAL {wal}: damaged frame at byte 32" in line for line in errors), errors
+    assert any("has no row in the metadata database" in line for line in errors), errors
+
+
+def test_wal_problem_of_damaged_header_and_whole_wal(tmp_path):
+    import sqlite3
+
+    database = tmp_path / "db.sqlite3"
+    connection = sqlite3.connect(database)
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("PRAGMA wal_autocheckpoint=0")
+    connection.execute("CREATE TABLE t (x)")
+    connection.execute("INSERT INTO t VALUES (1)")
+    connection.commit()
+    wal = Path(f"{database}-wal")
+    copy = tmp_path / "copy-wal"
+    copy.write_bytes(wal.read_bytes())
+    connection.close()
+    assert wal_problem(copy) == ""
+    data = bytearray(copy.read_bytes())
+    data[13] ^= 1  # the checkpoint sequence, under the header checksum
+    copy.write_bytes(bytes(data))
+    assert wal_problem(copy) == "damaged header: SQLite ignores every transaction in it"
+    assert wal_problem(tmp_path / "absent-wal") == ""
