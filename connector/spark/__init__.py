@@ -1,9 +1,9 @@
 """npstream's Spark data source, format ``"npstream"``.
 
 Spark finds it without any call through the top-level module
-``pyspark_npstream`` once npstream is installed (not editable). For sessions
-started before the install, for editable installs, or to turn on filter
-pushdown for batch reads, call ``register(spark)``.
+``pyspark_npstream`` once npstream is installed (editable installs too: the
+module's folder is a plain path entry). For sessions started before the
+install, or to turn on filter pushdown for batch reads, call ``register(spark)``.
 """
 
 from __future__ import annotations

@@ -45,6 +45,18 @@ def test_create_with_other_schema_names_exist_ok_and_streams_update(cli, client,
         f"with `npstream streams update {stream_name} --schema SCHEMA`")
 
 
+def test_create_with_empty_schema_names_the_flag_and_no_python_types(cli, stream_name):
+    assert error_line(cli("streams", "create", stream_name, "--schema", "")) == (
+        "--schema is empty: give DDL ('a INT, b STRING') or Spark's StructType JSON (leave "
+        "--schema out for an untyped stream)")
+
+
+def test_move_on_a_single_broker_names_the_cluster_flag(cli, client, stream_name):
+    client.create_stream(stream_name)
+    assert error_line(cli("streams", "move", stream_name, "--to", "127.0.0.1:1")).endswith(
+        "(`npstream broker --cluster-members`, or [cluster] members in its config)")
+
+
 def test_update_untyped_stream_with_messages_names_streams_truncate(cli, client, stream_name):
     client.publish(stream_name, b"x")
     message = error_line(cli("streams", "update", stream_name, "--schema", "a INT"))
