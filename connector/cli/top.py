@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import select
 import shutil
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from npstream.cli.common import CliError, add_client_options, client_from_args
+from npstream.client import connection
 from npstream.client.models import StreamActivity, StreamStats
 from npstream.errors import NpstreamError
 from npstream.groups.admin import GroupInfo, list_groups
@@ -333,10 +335,22 @@ def _run(args: argparse.Namespace) -> int:
         return _live(client, args, screen)
 
 
+@contextlib.contextmanager
+def _quiet_retries() -> Iterator[None]:
+    """No retry WARNING lines over the live screen: its title line shows the error."""
+    logger = logging.getLogger(connection.__name__)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _live(client: Any, args: argparse.Namespace, screen: Screen) -> int:
     previous: Sample | None = None
     shown: tuple[list[StreamRow], list[GroupRow]] = ([], [])
-    with _terminal(sys.stdin, sys.stdout):
+    with _terminal(sys.stdin, sys.stdout), _quiet_retries():
         while True:
             started = time.monotonic()
             try:

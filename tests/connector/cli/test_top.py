@@ -13,6 +13,7 @@ import os
 import pty
 import re
 import select
+import socket
 import struct
 import subprocess
 import sys
@@ -180,6 +181,20 @@ def test_top_shows_streams_and_the_lag_of_a_known_workload(broker, client, strea
     assert top.proc.wait(10) == 0
     top._reader.join(5)
     assert top.output.endswith(b"\x1b[?25h\x1b[?1049l")  # cursor and screen restored
+
+
+def test_top_unreachable_broker_shows_the_error_in_the_title_not_over_the_screen(top_factory):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+    top = top_factory("--broker", address, "--interval", "0.3", "--retry-deadline", "2")
+    lines = top.wait_for(lambda s: "[BrokerUnavailable: broker at" in s[0],
+                         "the error never showed in the title")
+    assert lines[0].startswith(f"npstream top - {address} - 0 streams, 0 groups")
+    top.type("q")
+    assert top.proc.wait(10) == 0
+    top._reader.join(5)
+    assert b"WARNING" not in top.output  # the retry notices stay off the live screen
 
 
 def top_once(broker, *args: str) -> list[str]:
