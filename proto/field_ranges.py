@@ -46,7 +46,7 @@ UINT64_MAX = 2**64 - 1
 MAX_DELAY_MS = 365 * 24 * 3600 * 1000
 # Credits one SubscribeRequest may grant, and the most a Subscribe call holds
 # unused (the broker buffers at most this many deliveries' worth for it,
-# bounded in bytes too: groups/tuning.py SUBSCRIBE_BUFFER_BYTES).
+# bounded in bytes too: broker/groups/tuning.py LEASE_MAX_BYTES).
 MAX_SUBSCRIBE_CREDITS = 100_000
 
 

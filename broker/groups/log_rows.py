@@ -36,7 +36,7 @@ from npstream.proto.frames.payload import decode_payload
 if TYPE_CHECKING:
     from npstream.broker.storage import StreamLog
 
-__all__ = ["SPAN_READ_BYTES", "FreshRows", "read_span", "read_spans"]
+__all__ = ["SPAN_READ_BYTES", "FreshRows", "part_bytes", "read_span", "read_spans"]
 
 # Read from the log per redelivered span read (bytes); a span is read in pieces.
 SPAN_READ_BYTES = FRESH_READ_BYTES
@@ -52,6 +52,9 @@ class FreshRows:
     def __init__(self, next_offset: int) -> None:
         self._parts: deque[Rows] = deque()
         self._count = 0  # rows in _parts
+        self._bytes = 0  # their bytes (part_bytes)
+        # Bytes per row of what was read so far (>= 1): how many redeliveries fit a lease's bytes.
+        self._read_rows = self._read_bytes = 0
         self.next = next_offset
         # The stored batches of the last read with their first offsets, handed out or
         # not: they hold no more memory than the read did while any of it is
@@ -61,7 +64,7 @@ class FreshRows:
 
     def clear(self, next_offset: int) -> None:
         self._parts.clear()
-        self._count = 0
+        self._count = self._bytes = 0
         self.next = next_offset
         self._keep([])
 
@@ -107,20 +110,36 @@ class FreshRows:
             parts.append(batch.take(pa.array(offsets[a:b] - first)))
         return parts
 
-    def take(self, stream_log: StreamLog, limit: int) -> list[Rows]:
-        """Up to ``limit`` rows in offset order, read from the log as needed.
+    def row_bytes(self) -> int:
+        """The mean bytes of a row read so far (1 before any read)."""
+        return max(1, self._read_bytes // self._read_rows) if self._read_rows else 1
+
+    def _append(self, parts: list[Rows]) -> None:
+        for part in parts:
+            size = part_bytes(part)
+            self._parts.append(part)
+            self._count += len(part)
+            self._bytes += size
+            self._read_rows += len(part)
+            self._read_bytes += size
+
+    def take(self, stream_log: StreamLog, limit: int, max_bytes: int) -> list[Rows]:
+        """Up to ``limit`` rows and about ``max_bytes`` (at least one row) in offset order,
+        read from the log as needed.
 
         Reads until the request is covered, so one Subscribe batch (or
         Receive) takes everything ready that fits, not just what was left
-        of the last read. Raises OffsetOutOfRangeError when retention moved
-        the log's start past the next row.
+        of the last read; never more than ``max_bytes`` ahead (plus one
+        read), so large messages do not pile up for a reader that does not
+        take them. Raises OffsetOutOfRangeError when retention moved the
+        log's start past the next row.
         """
-        while self._count < limit and self.next < stream_log.end_offset:
+        while (self._count < limit and self._bytes < max_bytes
+               and self.next < stream_log.end_offset):
             recent = stream_log.recent_rows(self.next)
             if recent is not None:  # what the last write stored: no file read, no decoding
                 self._keep([] if isinstance(recent, list) else [(self.next, recent)])
-                self._parts.append(recent)
-                self._count += len(recent)
+                self._append([recent])
                 self.next += len(recent)
                 continue
             result = stream_log.read(self.next, max_messages=FRESH_READ_CHUNK,
@@ -129,22 +148,35 @@ class FreshRows:
                 break
             schema = stream_log.value_schemas.stored_schema(result.schema_version)
             batches = [decode_payload(payload, schema) for payload in result.batches]
-            self._parts += batches
-            self._count += sum(batch.num_rows for batch in batches)
+            self._append(batches)
             self._keep(_with_starts(batches))
             self.next = result.next_offset
         taken: list[Rows] = []
-        count = 0
-        while count < limit and self._parts:
+        count = size = 0
+        while count < limit and size < max_bytes and self._parts:
             part = self._parts.popleft()
+            part_size = part_bytes(part)
             wanted = limit - count
+            if part_size > max_bytes - size and len(part) > 1:  # rows of a mean size that fit
+                wanted = min(wanted, max(1, len(part) * (max_bytes - size) // part_size))
             if len(part) > wanted:
-                self._parts.appendleft(part[wanted:])
+                rest = part[wanted:]
+                self._parts.appendleft(rest)
                 part = part[:wanted]
+                part_size -= part_bytes(rest)
             taken.append(part)
             count += len(part)
+            size += part_size
             self._count -= len(part)
+            self._bytes -= part_size
         return taken
+
+
+def part_bytes(part: Rows) -> int:
+    """The bytes a part's rows hold (a sliced batch: its share of the buffers)."""
+    if isinstance(part, pa.RecordBatch):
+        return int(part.nbytes)
+    return sum(len(row.value) + len(row.key or b"") for row in part)
 
 
 def read_span(stream_log: StreamLog, start: int, end: int) -> list[Rows]:

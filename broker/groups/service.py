@@ -55,6 +55,7 @@ from npstream.broker.rpc.registration import add_service
 from npstream.broker.rpc.status import rpc_method
 from npstream.broker.server.context import BrokerContext
 from npstream.proto import metadata_keys, pb, pb_grpc
+from npstream.proto.field_ranges import MAX_SUBSCRIBE_CREDITS
 from npstream.proto.wire import arrow_stream_buffer, encode_with_arrow_stream, encode_with_bytes
 
 __all__ = ["GroupServicer", "add_to_server"]
@@ -447,8 +448,10 @@ class _SubscribeSession:
         if request.credits:
             # Only the sender waits for credits (and only outside group.receive, which
             # it enters with credits in hand), so the group's waiters need no wake-up.
+            # Unused credits are capped (field_ranges.MAX_SUBSCRIBE_CREDITS): what a
+            # call may be sent ahead stays bounded however many requests grant them.
             with self._cond:
-                self._credits += request.credits
+                self._credits = min(self._credits + request.credits, MAX_SUBSCRIBE_CREDITS)
                 self._cond.notify_all()
 
     def read(self, requests: Iterator[pb.SubscribeRequest]) -> None:

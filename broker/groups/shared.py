@@ -55,12 +55,13 @@ from npstream.broker.groups.deliveries import (
 )
 from npstream.broker.groups.key_order import KeyOrder, Plan
 from npstream.broker.groups.leases import LeaseTable, Span, merged_runs, offset_runs
-from npstream.broker.groups.log_rows import FreshRows, read_span, read_spans
+from npstream.broker.groups.log_rows import FreshRows, part_bytes, read_span, read_spans
 from npstream.broker.groups.metrics import GroupMetrics
 from npstream.broker.groups.shared_config import SharedConfig
 from npstream.broker.groups.store import PositionWriter
 from npstream.broker.groups.tuning import (
     DEAD_LETTER_RETRY_MS,
+    LEASE_MAX_BYTES,
     LONG_POLL_SLICE_S,
     MAX_ACK_WINDOW,
     MAX_PENDING_PER_GROUP,
@@ -205,13 +206,15 @@ class SharedGroup:
     def _fresh_budget_locked(self) -> int:
         return self._table.fresh_budget(MAX_PENDING_PER_GROUP, MAX_ACK_WINDOW)
 
-    def _take_fresh_locked(self, stream_log: StreamLog, limit: int) -> list[Rows]:
-        """Up to ``limit`` never-delivered rows from ``next_fresh`` on (within the budget)."""
+    def _take_fresh_locked(self, stream_log: StreamLog, limit: int,
+                           max_bytes: int) -> list[Rows]:
+        """Up to ``limit`` never-delivered rows (about ``max_bytes``, at least one) from
+        ``next_fresh`` on (within the budget)."""
         limit = min(limit, self._fresh_budget_locked())
-        if limit <= 0:
+        if limit <= 0 or max_bytes <= 0:
             return []
         try:
-            return self._fresh.take(stream_log, limit)
+            return self._fresh.take(stream_log, limit, max_bytes)
         except OffsetOutOfRangeError:  # retention moved the start meanwhile
             self._follow_log_locked(stream_log)
             return []
@@ -252,10 +255,16 @@ class SharedGroup:
             return out
 
     def _lease_locked(self, stream_log: StreamLog, member: str, limit: int, now: int,
-                      ack_wait_ms: int) -> list[Delivered]:
+                      ack_wait_ms: int, max_bytes: int) -> list[Delivered]:
         """Lease up to ``limit`` messages with their rows: due redeliveries first, then
         held messages whose turn came (ordering by key), then fresh ones (ordering by
-        key: from one read of fresh rows that delivers any, see below)."""
+        key: from one read of fresh rows that delivers any, see below).
+
+        About ``max_bytes`` of rows at most (at least one message): fresh rows are
+        cut by their size, redeliveries (leased before they are read) by the mean
+        size of the rows read so far.
+        """
+        limit = min(limit, max(1, max_bytes // self._fresh.row_bytes()))
         out = self._redeliveries_locked(
             stream_log, self._table.lease_ready(member, now, ack_wait_ms, limit))
         taken = sum(delivered.size for delivered in out)
@@ -266,11 +275,13 @@ class SharedGroup:
                 stream_log, self._table.lease_held(member, turn, now, ack_wait_ms))
             out += held
             taken += sum(delivered.size for delivered in held)
+        used = sum(part_bytes(part) for delivered in out for part in delivered.parts)
         while taken < limit:
             start = self._table.next_fresh
-            parts = self._take_fresh_locked(stream_log, limit - taken)
+            parts = self._take_fresh_locked(stream_log, limit - taken, max_bytes - used)
             if not parts:
                 break
+            used += sum(map(part_bytes, parts))
             if self.config.ordering != "key":
                 count = len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
                 plan = Plan([(True, count)], parts)
@@ -349,7 +360,7 @@ class SharedGroup:
                     if dead:
                         break  # dead-letter outside the lock, then look again
                     out = self._lease_locked(stream_log, member, max_messages, now,
-                                             ack_wait_ms)
+                                             ack_wait_ms, LEASE_MAX_BYTES)
                     if out:
                         self._metrics.deliveries.inc(sum(d.size for d in out))
                         again = sum(d.size for d in out if d.attempt > 1)

@@ -21,6 +21,13 @@ DEFAULT_ACK_WAIT_MS = 30_000
 DEFAULT_RECEIVE_MAX = 10
 # Upper bound of one Receive (and of one Subscribe credit grant taken at once).
 MAX_RECEIVE_MAX = 10_000
+# ... and of the bytes of their rows (at least one message): one Receive reply, one
+# Subscribe batch. Counted in messages alone, 10,000 messages of 100 KB made a 1 GB
+# reply, and a subscriber that granted credits but read nothing held that per call
+# (issue 34: 4 calls grew the broker by 2.2 GB). With it, a Subscribe call that does
+# not read holds about one batch: gRPC's send of the last one blocks the call before it
+# leases more. 8 MiB: the default fetch size; batches of small messages are cut by count.
+LEASE_MAX_BYTES = 8 << 20
 # Most messages and bytes read from the log per refill of a shared group's
 # delivery buffer. The buffer keeps the stored Arrow batches and turns rows into
 # Python objects only as they are handed out, so one read serves many

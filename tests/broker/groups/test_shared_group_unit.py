@@ -13,6 +13,7 @@ import pytest
 from npstream.broker.groups.shared import SharedGroup
 from npstream.broker.groups.shared_config import SharedConfig
 from npstream.broker.groups.store import GroupStore, PositionWriter
+from npstream.broker.groups.tuning import LEASE_MAX_BYTES
 from npstream.broker.metadata import Metadata
 from npstream.broker.storage import AckMode, Storage, StorageSettings, StreamConfig
 from npstream.proto.schema import normalize_publish_table
@@ -106,13 +107,33 @@ def test_receive_larger_than_a_log_read_takes_everything_ready_in_one_call(parts
     from npstream.broker.groups.tuning import FRESH_READ_CHUNK
 
     group, stream_log, *_ = parts
-    total = FRESH_READ_CHUNK * 2 + 100
+    total = FRESH_READ_CHUNK + 1000  # two reads' worth, within LEASE_MAX_BYTES
     append(stream_log, *[b"v%d" % i for i in range(total)])
     first = group.receive("m", total - 50, 0, ack_wait_ms=1000)
     assert [g.row.offset for g in first] == list(range(total - 50))
     rest = group.receive("m", total, 0, ack_wait_ms=1000)
     assert [g.row.offset for g in rest] == list(range(total - 50, total))
     assert [g.row.value for g in rest[-2:]] == [b"v%d" % (total - 2), b"v%d" % (total - 1)]
+
+
+def test_receive_of_large_messages_is_cut_at_lease_max_bytes(parts):
+    """10,000 messages of 100 KB were one 1 GB delivery (issue 34 item 5): now about
+    LEASE_MAX_BYTES of rows per receive, the rest in the next ones, none lost."""
+    group, stream_log, *_ = parts
+    value = 100_000
+    total = 300  # 30 MB: more than three leases' worth
+    assert total * value > 3 * LEASE_MAX_BYTES
+    for start in range(0, total, 50):
+        append(stream_log, *[b"%d:" % i + b"v" * value for i in range(start, start + 50)])
+    got: list[int] = []
+    sizes = []
+    while len(got) < total:
+        batch = group.receive("m", 10_000, 0, ack_wait_ms=60_000)
+        assert batch
+        sizes.append(sum(len(g.row.value) for g in batch))
+        got += [g.row.offset for g in batch]
+    assert got == list(range(total))
+    assert max(sizes) <= LEASE_MAX_BYTES + value and len(sizes) >= 3, sizes  # about: +1 row
 
 
 def test_append_never_waits_for_a_receive_holding_the_group_lock(parts):
@@ -214,7 +235,7 @@ def test_kept_rows_are_gathered_from_the_last_read_while_the_log_holds_them(part
     append(stream_log, *[b"%d" % i for i in range(0, 50)])  # stored batch 0-49
     append(stream_log, *[b"%d" % i for i in range(50, 100)])  # stored batch 50-99
     fresh = FreshRows(0)
-    assert sum(map(len, fresh.take(stream_log, 100))) == 100
+    assert sum(map(len, fresh.take(stream_log, 100, LEASE_MAX_BYTES))) == 100
 
     def values(rows: list) -> list[bytes]:
         return [v for part in rows for v in part.column("value").to_pylist()]
@@ -234,11 +255,11 @@ def test_a_group_following_the_tail_keeps_the_last_write_not_an_older_read(parts
     _group, stream_log, _store, _writer, _clock = parts
     append(stream_log, *[b"%d" % i for i in range(10)])
     fresh = FreshRows(0)
-    assert sum(map(len, fresh.take(stream_log, 100))) == 10  # the last write, from memory
+    assert sum(map(len, fresh.take(stream_log, 100, LEASE_MAX_BYTES))) == 10  # last write: memory
     got = fresh.kept(stream_log, [(3, 5)])
     assert [v for part in got for v in part.column("value").to_pylist()] == [b"3", b"4"]
     append(stream_log, b"lone")  # kept by the log as Python values
-    assert sum(map(len, fresh.take(stream_log, 100))) == 1
+    assert sum(map(len, fresh.take(stream_log, 100, LEASE_MAX_BYTES))) == 1
     assert fresh.kept(stream_log, [(3, 5)]) is None  # the older batch is let go
 
 
