@@ -2,14 +2,15 @@
 
 An untrusted index file (the segment is scanned instead), a failed write
 that could not be undone (the stream refuses writes: a DiskIOError to the
-client) and a truncation asked to cut inside a frame (a caller's bug: sink
-recovery and replication cut at frame boundaries). The engine's errors a
-client sees are BrokerErrors (npstream.broker.errors).
+client), a truncation asked to cut inside a frame (a caller's bug: sink
+recovery and replication cut at frame boundaries) and a small record file
+that does not parse (stream_files.py; ignored with a warning). The
+engine's errors a client sees are BrokerErrors (npstream.broker.errors).
 """
 
 from __future__ import annotations
 
-__all__ = ["FrameBoundaryError", "IndexFileError", "UndoFailedError"]
+__all__ = ["FrameBoundaryError", "IndexFileError", "UndoFailedError", "UnreadableFile"]
 
 
 class IndexFileError(ValueError):
@@ -37,3 +38,7 @@ class FrameBoundaryError(ValueError):
         self.offset = offset
         self.frame_start = frame_start
         self.frame_end = frame_end
+
+
+class UnreadableFile(ValueError):
+    """A small file that exists but does not parse (its content is not what was written)."""

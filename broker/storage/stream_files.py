@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from npstream.broker.errors import CorruptRecordError
+from npstream.broker.storage.errors import UnreadableFile
 from npstream.broker.storage.files import (
     CLEAN_SHUTDOWN_FILE,
     LOG_EXTENT_FILE,
@@ -85,10 +86,6 @@ class LogExtent:
     segment: int  # base offset of the tail segment
     size: int  # bytes of the tail segment
     next_offset: int  # the log's end offset
-
-
-class UnreadableFile(ValueError):
-    """A small file that exists but does not parse (its content is not what was written)."""
 
 
 _Record = TypeVar("_Record", "CleanShutdown", "LogExtent")
