@@ -69,6 +69,18 @@ class Metadata:
             cursor.row_factory = None
             return cursor.execute(sql, params).fetchall()
 
+    @contextmanager
+    def scan(self, sql: str, params: Sequence[Any] = ()) -> Iterator[Iterator[tuple[Any, ...]]]:
+        """A query's rows as tuples, read as they are iterated (the lock held meanwhile):
+        for a read of a million rows at start that keeps no list of them."""
+        with self._lock:
+            cursor = self._conn.cursor()
+            cursor.row_factory = None
+            try:
+                yield iter(cursor.execute(sql, params))
+            finally:
+                cursor.close()
+
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
         """Run one statement for many parameter rows in one transaction; returns rows changed."""
         with self.transaction():

@@ -223,9 +223,13 @@ class Storage:
         """The LRU of open logs holds ``max_open_logs``: a newly opened log evicts one."""
         return self._logs.held_count() >= self._logs.max_open_logs
 
-    def touch(self, name: str) -> None:
-        """Mark ``name``'s log as just used, so the LRU of open logs keeps it."""
-        self._logs.get(name)
+    def live_log(self, name: str) -> StreamLog | None:
+        """``name``'s log when one is alive (marked just used: the LRU keeps it), else None."""
+        return self._logs.get(name)
+
+    def live_logs(self) -> list[StreamLog]:
+        """Every log alive now (open_logs.py)."""
+        return self._logs.live()
 
     def close_log(self, name: str) -> None:
         """Flush and close ``name`` if it is open (its files stay)."""

@@ -9,12 +9,17 @@ Streams as cheap as keys (issue 19, docs/scaling.md): the rows of streams
 created at the same time (thousands of first publishes a second) are inserted
 in one transaction by whichever creator comes first (the group commit of
 storage/group_commit.py), each creator returning once its row is committed.
-In memory a stream is a small slotted record; its log is held by the
-storage's LRU of open logs (``max_open_logs``) and only weakly here, so an
-idle stream's log state is freed and reopened on use. Which streams a
-listing covers is read from SQLite's primary-key order (listing.py).
+In memory a stream is one small slotted record (records.py) whose ``state``
+says where it is in its lifecycle: CREATING while its row is queued, NURSERY
+while its first message is a row (nursery.py), READY once it has a
+directory, BROKEN, DELETING. Every creation goes one way (``_create``: a
+CREATING record, its row through a writer, then ``_created``), and so does
+a stream moved in (``load_row``). Its log is held by the storage's LRU of
+open logs (``max_open_logs``), not here, so an idle stream's log state is
+freed and reopened on use. Which streams a listing covers is read from
+SQLite's primary-key order (listing.py).
 
-A log that fails to open with mid-log corruption is remembered as broken:
+A log that fails to open with mid-log corruption makes its stream BROKEN:
 describe/list report it with ``error`` and every read or write fails with
 StreamNeedsRepairError until ``repair`` truncates the log at the bad frame.
 
@@ -29,12 +34,10 @@ slips in between.
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import json
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from npstream.broker.errors import (
@@ -69,6 +72,7 @@ from npstream.broker.streams.records import (
     NewRow,
     SchemaVersion,
     StreamRecord,
+    StreamState,
     StreamStatus,
 )
 from npstream.broker.streams.rows import StreamRows
@@ -88,13 +92,17 @@ log = logging.getLogger(__name__)
 _OPEN_LOCKS = 1024
 
 
+CREATING, NURSERY, READY, BROKEN, DELETING = (
+    StreamState.CREATING, StreamState.NURSERY, StreamState.READY, StreamState.BROKEN,
+    StreamState.DELETING)
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-
 class StreamRegistry:
-    """Streams by name: metadata rows, lazily opened logs, and the broken ones."""
+    """Streams by name: one record each, in its lifecycle state (records.py), over SQLite rows."""
 
     def __init__(
         self,
@@ -113,17 +121,15 @@ class StreamRegistry:
         self._clock = clock
         self._overrides = ConfigOverrides(self._defaults, max_message_bytes_limit)
         self._schemas = StreamSchemas(metadata, clock)
+        self._nursery = Nursery(metadata)  # before the rows: they are read with its table
         self._rows = StreamRows(metadata, self._schemas)
-        self._lock = threading.Lock()  # guards the dicts below
+        self._lock = threading.Lock()  # guards the records' changes
+        # Every stream's record (module docstring); a transition puts a new record.
         self._records: dict[str, StreamRecord] = self._rows.load_all()
-        # Only weakly: the storage's LRU holds the logs (module docstring).
-        self._logs: weakref.WeakValueDictionary[str, StreamLog] = weakref.WeakValueDictionary()
-        self._broken: dict[str, CorruptRecordError] = {}
-        self._creating: dict[str, NewRow] = {}  # rows queued for the group insert
+        self._creating = 0  # CREATING records among them (not streams yet)
         self._open_locks = [threading.RLock() for _ in range(_OPEN_LOCKS)]
         self._inserts: CommitQueue[NewRow] = CommitQueue(
             1 << 30, self._insert_rows, lambda _sequence: None)
-        self._nursery = Nursery(metadata)
         self._first_writer: GroupWriter[NewRow] = GroupWriter(self._insert_nursery_rows,
                                                                "nursery-writer")
         storage.add_retention_task(self._expire_nursery)
@@ -146,15 +152,23 @@ class StreamRegistry:
         return self._settings.auto_create_streams
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self._records) - self._creating
 
     def __contains__(self, name: object) -> bool:
-        return name in self._records
+        record = self._records.get(name) if isinstance(name, str) else None
+        return record is not None and record.state is not CREATING
+
+    def state_of(self, name: str) -> StreamState | None:
+        """Where ``name`` is in its lifecycle (records.py); None: no such stream."""
+        record = self._records.get(name)
+        return record.state if record is not None else None
 
     def open_logs(self) -> list[StreamLog]:
-        """Snapshot of the logs opened so far (for metrics)."""
-        with self._lock:
-            return list(self._logs.values())
+        """Snapshot of the logs open now (for metrics); broken streams' left out."""
+        records = self._records
+        return [stream_log for stream_log in self._storage.live_logs()
+                if (record := records.get(stream_log.name)) is not None
+                and record.state is READY]
 
     def effective_config(self, overrides: Mapping[str, int]) -> StreamConfig:
         return self._overrides.effective(overrides)
@@ -170,57 +184,65 @@ class StreamRegistry:
 
     def _record(self, name: str) -> StreamRecord:
         record = self._records.get(check_stream_name(name))
-        if record is None:
+        if record is None or record.state is CREATING:
             raise StreamNotFoundError(name)
         return record
+
+    def _move(self, name: str, state: StreamState, detail: object = None, *,
+              when: tuple[StreamState, ...]) -> StreamRecord | None:
+        """Put ``name``'s record in ``state`` when it is in one of ``when``; the new record."""
+        with self._lock:
+            record = self._records.get(name)
+            if record is None or record.state not in when:
+                return None
+            moved = self._records[name] = record.moved_to(state, detail)
+            return moved
 
     def _open_lock(self, name: str) -> threading.RLock:
         return self._open_locks[hash(name) % _OPEN_LOCKS]
 
     def _open(self, name: str) -> StreamLog:
         """The stream's log, opening it on first use; StreamNeedsRepairError if broken."""
-        stream_log = self._logs.get(name)
-        if stream_log is not None:
-            self._storage.touch(name)  # recently used: the LRU keeps it
-            return stream_log
-        with self._open_lock(name):
-            stream_log = self._logs.get(name)
+        record = self._records.get(name)
+        if record is not None and record.state is READY:
+            stream_log = self._storage.live_log(name)  # marked recently used: the LRU keeps it
             if stream_log is not None:
                 return stream_log
-            broken = self._broken.get(name)
-            if broken is not None:
-                raise StreamNeedsRepairError(name, broken)
+        with self._open_lock(name):
             record = self._record(name)
-            self._write_out_locked(name, record)
+            if record.state is BROKEN:
+                raise StreamNeedsRepairError(name, record.detail)
+            if record.state is DELETING:
+                raise StreamNotFoundError(name)
+            if record.state is NURSERY:
+                self._write_out_locked(name)
             try:
-                stream_log = self._storage.open_log(name, self.effective_config(record.overrides),
-                                                    record.value_schemas())
+                return self._storage.open_log(name, self.effective_config(record.overrides),
+                                              record.value_schemas())
             except CorruptRecordError as exc:
                 self.mark_broken(name, exc)
                 raise StreamNeedsRepairError(name, exc) from None
-            with self._lock:
-                self._logs[name] = stream_log
-            return stream_log
 
-    def _write_out_locked(self, name: str, record: StreamRecord) -> None:
-        """Give a nursery stream its directory before its log opens (nursery.py).
+    def _write_out_locked(self, name: str) -> None:
+        """Give a nursery stream its directory before its log opens (nursery.py): READY.
 
         The caller holds the name's open lock. The frame is durable in its
         segment before the row goes, so a crash in between finds both and
         writes nothing twice (first_frame.py).
         """
+        record = self._records.get(name)
+        if record is None or record.state is not NURSERY:
+            return
         frame = self._nursery.frame_of(name)
-        if frame is None:
-            return  # not (or no longer) in the nursery
-        self._storage.write_first_frame(name, self.effective_config(record.overrides), frame)
-        self._nursery.forget(name)
+        if frame is not None:
+            self._storage.write_first_frame(name, self.effective_config(record.overrides), frame)
+            self._nursery.forget(name)
+        self._move(name, READY, when=(NURSERY,))
 
     def _write_out(self, name: str) -> None:
         """``_write_out_locked`` under the name's open lock (update, repair, expiry)."""
         with self._open_lock(name):
-            record = self._records.get(name)
-            if record is not None:
-                self._write_out_locked(name, record)
+            self._write_out_locked(name)
 
     def _expire_nursery(self, now: int) -> None:
         """A retention pass: write out nursery streams whose message may have expired."""
@@ -231,24 +253,23 @@ class StreamRegistry:
 
     def mark_broken(self, name: str, exc: CorruptRecordError) -> None:
         """Refuse reads and writes of this stream until it is repaired."""
-        with self._lock:
-            self._logs.pop(name, None)
-            self._broken[name] = exc
-        log.error("stream '%s' needs repair: %s", name, exc)
+        if self._move(name, BROKEN, exc, when=(READY,)) is not None:
+            log.error("stream '%s' needs repair: %s", name, exc)
 
     # ------------------------------------------------------------ operations
 
     def get(self, name: str, *, create_if_missing: bool = False) -> StreamLog:
         """The stream's log; creates the stream first when asked and auto_create_streams is on."""
-        stream_log = self._logs.get(name)
-        if stream_log is not None:
-            self._storage.touch(name)
-            return stream_log
+        record = self._records.get(name)
+        if record is not None and record.state is READY:
+            stream_log = self._storage.live_log(name)
+            if stream_log is not None:
+                return stream_log
         name = check_stream_name(name)
-        if name not in self._records:
+        if name not in self:
             if not (create_if_missing and self.auto_create):
                 raise StreamNotFoundError(name)
-            if self._insert(name, NO_OVERRIDES, None) is None:
+            if self._create(name, NO_OVERRIDES, None) is None:
                 log.info("created stream '%s' on first publish", name,
                          extra=event_fields(stream=name))
         return self._open(name)
@@ -266,8 +287,7 @@ class StreamRegistry:
         message are durable (raises if they could not be stored). The name is a
         stream for every other caller only after that.
         """
-        if (not self.auto_create or name in self._records or name in self._creating
-                or not self._storage.logs_full()):
+        if not self.auto_create or name in self._records or not self._storage.logs_full():
             return None
         try:
             lone = lone_message(rows, name, self._defaults.max_message_bytes)
@@ -276,15 +296,76 @@ class StreamRegistry:
         if lone is None:
             return None
         frame, timestamp = self._storage.first_frame(lone.value)
-        with self._lock:  # the writer's round reaches _records through this lock too
-            if name in self._records or name in self._creating:
-                return None
-            row = NewRow(StreamRecord(name, NO_OVERRIDES, self._clock()), "{}", None, NO_EVENT,
-                          frame, timestamp)
+        row = NewRow(StreamRecord(name, NO_OVERRIDES, self._clock(), (), NURSERY), "{}", None,
+                     NO_EVENT, frame, timestamp)
+        with self._lock:  # the writer's round reaches the records through this lock too
+            if self._begin_locked(row) is not row:
+                return None  # created, or being created, meanwhile
             written = self._first_writer.submit(row)
             row.done = written.done  # what a concurrent get() of the name waits for
-            self._creating[name] = row
         return timestamp, written.wait
+
+    def _create(self, name: str, overrides: Mapping[str, int],
+                schema: SchemaVersion | None) -> StreamRecord | None:
+        """Create the stream (its row); None when created here, else the existing record.
+
+        The one way a stream is created (a first publish into the nursery
+        joins it at ``_begin_locked``): a CREATING record, the row through a
+        writer, then ``_created``. Concurrent creators of different streams
+        share one transaction (the group insert); a creator of a name already
+        queued waits for that row. Returns once the row is committed
+        (durable as metadata_sync says).
+        """
+        row = NewRow(StreamRecord(name, overrides or NO_OVERRIDES, self._clock(),
+                                  (schema,) if schema is not None else ()),
+                     json.dumps(overrides, sort_keys=True), schema)
+        with self._lock:
+            found = self._begin_locked(row)
+        if isinstance(found, StreamRecord):
+            return found
+        if found is not row:  # another call creates it: wait for its row, then it exists
+            found.done.wait()
+            with self._lock:
+                existing = self._records.get(name)
+            if existing is None or existing.state is CREATING:
+                raise StreamNotFoundError(name)  # that create failed
+            return existing
+        try:
+            self._inserts.submit(CommitRequest(row, 1, False))
+        except BaseException:
+            self._created([row], ok=False)
+            raise
+        finally:
+            row.done.set()
+        return None
+
+    def _begin_locked(self, row: NewRow) -> StreamRecord | NewRow:
+        """Under ``_lock``: the existing stream's record, the row another creator queued for
+        the name, or ``row`` itself, its stream now CREATING (the caller writes it)."""
+        name = row.record.name
+        current = self._records.get(name)
+        if current is None:
+            self._records[name] = row.record.moved_to(CREATING, row)
+            self._creating += 1
+            return row
+        if current.state is CREATING:
+            queued: NewRow = current.detail
+            return queued
+        return current
+
+    def _created(self, rows: Iterable[NewRow], *, ok: bool) -> None:
+        """The rows' transaction committed (``ok``: their streams exist) or failed (gone)."""
+        with self._lock:
+            for row in rows:
+                name = row.record.name
+                current = self._records.get(name)
+                if current is None or current.state is not CREATING or current.detail is not row:
+                    continue  # taken up otherwise meanwhile (load_row)
+                self._creating -= 1
+                if ok:
+                    self._records[name] = row.record
+                else:
+                    del self._records[name]
 
     def _insert_nursery_rows(self, rows: Sequence[NewRow]) -> None:
         """The nursery writer: one fsynced transaction for the streams and their first frames.
@@ -299,62 +380,19 @@ class StreamRegistry:
                                      for row in rows)
         except BaseException as exc:
             error = exc
-        with self._lock:
-            if error is None:
-                for row in rows:
-                    self._records[row.record.name] = row.record
-            for row in rows:
-                self._creating.pop(row.record.name, None)
+        self._created(rows, ok=error is None)
         if error is not None:
             raise error
         for row in rows:  # the same event as the usual path's, after the commit
             log.info("created stream '%s' on first publish", row.record.name,
                      extra=event_fields(stream=row.record.name))
 
-    def _insert(self, name: str, overrides: Mapping[str, int],
-                schema: SchemaVersion | None) -> StreamRecord | None:
-        """Insert the stream's row; None when created here, else the existing record.
-
-        Concurrent creators of different streams share one transaction (the
-        group insert); a creator of a name already queued waits for that row.
-        Returns once the row is committed (durable as metadata_sync says).
-        """
-        with self._lock:
-            existing = self._records.get(name)
-            if existing is not None:
-                return existing
-            queued = self._creating.get(name)
-            if queued is None:
-                record = StreamRecord(name, overrides or NO_OVERRIDES, self._clock(),
-                                 (schema,) if schema is not None else ())
-                queued = self._creating[name] = NewRow(
-                    record, json.dumps(overrides, sort_keys=True), schema)
-                mine = True
-            else:
-                mine = False
-        if not mine:  # another call creates it: wait for its row, then it exists
-            queued.done.wait()
-            with self._lock:
-                existing = self._records.get(name)
-            if existing is None:
-                raise StreamNotFoundError(name)  # that create failed
-            return existing
-        try:
-            self._inserts.submit(CommitRequest(queued, 1, False))
-        finally:
-            with self._lock:
-                self._creating.pop(name, None)
-            queued.done.set()
-        return None
-
     def _insert_rows(self, group: builtins.list[CommitRequest[NewRow]]) -> int:
         """Group-commit writer: every queued row in one transaction, then in memory."""
         rows = [request.payload for request in group]
         if rows:
             self._rows.insert(rows)
-            with self._lock:
-                for row in rows:
-                    self._records[row.record.name] = row.record
+            self._created(rows, ok=True)
         for request in group:
             request.result = None
         return 1
@@ -370,7 +408,7 @@ class StreamRegistry:
         name = check_stream_name(name)
         overrides = self._overrides.check(name, overrides)
         schema = self._schemas.new_version(name, value_schema, 1) if value_schema else None
-        existing = self._insert(name, overrides, schema)
+        existing = self._create(name, overrides, schema)
         if existing is not None:
             wanted = self.effective_config(overrides)
             have = self.effective_config(existing.overrides)
@@ -391,8 +429,9 @@ class StreamRegistry:
         record = self._record(name)
         config = self.effective_config(record.overrides)
         try:
-            stats = (None if record.name in self._broken or record.name in self._creating
-                     else self._nursery.stats_of(record.name)
+            if record.state is BROKEN:
+                raise StreamNeedsRepairError(record.name, record.detail)
+            stats = ((record.state is NURSERY and self._nursery.stats_of(record.name))
                      or self._storage.peek_stats(record.name))  # a listing opens nothing
             if stats is None:
                 stats = self._open(record.name).stats()
@@ -434,12 +473,12 @@ class StreamRegistry:
         with self._open_lock(record.name):
             with self._lock:
                 current = self._records.get(record.name)
-                if current is None:
+                if current is None or current.state is DELETING:
                     raise StreamNotFoundError(record.name)
                 merged = {**current.overrides, **changes}
                 self._rows.set_overrides(record.name, merged)
-                self._records[record.name] = dataclasses.replace(current, overrides=merged)
-                stream_log = self._logs.get(record.name)
+                self._records[record.name] = current._replace(overrides=merged)
+            stream_log = self._storage.live_log(record.name)
             if stream_log is not None:
                 stream_log.update_config(self.effective_config(merged))
         log.info("updated stream '%s' config=%s", record.name, self.effective_config(merged),
@@ -467,15 +506,14 @@ class StreamRegistry:
                 if not record.schemas:
                     check_becomes_typed(name, start, end)
                 with self._lock:
-                    if self._records.get(name) is not record:
+                    current = self._records.get(name)
+                    if current is None or current.schemas is not record.schemas:
                         raise StreamNotFoundError(name)  # deleted (or changed) meanwhile
                     self._schemas.insert(name, entry)
-                    self._records[name] = dataclasses.replace(
-                        record, schemas=(*record.schemas, entry))
+                    self._records[name] = current._replace(schemas=(*record.schemas, entry))
 
-            with self._lock:
-                if self._logs.get(name) is not stream_log:
-                    raise StreamNotFoundError(name)
+            if self._storage.live_log(name) is not stream_log:
+                raise StreamNotFoundError(name)
             stream_log.set_value_schemas(schemas, record_change)
         log.info("stream '%s': value schema version %d '%s'%s", name, entry.version, entry.ddl,
                  " (the stream is typed now)" if not record.schemas else "")
@@ -487,21 +525,21 @@ class StreamRegistry:
         and still while they are copied (npstream.broker.cluster.move).
         """
         with self._open_lock(name):
-            with self._lock:
-                was_open = self._logs.pop(name, None) is not None
-            if was_open:
-                self._storage.close_log(name)
+            self._storage.close_log(name)
 
     def load_row(self, name: str) -> None:
-        """Take up the ``streams``/``stream_schemas`` rows another module wrote for ``name``.
+        """Take up the rows another module wrote for ``name`` (a stream moved in).
 
         A stream moved in from another member is installed by writing its rows
         (with its groups and sink floors) in one transaction (cluster/move_in.py);
-        this makes the registry serve it.
+        this makes the registry serve it: READY, or NURSERY with a nursery row.
         """
         record = self._rows.load(name)
         if record is not None:
             with self._lock:
+                current = self._records.get(name)
+                if current is not None and current.state is CREATING:
+                    self._creating -= 1  # its creator's row fails: the name is taken
                 self._records[name] = record
 
     def delete(self, name: str) -> bool:
@@ -509,18 +547,22 @@ class StreamRegistry:
         name = check_stream_name(name)
         with self._open_lock(name):
             with self._lock:
-                if name not in self._records:
+                before = self._records.get(name)
+                if before is None or before.state in (CREATING, DELETING):
                     return False
-                was_open = self._logs.pop(name, None) is not None
-                self._broken.pop(name, None)
-            if was_open:
+                self._records[name] = before.moved_to(DELETING)
+            try:
                 self._storage.close_log(name)
-            # Files before the row: a crash in between leaves an empty stream, never a
-            # new stream that inherits old data.
-            self._storage.drop_log(name)
-            with self._lock, self._metadata.transaction() as txn:
-                self._rows_owner.drop(name, txn)
-                self._records.pop(name, None)
+                # Files before the row: a crash in between leaves an empty stream, never a
+                # new stream that inherits old data.
+                self._storage.drop_log(name)
+                with self._lock, self._metadata.transaction() as txn:
+                    self._rows_owner.drop(name, txn)
+                    del self._records[name]
+            except BaseException:
+                with self._lock:
+                    self._records[name] = before  # still a stream, as it was
+                raise
         log.info("deleted stream '%s'", name, extra=event_fields(stream=name))
         for listener in list(self._on_deleted):
             try:
@@ -553,11 +595,7 @@ class StreamRegistry:
         record = self._record(name)
         self._write_out(record.name)
         with self._open_lock(record.name):
-            with self._lock:
-                was_open = self._logs.pop(record.name, None) is not None
-                self._broken.pop(record.name, None)
-            if was_open:
-                self._storage.close_log(record.name)
+            self._move(record.name, READY, when=(BROKEN,))
             truncated, detail = self._storage.repair_log(
                 record.name, self.effective_config(record.overrides), record.value_schemas()
             )
@@ -576,7 +614,9 @@ class StreamRegistry:
 
     def _offsets(self, name: str) -> tuple[int, int]:
         """(start_offset, end_offset), from the nursery's row while there is one (no log)."""
-        kept = self._nursery.stats_of(name)
+        record = self._records.get(name)
+        kept = (self._nursery.stats_of(name) if record is not None and record.state is NURSERY
+                else None)
         if kept is not None:
             return kept.start_offset, kept.end_offset
         stream_log = self._open(name)

@@ -14,10 +14,16 @@ import json
 from collections.abc import Mapping, Sequence
 
 from npstream.broker.metadata import Metadata
-from npstream.broker.streams.records import NewRow, StreamRecord, overrides_of
+from npstream.broker.streams.records import NewRow, StreamRecord, StreamState, overrides_of
 from npstream.broker.streams.schemas import StreamSchemas
 
 __all__ = ["StreamRows"]
+
+# A stream's row and whether a nursery row (nursery.py) stands in for its directory (one
+# stream: ``load``).
+_SELECT = ("SELECT name, config_json, created_ms, "
+           "EXISTS (SELECT 1 FROM nursery WHERE nursery.stream = streams.name) FROM streams")
+_STATES = {False: StreamState.READY, True: StreamState.NURSERY}
 
 
 class StreamRows:
@@ -28,21 +34,33 @@ class StreamRows:
         self._schemas = schemas
 
     def load_all(self) -> dict[str, StreamRecord]:
-        """Every stream's record (at start)."""
+        """Every stream's record (at start): NURSERY when it has a nursery row, else READY.
+
+        Both tables are read in name order and merged here: a join would look
+        each stream up in the nursery (about twice the read's time), and a set
+        of the nursery's names would hold a copy of each for the whole read.
+        """
         schemas = self._schemas.load_all()
-        return {name: StreamRecord(name, overrides_of(config_json), created_ms,
-                                   tuple(schemas.get(name, ())))
-                for name, config_json, created_ms in self._metadata.execute_tuples(
-                    "SELECT name, config_json, created_ms FROM streams")}
+        records: dict[str, StreamRecord] = {}
+        with self._metadata.scan("SELECT stream FROM nursery ORDER BY stream") as nursery:
+            waiting = next(nursery, None)  # the next nursery name, in the same order
+            for name, config_json, created_ms in self._metadata.execute_tuples(
+                    "SELECT name, config_json, created_ms FROM streams ORDER BY name"):
+                while waiting is not None and waiting[0] < name:  # a row of no stream
+                    waiting = next(nursery, None)
+                in_nursery = waiting is not None and waiting[0] == name
+                records[name] = StreamRecord(name, overrides_of(config_json), created_ms,
+                                             tuple(schemas.get(name, ())), _STATES[in_nursery])
+        return records
 
     def load(self, name: str) -> StreamRecord | None:
         """The stream's record as another module wrote its rows (a move in), or None."""
-        rows = self._metadata.execute(
-            "SELECT name, config_json, created_ms FROM streams WHERE name = ?", (name,))
+        rows = self._metadata.execute_tuples(f"{_SELECT} WHERE name = ?", (name,))
         if not rows:
             return None
-        return StreamRecord(name, overrides_of(rows[0]["config_json"]), rows[0]["created_ms"],
-                            self._schemas.load(name))
+        _name, config_json, created_ms, in_nursery = rows[0]
+        return StreamRecord(name, overrides_of(config_json), created_ms,
+                            self._schemas.load(name), _STATES[bool(in_nursery)])
 
     def insert(self, rows: Sequence[NewRow]) -> None:
         """Insert the streams' rows and their first schema versions in one transaction.
