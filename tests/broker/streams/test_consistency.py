@@ -148,3 +148,19 @@ def test_wal_problem_of_damaged_header_and_whole_wal(tmp_path):
     copy.write_bytes(bytes(data))
     assert wal_problem(copy) == "damaged header: SQLite ignores every transaction in it"
     assert wal_problem(tmp_path / "absent-wal") == ""
+
+
+def test_start_with_unreadable_metadata_database_fails_naming_it(broker_factory):
+    broker = broker_factory()
+    with Client(broker.address) as client:
+        client.create_stream("kept")
+        client.publish("kept", b"x")
+    broker.stop()
+    database = broker.data_dir / "meta.sqlite3"
+    database.write_bytes(b"not a database, " * 512)
+    with pytest.raises(RuntimeError) as error:
+        broker.start()
+    assert (f"metadata database {database} is unreadable (file is not a database); restore "
+            f"it from a backup (stream files are kept under {broker.data_dir / 'streams'})"
+            in str(error.value))
+    assert (broker.data_dir / "streams" / "kept").is_dir()
