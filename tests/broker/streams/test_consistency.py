@@ -7,6 +7,7 @@ metadata database deleted, a stream's last segment cut, the WAL damaged.
 from __future__ import annotations
 
 import os
+import sqlite3
 import struct
 import time
 from pathlib import Path
@@ -129,8 +130,6 @@ def test_start_with_damaged_wal_frame_reports_metadata_mismatch(broker_factory):
 
 
 def test_wal_problem_of_damaged_header_and_whole_wal(tmp_path):
-    import sqlite3
-
     database = tmp_path / "db.sqlite3"
     connection = sqlite3.connect(database)
     connection.execute("PRAGMA journal_mode=WAL")
@@ -164,3 +163,48 @@ def test_start_with_unreadable_metadata_database_fails_naming_it(broker_factory)
             f"it from a backup (stream files are kept under {broker.data_dir / 'streams'})"
             in str(error.value))
     assert (broker.data_dir / "streams" / "kept").is_dir()
+
+
+def test_restart_after_crash_with_length_flip_mid_tail_refuses_and_keeps_group_position(
+        broker_factory):
+    """Issue 34 item 1 as reported: 200 frames, kill -9, a bit of frame 100's payload
+    length flipped; the stream is refused, the 99 frames after it stay, and the group's
+    position stays at 200."""
+    broker = broker_factory()
+    with Client(broker.address) as client:
+        client.create_stream("flipped")
+        for index in range(200):
+            client.publish("flipped", f"m{index}".encode())
+        consumer = client.consumer("flipped", "readers")
+        assert len(consumer.pull(limit=200)) == 200
+    broker.kill()
+    segment = broker.data_dir / "streams" / "flipped" / f"{0:020d}.log"
+    position = frame_positions(segment)[100]
+    data = bytearray(segment.read_bytes())
+    data[position + 11] ^= 0x40  # payload_len bit 30: the frame seems to run past the end
+    segment.write_bytes(bytes(data))
+    broker.log_path.write_text("")
+    broker.start()
+    with Client(broker.address) as client:
+        with pytest.raises(StreamNeedsRepair) as error:
+            client.fetch("flipped", 0)
+        assert f"corrupt record in {segment} at byte {position}" in str(error.value)
+        assert f"an intact frame follows at byte {frame_positions_after(data, position)}" \
+            in str(error.value)
+        with pytest.raises(StreamNeedsRepair):  # a group needs its stream's end
+            client.describe_group("flipped", "readers")
+    broker.stop()
+    with sqlite3.connect(broker.data_dir / "meta.sqlite3") as database:
+        assert database.execute(
+            "SELECT committed_offset FROM consumer_groups WHERE stream = 'flipped' AND "
+            "grp = 'readers'").fetchall() == [(200,)]
+    assert segment.read_bytes() == bytes(data)  # nothing cut
+    assert "torn tail" not in broker.log_text()
+    assert any("stream 'flipped' needs repair" in line for line in error_lines(
+        broker.log_text()))
+
+
+def frame_positions_after(data: bytes | bytearray, position: int) -> int:
+    """Where the frame after the one at ``position`` starts (its length read intact)."""
+    return position + 48 + int.from_bytes(bytes(data[position + 8:position + 12]), "little") \
+        - (0x40 << 24)
