@@ -6,6 +6,12 @@
 #
 #   make demo   broker + producer + Spark sensor pipeline, results on the console
 #   make test   the whole test suite (what .ci/run runs)
+#
+# Generated files, checked in (a test fails when one is stale):
+#   make proto  the gRPC code from proto/npstream/v1/*.proto, and docs/client.md's
+#               error reason table (proto/generate.py)
+#   make docs   conf/broker.toml and docs/broker.md's key tables from the broker's
+#               key table, KEYS (docs/generate.py)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,7 +20,7 @@ STAMP := $(VENV)/.npstream-installed
 PYTEST_ARGS ?=
 TYPECHECK_TREE := build/typecheck
 
-.PHONY: demo test setup java chromium lint typecheck-tree proto clean
+.PHONY: demo test setup java chromium lint typecheck-tree proto docs clean
 
 demo: setup
 	$(PY) examples/sensor_pipeline/run_demo.py --brokers $(or $(BROKERS),1)
@@ -68,6 +74,9 @@ typecheck-tree:
 
 proto: setup
 	$(PY) proto/generate.py
+
+docs: setup
+	$(PY) docs/generate.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info data

@@ -1,10 +1,10 @@
 """Broker configuration: defaults in code, then broker.toml, then NPSTREAM_* env, then CLI flags.
 
-The defaults live in code (``KEYS``; the ``[storage]`` ones are
-``StorageSettings``' own, and those the clients share come from
+The defaults live in code (``KEYS``, config_keys.py; the ``[storage]`` ones
+are ``StorageSettings``' own, and those the clients share come from
 npstream.proto.defaults) so an installed package needs no file from the
-repository; ``conf/broker.toml`` and docs/broker.md repeat them for operators
-and tests keep them in step. Every key has one name used everywhere: in its
+repository; ``conf/broker.toml`` and docs/broker.md's key tables are generated
+from that table (``make docs``). Every key has one name used everywhere: in its
 toml section, as ``NPSTREAM_<NAME>`` in the environment, for the few that
 have one as a ``--<name>`` flag, and as the field of its section in
 ``BrokerConfig`` (durations with an ``_ms`` suffix). Sizes accept "64MiB" and
@@ -23,21 +23,24 @@ made; ``load_config`` reports every problem at once as a ``ConfigError``.
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import os
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npstream.broker.cluster.settings import ClusterSettings, parse_members
-from npstream.broker.server.affinity import parse_cpu_affinity
+from npstream.broker.cluster.settings import ClusterSettings
+from npstream.broker.server.config_keys import (
+    KEYS,
+    KEYS_BY_FIELD,
+    KEYS_BY_NAME,
+    SECTIONS,
+    ConfigKey,
+)
 from npstream.broker.server.errors import ConfigError
 from npstream.broker.storage.settings import StorageSettings
 from npstream.broker.streams.settings import StreamsSettings, allows_max_message_bytes
-from npstream.proto.defaults import DEFAULT_BROKER_PORT, GRPC_MAX_MESSAGE_BYTES
-from npstream.proto.units import parse_duration_ms, parse_size
 
 __all__ = [
     "KEYS",
@@ -59,153 +62,6 @@ __all__ = [
 ENV_PREFIX = "NPSTREAM_"
 MIB = 1 << 20
 
-
-def _parse_bool(value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in {"true", "1", "yes", "on"}:
-        return True
-    if isinstance(value, str) and value.strip().lower() in {"false", "0", "no", "off"}:
-        return False
-    raise ValueError(f"invalid boolean {value!r}: use true or false")
-
-
-def _parse_int(value: object) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"invalid integer {value!r}")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
-    raise ValueError(f"invalid integer {value!r}")
-
-
-def _parse_str(value: object) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"expected a string, got {value!r}")
-    return value
-
-
-def _parse_optional_port(value: object) -> int | None:
-    """A port number, 0 for an ephemeral port, or "off" to disable the listener."""
-    if isinstance(value, str) and value.strip().lower() in {"off", "false", "none", ""}:
-        return None
-    if value is False:
-        return None
-    return _parse_int(value)
-
-
-def _parse_level(value: object) -> str:
-    level = _parse_str(value).strip().upper()
-    if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
-        raise ValueError(f"invalid log level {value!r}: use DEBUG, INFO, WARNING or ERROR")
-    return level
-
-
-def _parse_log_format(value: object) -> str:
-    text = _parse_str(value).strip().lower()
-    if text not in {"text", "json"}:
-        raise ValueError(f"invalid log format {value!r}: use text or json")
-    return text
-
-
-def _parse_sync(value: object) -> str:
-    """The mode's spelling only; StorageSettings decides which modes exist."""
-    return _parse_str(value).strip().lower()
-
-
-@dataclass(frozen=True)
-class ConfigKey:
-    """One configuration key: where it lives, how it is parsed, its default."""
-
-    name: str  # toml key, NPSTREAM_<NAME.upper()>, and --<name> when a flag exists
-    section: str
-    parse: Callable[[object], object]
-    default: object
-    field: str  # attribute of the section's settings object (durations get an _ms suffix)
-
-
-def _key(name: str, section: str, parse: Callable[[object], object], default: object,
-         field: str | None = None) -> ConfigKey:
-    return ConfigKey(name, section, parse, parse(default), field or name)
-
-
-def _duration(name: str, section: str, default: str) -> ConfigKey:
-    return _key(name, section, parse_duration_ms, default, f"{name}_ms")
-
-
-_STORAGE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(StorageSettings)}
-
-
-def _storage(name: str, parse: Callable[[object], object], field: str | None = None) -> ConfigKey:
-    """A ``[storage]`` key: its default is StorageSettings' (already a parsed value)."""
-    return ConfigKey(name, "storage", parse, _STORAGE_DEFAULTS[field or name], field or name)
-
-
-SECTIONS = ("server", "auth", "metrics", "streams", "storage", "sink", "cluster")
-
-# Every key and its default (conf/broker.toml and docs/broker.md document each one).
-KEYS: tuple[ConfigKey, ...] = (
-    # [server]
-    _key("host", "server", _parse_str, "127.0.0.1"),
-    _key("port", "server", _parse_int, DEFAULT_BROKER_PORT),
-    _key("data_dir", "server", lambda v: Path(_parse_str(v)) if not isinstance(v, Path) else v,
-         "./data"),
-    _key("log_level", "server", _parse_level, "INFO"),
-    _key("log_format", "server", _parse_log_format, "text"),
-    _key("max_workers", "server", _parse_int, 4096),
-    _key("max_concurrent_rpcs", "server", _parse_int, 0),
-    _key("max_publish_bytes_in_flight", "server", parse_size, "256MiB"),
-    _key("grpc_max_message_bytes", "server", parse_size, GRPC_MAX_MESSAGE_BYTES),
-    _duration("max_fetch_wait", "server", "5m"),
-    _duration("shutdown_grace", "server", "10s"),
-    _key("auth_token", "server", _parse_str, ""),
-    _key("tls_cert_file", "server", _parse_str, ""),
-    _key("tls_key_file", "server", _parse_str, ""),
-    _key("tls_client_ca_file", "server", _parse_str, ""),
-    _key("allow_insecure", "server", _parse_bool, False),
-    _key("local_reads", "server", _parse_bool, True),
-    _key("retain_freed_memory", "server", parse_size, "256MiB"),
-    _key("cpu_affinity", "server", parse_cpu_affinity, "auto"),
-    # [auth]
-    _key("tokens_file", "auth", _parse_str, ""),
-    # [metrics]
-    _key("metrics_host", "metrics", _parse_str, "127.0.0.1"),
-    _key("metrics_port", "metrics", _parse_optional_port, 7071),
-    _key("metrics_stream_gauges_max", "metrics", _parse_int, 1000),
-    _key("metrics_group_gauges_max", "metrics", _parse_int, 1000),
-    _key("console", "metrics", _parse_bool, True),
-    _duration("console_history", "metrics", "15m"),
-    # [streams]
-    _key("auto_create_streams", "streams", _parse_bool, True),
-    _duration("default_max_age", "streams", "7d"),
-    _key("default_max_bytes", "streams", parse_size, "1GiB"),
-    _duration("default_dedup_window", "streams", "2m"),
-    _key("default_max_message_bytes", "streams", parse_size, "1MiB"),
-    # [storage]
-    _storage("segment_bytes", parse_size),
-    _storage("segment_age", parse_duration_ms, "segment_age_ms"),
-    _storage("max_open_files", _parse_int),
-    _storage("max_open_logs", _parse_int),
-    _storage("flush_interval", parse_duration_ms, "flush_interval_ms"),
-    _storage("max_batch_bytes", parse_size),
-    _storage("retention_check_interval", parse_duration_ms, "retention_check_interval_ms"),
-    _storage("index_interval_bytes", parse_size),
-    _storage("metadata_sync", _parse_sync),
-    # [sink]
-    _duration("sink_staging_ttl", "sink", "1d"),
-    _key("sink_adopt_min_bytes", "sink", parse_size, "4MiB"),
-    _key("sink_direct_writes", "sink", _parse_bool, True),
-    _key("sink_stage_inbox", "sink", _parse_bool, True),
-    # [cluster]
-    _key("members", "cluster", parse_members, []),
-    _key("advertised_address", "cluster", _parse_str, ""),
-    _duration("peer_timeout", "cluster", "5s"),
-    _key("peer_ca_file", "cluster", _parse_str, ""),
-    _key("cluster_token", "cluster", _parse_str, ""),
-)
-KEYS_BY_NAME: dict[str, ConfigKey] = {k.name: k for k in KEYS}
-KEYS_BY_FIELD: dict[str, ConfigKey] = {k.field: k for k in KEYS}
 
 
 def _refuse(problems: list[str]) -> None:
@@ -367,7 +223,7 @@ _SECTION_TYPES: dict[str, type] = {
 class BrokerConfig:
     """Effective broker configuration, one field per broker.toml section.
 
-    See conf/broker.toml for what each key means. Build it with
+    See config_keys.KEYS (or conf/broker.toml) for what each key means. Build it with
     ``load_config`` or ``default_config`` and change it with ``with_values``,
     which keep ``storage.data_dir`` equal to ``server.data_dir``.
     """

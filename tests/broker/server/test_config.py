@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -37,15 +35,6 @@ def test_load_config_without_file_uses_documented_defaults():
     assert config.storage.flush_interval_ms == 50
     assert config.metrics.metrics_port == 7071
     assert config.streams.default_max_message_bytes < config.server.grpc_max_message_bytes
-
-
-def test_repo_broker_toml_lists_every_key_with_the_builtin_default():
-    path = REPO / "conf" / "broker.toml"
-    document = tomllib.loads(path.read_text())
-    assert set(document) == set(SECTIONS)
-    listed = {name for section in document.values() for name in section}
-    assert listed == {k.name for k in KEYS}
-    assert load_config(path, env={}) == default_config()
 
 
 def test_load_config_units_in_file_are_parsed(tmp_path):
@@ -199,35 +188,6 @@ def test_stream_defaults_are_the_default_keys():
     assert config.streams.stream_defaults == StreamConfig(
         max_age_ms=7 * 86_400_000, max_bytes=0, dedup_window_ms=120_000,
         max_message_bytes=1 << 20)
-
-
-def _documented_defaults() -> dict[str, dict[str, str]]:
-    """{section: {key: default cell}} from the key tables of docs/broker.md."""
-    documented: dict[str, dict[str, str]] = {}
-    section = ""
-    for line in (REPO / "docs" / "broker.md").read_text().splitlines():
-        heading = re.fullmatch(r"### `\[(\w+)\]`", line.strip())
-        if heading:
-            section = heading.group(1)
-            documented[section] = {}
-            continue
-        row = re.match(r"\| `(\w+)` \| `(.*?)` \|", line)
-        if row and section in SECTIONS:
-            documented[section][row.group(1)] = row.group(2)
-        elif line.startswith("#"):
-            section = ""
-    return documented
-
-
-def test_docs_broker_md_lists_every_key_with_its_default():
-    documented = _documented_defaults()
-    assert set(documented) == set(SECTIONS)
-    for section in SECTIONS:
-        keys = {k.name: k for k in KEYS if k.section == section}
-        assert set(documented[section]) == set(keys), section
-        for name, cell in documented[section].items():
-            value = tomllib.loads(f"v = {cell}")["v"]
-            assert keys[name].parse(value) == keys[name].default, name
 
 
 def test_flag_help_states_the_builtin_defaults():
