@@ -18,6 +18,7 @@ from typing import NoReturn
 from npstream.cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, CliError
 from npstream.client.client import Client
 from npstream.proto.defaults import BROKER_ADDRESS_ENV, DEFAULT_BROKER_ADDRESS
+from npstream.proto.field_ranges import INT32_MAX, INT64_MAX, MAX_DELAY_MS
 from npstream.proto.names import validate_group_name, validate_stream_name
 from npstream.proto.units import parse_duration_ms, parse_size
 
@@ -25,6 +26,7 @@ __all__ = [
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
     "EXIT_USAGE",
+    "POSITION_FORMS",
     "CliError",
     "CliParser",
     "add_client_options",
@@ -33,6 +35,7 @@ __all__ = [
     "duration_arg",
     "group_arg",
     "offset_arg",
+    "parse_offset",
     "positive_count_arg",
     "seconds_arg",
     "size_arg",
@@ -149,21 +152,23 @@ def _argtype(check: Callable[[str], object], what: str, *,
     return convert
 
 
-def _offset(text: str) -> int:
-    if not text.isdigit():
-        raise ValueError(f"invalid offset {text!r}: use an integer >= 0")
+# What --from and --to take (consume, consume --group, groups seek).
+POSITION_FORMS = (f"use earliest, latest, an offset from 0 to {INT64_MAX} or an ISO-8601 time "
+                  "such as 2025-01-01T00:00:00Z")
+# Longest wait a seconds flag takes (--wait, --linger): the wire's longest delay.
+MAX_SECONDS = MAX_DELAY_MS // 1000
+
+
+def parse_offset(text: str) -> int:
+    """An offset typed on the command line: ASCII digits, at most the wire's int64."""
+    if not (text.isascii() and text.isdigit()) or int(text) > INT64_MAX:
+        raise ValueError(f"invalid offset {text!r}: use an integer from 0 to {INT64_MAX}")
     return int(text)
 
 
-def _count(text: str) -> int:
-    if not text.isdigit():
-        raise ValueError(f"invalid count {text!r}: use an integer >= 0")
-    return int(text)
-
-
-def _positive_count(text: str) -> int:
-    if not text.isdigit() or int(text) == 0:
-        raise ValueError(f"invalid count {text!r}: use an integer > 0")
+def _count(text: str, low: int = 0) -> int:
+    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= INT32_MAX:
+        raise ValueError(f"invalid count {text!r}: use an integer from {low} to {INT32_MAX}")
     return int(text)
 
 
@@ -172,8 +177,9 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value >= 0:  # also NaN
-        raise ValueError(f"invalid seconds {text!r}: use a number >= 0")
+    if not 0 <= value <= MAX_SECONDS:  # also NaN and infinity
+        raise ValueError(f"invalid seconds {text!r}: use a number from 0 to {MAX_SECONDS} "
+                         "(a year)")
     return value
 
 
@@ -181,7 +187,7 @@ stream_arg = _argtype(validate_stream_name, "stream name")
 group_arg = _argtype(validate_group_name, "group name")
 duration_arg = _argtype(parse_duration_ms, "duration", keep_text=True)
 size_arg = _argtype(parse_size, "size", keep_text=True)
-offset_arg = _argtype(_offset, "offset")
+offset_arg = _argtype(parse_offset, "offset")
 count_arg = _argtype(_count, "count")
-positive_count_arg = _argtype(_positive_count, "count")
+positive_count_arg = _argtype(lambda text: _count(text, 1), "count")
 seconds_arg = _argtype(_seconds, "seconds")

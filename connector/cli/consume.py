@@ -13,11 +13,13 @@ from typing import Any
 import pyarrow as pa
 
 from npstream.cli.common import (
+    POSITION_FORMS,
     CliError,
     add_client_options,
     client_from_args,
     count_arg,
     group_arg,
+    parse_offset,
     stream_arg,
 )
 from npstream.client.client import Client
@@ -177,15 +179,12 @@ def resolve_start(client: Client, stream: str, position: str) -> int:
         return client.stream_info(stream).start_offset
     if text == "latest":
         return client.stream_info(stream).end_offset
-    if text.isdigit():
-        return int(text)
     try:
+        if text.isdigit():
+            return parse_offset(text)
         parse_timestamp_ms(text)
     except ValueError:
-        raise CliError(
-            f"invalid --from {position!r}: use earliest, latest, an offset >= 0 or an "
-            "ISO-8601 time such as 2025-01-01T00:00:00Z", 2
-        ) from None
+        raise CliError(f"invalid --from {position!r}: {POSITION_FORMS}", 2) from None
     try:
         return client.offset_for_timestamp(stream, text)
     except InvalidArgument as exc:

@@ -19,10 +19,13 @@ from typing import Any
 
 from npstream.cli import shared as cli_shared
 from npstream.cli.common import (
+    POSITION_FORMS,
     CliError,
     add_client_options,
     client_from_args,
     group_arg,
+    offset_arg,
+    parse_offset,
     stream_arg,
 )
 from npstream.client import group_rpc
@@ -90,9 +93,9 @@ def register(subparsers: Any) -> None:
         "key and headers plus npstream-redrive-count. Running it again stores nothing twice "
         "while the origin stream's dedup window covers the first run.")
     redrive.add_argument("dlq_stream", type=stream_arg, metavar="DLQ_STREAM")
-    redrive.add_argument("--from", dest="start", type=int, metavar="OFFSET",
+    redrive.add_argument("--from", dest="start", type=offset_arg, metavar="OFFSET",
                          help="first offset of DLQ_STREAM (default: its start)")
-    redrive.add_argument("--to", dest="end", type=int, metavar="OFFSET",
+    redrive.add_argument("--to", dest="end", type=offset_arg, metavar="OFFSET",
                          help="offset after the last one (default: its end)")
     redrive.add_argument("--header", metavar="NAME=VALUE",
                          help="only copies with this header value, e.g. "
@@ -171,11 +174,11 @@ def _position(value: str, option: str) -> pb.StartFrom:
     from npstream.groups.cursor import start_from_pb
 
     try:
+        if value.strip().isdigit():
+            parse_offset(value.strip())  # within the wire's int64
         return start_from_pb(value, option)
-    except InvalidArgument:
-        raise CliError(
-            f"invalid {option} {value!r}: use earliest, latest, an offset >= 0 or an ISO-8601 "
-            "time such as 2025-01-01T00:00:00Z", 2) from None
+    except (InvalidArgument, ValueError):
+        raise CliError(f"invalid {option} {value!r}: {POSITION_FORMS}", 2) from None
 
 
 def _seek(args: argparse.Namespace) -> int:

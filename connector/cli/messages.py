@@ -66,6 +66,10 @@ _TABLE: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
         (r"\(max_deliver > 0\)", "(the group's max deliver is set: --max-deliver)"),
         # Shared-group settings (SDK and broker): groups receive.
         (r"^receive on stream ('[^']*'): max_messages=(\d+)", r"receive on stream \1: --max \2"),
+        (r"\b\w+Request\.config\.ack_wait_ms=(\d+)", r"--ack-wait \1ms"),
+        (r"\b\w+Request\.config\.max_deliver=(\d+)", r"--max-deliver \1"),
+        (r"\bReceiveRequest\.wait_ms=(\d+)", r"--wait \1ms"),
+        (r"\bNackRequest\.delay_ms=(\d+)", r"--delay \1ms"),
         (r"^ack_wait=", "--ack-wait "),
         (r"^max_deliver=", "--max-deliver "),
         # The connection (SDK).

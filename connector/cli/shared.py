@@ -29,6 +29,7 @@ from npstream.cli.common import (
     count_arg,
     duration_arg,
     group_arg,
+    parse_offset,
     positive_count_arg,
     seconds_arg,
     stream_arg,
@@ -38,6 +39,7 @@ from npstream.client.values import ms_to_iso
 from npstream.errors import GroupNotFound, StreamNotFound
 from npstream.groups.admin import SharedSettings
 from npstream.groups.batch import offset_ranges
+from npstream.proto.field_ranges import INT64_MAX
 from npstream.proto.units import parse_duration_ms
 
 __all__ = ["cli_member_id", "register"]
@@ -62,14 +64,18 @@ def _offsets(text: str) -> list[tuple[int, int]]:
     ranges = []
     for part in text.split(","):
         first, dash, last = part.strip().partition("-")
-        if not first.isdigit() or (dash and not last.isdigit()):
+        try:
+            low = parse_offset(first)
+            high = parse_offset(last) if dash else low
+        except ValueError:
             raise argparse.ArgumentTypeError(
                 f"invalid offsets {text!r}: use OFFSET, FIRST-LAST or a comma list of them "
-                "(e.g. 5 or 3-7,9)")
-        low, high = int(first), int(last) if dash else int(first)
+                f"(e.g. 5 or 3-7,9), offsets from 0 to {INT64_MAX - 1}") from None
         if high < low:
             raise argparse.ArgumentTypeError(
                 f"invalid offsets {text!r}: {low}-{high} ends before it starts")
+        if high == INT64_MAX:  # its range would end past the wire's int64
+            raise argparse.ArgumentTypeError(f"invalid offsets {text!r}: at most {INT64_MAX - 1}")
         ranges.append((low, high + 1))
     return ranges
 

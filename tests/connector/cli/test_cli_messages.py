@@ -117,3 +117,32 @@ def test_missing_token_names_token_flag_and_variable(broker_factory, cli_at, tmp
         "missing or invalid auth token: give one with --token TOKEN or $NPSTREAM_TOKEN")
     with Client(secured.address, "s3cret") as ops:
         assert ops.list_streams() == []
+
+
+HUGE = "99999999999999999999"  # past the wire's int64
+
+
+@pytest.mark.parametrize(("args", "code", "named"), [
+    (["consume", "{s}", "--from", HUGE], 2, "invalid --from '" + HUGE + "'"),
+    (["consume", "{s}", "--from", "²"], 2, "invalid --from '²'"),
+    (["consume", "{s}", "--group", "g", "--from", HUGE], 2, "invalid --from"),
+    (["groups", "seek", "{s}", "g", "--to", HUGE], 2, "invalid --to"),
+    (["groups", "ack", "{s}", "g", HUGE], 2, "argument OFFSETS: invalid offsets"),
+    (["groups", "nack", "{s}", "g", "0", "--delay", "100000d"], 1,
+     "--delay 8640000000000ms is out of range"),
+    (["groups", "receive", "{s}", "g", "--ack-wait", "100000d"], 1,
+     "--ack-wait 8640000000000ms is out of range"),
+    (["groups", "receive", "{s}", "g", "--max-deliver", "99999999999"], 2,
+     "argument --max-deliver: invalid count"),
+    (["groups", "receive", "{s}", "g", "--max", "20000"], 1, "--max 20000 is above the maximum"),
+    (["groups", "receive", "{s}", "g", "--wait", "inf"], 2, "argument --wait: invalid seconds"),
+    (["streams", "truncate", "{s}", "--before", HUGE], 2, "argument --before: invalid offset"),
+    (["groups", "redrive", "{s}", "--from", "-1"], 2, "argument --from: invalid offset"),
+], ids=lambda value: "-".join(value) if isinstance(value, list) else None)
+def test_out_of_range_value_is_one_error_line_naming_the_flag(cli, client, stream_name, args,
+                                                              code, named):
+    client.publish(stream_name, b"x")
+    result = cli(*[arg.format(s=stream_name) for arg in args])
+    assert "Traceback" not in result.stderr
+    assert result.returncode == code, result.stderr
+    assert named in error_line(result)
