@@ -11,7 +11,9 @@
 #   make proto  the gRPC code from proto/npstream/v1/*.proto, and docs/client.md's
 #               error reason table (proto/generate.py)
 #   make docs   conf/broker.toml and docs/broker.md's key tables from the broker's
-#               key table, KEYS (docs/generate.py)
+#               key table (KEYS); docs/spark.md's option tables and the DataSource
+#               docstring's option lists from the Spark option tables (READ_SPECS,
+#               WRITE_SPECS) (docs/generate.py)
 
 PYTHON ?= python3
 VENV ?= .venv

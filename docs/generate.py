@@ -4,12 +4,18 @@ Run from anywhere: ``python docs/generate.py``. Each key and option is
 described once, in its table, and copied from there:
 
 - broker.toml's keys (``KEYS``, npstream.broker.server.config_keys): the whole
-  of conf/broker.toml and the key tables of docs/broker.md.
+  of conf/broker.toml and the key tables of docs/broker.md;
+- the Spark options (``READ_SPECS``, npstream.spark.options, and
+  ``WRITE_SPECS``, npstream.spark.writer_options): docs/spark.md's option
+  tables and the option lists of the ``NpstreamDataSource`` docstring
+  (connector/spark/source.py).
 
 Inside a Markdown file a generated part sits between a ``<!-- begin generated:
-NAME ... -->`` and an ``<!-- end generated: NAME -->`` line; the text around
-it is written by hand. ``tests/docs/test_docs_fresh.py`` fails when a checked-in
-file differs from what this script produces. (docs/client.md's error reason
+NAME ... -->`` and an ``<!-- end generated: NAME -->`` line, inside the
+docstring between ``.. begin generated: NAME ...`` and ``.. end generated:
+NAME`` (reST comments); the text around it is written by hand.
+``tests/docs/test_docs_fresh.py`` fails when a checked-in file differs from
+what this script produces. (docs/client.md's error reason
 table is ``make proto``'s, proto/generate.py.)
 """
 
@@ -23,37 +29,50 @@ from pathlib import Path
 
 from npstream.broker.server.config_keys import KEYS, SECTIONS, ConfigKey
 from npstream.proto.units import parse_duration_ms, parse_size
+from npstream.spark.option_values import parse_bool, parse_positive_int
+from npstream.spark.options import BATCH, READ_SPECS, STREAM, OptionSpec
+from npstream.spark.writer_options import WRITE_SPECS
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKER_TOML = ROOT / "conf" / "broker.toml"
 BROKER_DOC = ROOT / "docs" / "broker.md"
+SPARK_DOC = ROOT / "docs" / "spark.md"
+SPARK_SOURCE = ROOT / "connector" / "spark" / "source.py"
 
 _LINK = re.compile(r"\[([^\]]+)\]\([^)]+\)")
 _UNITS_BYTES = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
 _UNITS_MS = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000))
 
 
-def begin_marker(name: str, source: str) -> str:
-    return f"<!-- begin generated: {name} (`make docs`, from {source}; do not edit) -->"
+MARKDOWN = ("<!-- ", " -->")
+RST = (".. ", "")
 
 
-def end_marker(name: str) -> str:
-    return f"<!-- end generated: {name} -->"
+def begin_marker(name: str, source: str, comment: tuple[str, str] = MARKDOWN) -> str:
+    """The line opening a generated part; ``source`` "" leaves the table's name out."""
+    opening, closing = comment
+    origin = f", from {source}" if source else ""
+    return f"{opening}begin generated: {name} (`make docs`{origin}; do not edit){closing}"
 
 
-def with_generated(doc: str, name: str, source: str, body: str) -> str:
-    """``doc`` with the part between NAME's markers replaced by ``body``."""
-    begin, end = begin_marker(name, source), end_marker(name)
+def end_marker(name: str, comment: tuple[str, str] = MARKDOWN) -> str:
+    return f"{comment[0]}end generated: {name}{comment[1]}"
+
+
+def with_generated(doc: str, name: str, source: str, body: str,
+                   comment: tuple[str, str] = MARKDOWN) -> str:
+    """``doc`` with the lines between NAME's markers replaced by ``body``."""
+    begin, end = begin_marker(name, source, comment), end_marker(name, comment)
     if doc.count(begin) != 1 or doc.count(end) != 1:
         raise ValueError(f"expected one {begin!r} and one {end!r} line")
-    head, rest = doc.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    return f"{head}{begin}\n{body}\n{end}{tail}"
+    start = doc.index(begin) + len(begin)
+    end_line = doc.rindex("\n", 0, doc.index(end)) + 1  # the end marker keeps its indent
+    return f"{doc[:start]}\n{body}\n{doc[end_line:]}"
 
 
 def plain(markdown: str) -> str:
-    """Markdown as a comment's text: links keep their words, code loses its quotes."""
-    return _LINK.sub(r"\1", markdown).replace("`", "")
+    """Markdown as plain text: links keep their words, code and emphasis lose their marks."""
+    return _LINK.sub(r"\1", markdown).replace("`", "").replace("**", "")
 
 
 # ---------------------------------------------------------------- broker.toml keys
@@ -125,6 +144,78 @@ def broker_doc(doc: str) -> str:
     return doc
 
 
+# ---------------------------------------------------------------- Spark options
+
+READ_SOURCE = "npstream.spark.options.READ_SPECS"
+WRITE_SOURCE = "npstream.spark.writer_options.WRITE_SPECS"
+
+
+def _default_cell(spec: OptionSpec) -> str:
+    if spec.default is not None:
+        return f"`{spec.default}`"
+    return spec.shown or "none"
+
+
+def read_option_sections() -> list[str]:
+    """docs/spark.md's "Read options" subsections, in the table's order."""
+    return list(dict.fromkeys(spec.section for spec in READ_SPECS))
+
+
+def read_option_table(section: str) -> str:
+    rows = ["| option | default | example | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{spec.name}`{' (batch only)' if spec.modes == BATCH else ''} | "
+             f"{_default_cell(spec)} | {spec.example} | {spec.doc} |"
+             for spec in READ_SPECS if spec.section == section]
+    return "\n".join(rows)
+
+
+def write_option_table() -> str:
+    rows = ["| option | default | applies to | example | meaning |", "|---|---|---|---|---|"]
+    for spec in WRITE_SPECS:
+        applies = {STREAM: "streaming", BATCH: "batch"}.get(spec.modes, "both")
+        rows.append(f"| `{spec.name}` | {_default_cell(spec)} | {applies} | {spec.example} "
+                    f"| {spec.doc} |")
+    return "\n".join(rows)
+
+
+def spark_doc(doc: str) -> str:
+    for section in read_option_sections():
+        doc = with_generated(doc, f"read options, {section}", READ_SOURCE,
+                             read_option_table(section))
+    return with_generated(doc, "write options", WRITE_SOURCE, write_option_table())
+
+
+def docstring_entry(spec: OptionSpec) -> str:
+    """One option of the DataSource docstring, numpydoc style: name, type, default, meaning."""
+    kind = "bool" if spec.parse is parse_bool else "int" if spec.parse is parse_positive_int \
+        else "str"
+    if spec.default is not None:
+        default = f"default {spec.default}" if kind == "bool" else f'default "{spec.default}"'
+    elif spec.shown and spec.shown != "—" and not spec.shown.startswith("none"):
+        default = f"default {plain(spec.shown)}"
+    else:
+        default = "optional"
+    only = {STREAM: " (streaming only)", BATCH: " (batch only)"}.get(spec.modes, "")
+    text = plain(spec.doc)
+    if text[:2].islower():
+        text = text[0].upper() + text[1:]
+    lines = [f"    {spec.name} : {kind}, {default}{only}"]
+    lines += textwrap.wrap(text + ".", 76, initial_indent=" " * 8, subsequent_indent=" " * 8,
+                           break_on_hyphens=False)
+    return "\n".join(lines)
+
+
+def spark_source(source: str) -> str:
+    """connector/spark/source.py with the DataSource docstring's option lists."""
+    connection = {spec.name for spec in READ_SPECS if spec.section == "Connection"}
+    reads = "\n".join(docstring_entry(spec) for spec in READ_SPECS)
+    writes = "\n".join(docstring_entry(spec) for spec in WRITE_SPECS
+                       if spec.name not in connection)
+    # The docstring's markers name no table (its text does): they fit in a line.
+    source = with_generated(source, "read options", "", reads, RST)
+    return with_generated(source, "write options", "", writes, RST)
+
+
 # ---------------------------------------------------------------- all of them
 
 
@@ -133,6 +224,8 @@ def generated() -> dict[Path, str]:
     return {
         BROKER_TOML: broker_toml(),
         BROKER_DOC: broker_doc(BROKER_DOC.read_text()),
+        SPARK_DOC: spark_doc(SPARK_DOC.read_text()),
+        SPARK_SOURCE: spark_source(SPARK_SOURCE.read_text()),
     }
 
 

@@ -17,8 +17,9 @@ Names follow Spark's Kafka source where the meaning is the same
 
 Every default lives in the table (``OptionSpec.default``, as the text a user
 would type) and nowhere else: the parsed option objects have no defaults of
-their own but the table's, and tests check that the DataSource docstring and
-docs/spark.md list exactly the table's options and defaults.
+their own but the table's. The table also holds each option's description:
+the DataSource docstring's option list and docs/spark.md's option tables are
+generated from it (``make docs``).
 """
 
 from __future__ import annotations
@@ -97,83 +98,155 @@ DEFAULT_FETCH_MAX_BYTES = f"{DEFAULT_FETCH_BYTES >> 20}MiB"
 
 @dataclass(frozen=True)
 class OptionSpec:
-    """One option: its documented name, default, parser and where it applies."""
+    """One option: its documented name, default, parser, where it applies and what it does.
+
+    The only description of the option: ``make docs`` (docs/generate.py) writes
+    docs/spark.md's option tables and the DataSource docstring's option list
+    from these fields.
+    """
 
     name: str
-    default: str | None
+    default: str | None  # as a user would type it; None: not set
     parse: Callable[[str], Any]
-    accepted: str
+    accepted: str  # what the error message for a bad value says is accepted
     modes: frozenset[str]
-    doc: str
+    doc: str  # what it does, Markdown
+    example: str = ""  # Markdown, docs/spark.md's example column
+    shown: str | None = None  # the default as the docs tell it, when not `default` or "none"
+    section: str = ""  # the subsection of docs/spark.md "Read options" it is listed under
 
 
 # ---------------------------------------------------------------- the option table
 
 CONNECTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("broker", None, parse_broker, "host:port or a gRPC target (dns:///h:7070)",
-               BOTH, f"Broker address; default env {BROKER_ADDRESS_ENV}, else {DEFAULT_BROKER}."),
+               BOTH, "broker address (host:port or a gRPC target)",
+               example="`broker.internal:7070`, `dns:///np:7070`",
+               shown=f"env `{BROKER_ADDRESS_ENV}`, else `{DEFAULT_BROKER}`",
+               section="Connection"),
     OptionSpec("token", None, parse_non_empty, "a non-empty string", BOTH,
-               "Auth token sent as 'authorization: Bearer <token>'."),
+               "auth token, sent as `authorization: Bearer <token>`",
+               example="`s3cret`",
+               section="Connection"),
     OptionSpec("tls", "false", parse_bool, "true or false", BOTH,
-               "Connect with TLS (system root certificates unless tlsRootCertificates)."),
+               "connect with TLS (system CA roots unless `tlsRootCertificates`)",
+               example="`true`",
+               section="Connection"),
     OptionSpec("tlsRootCertificates", None, parse_certificates,
                "a readable PEM file path", BOTH,
-               "PEM file with the CA certificates to trust; implies tls=true."),
+               "PEM file of CA certificates to trust; implies `tls=true`. Read on the "
+               "driver and shipped to tasks, so executors need no copy of the file",
+               example="`/etc/np/ca.pem`",
+               section="Connection"),
     OptionSpec("tlsClientCertificate", None, parse_certificates,
                "a readable PEM file path", BOTH,
-               "PEM client certificate for brokers that require one (mutual TLS); needs "
-               "tlsClientKey, implies tls=true."),
+               "PEM client certificate, for a broker that requires one "
+               "(`tls_client_ca_file`, mutual TLS); needs `tlsClientKey`, implies "
+               "`tls=true`",
+               example="`/etc/np/client.pem`",
+               section="Connection"),
     OptionSpec("tlsClientKey", None, parse_private_key,
                "a readable PEM file path", BOTH,
-               "PEM private key of tlsClientCertificate."),
+               "PEM private key of `tlsClientCertificate`. Both files are read on the "
+               "driver and shipped to tasks with the plan, like the token: executors "
+               "need no copy, and whoever can read the query's plan can read the key",
+               example="`/etc/np/client-key.pem`",
+               section="Connection"),
 )
 
 READ_SPECS: tuple[OptionSpec, ...] = (
     *CONNECTION_SPECS,
     OptionSpec("stream", None, parse_stream_list, "a stream name or a comma-separated list",
-               BOTH, "Stream(s) to read. Exactly one of stream / streamPattern."),
+               BOTH, "one stream or a comma-separated list",
+               example="`orders` or `orders,clicks`",
+               shown="—",
+               section="What to read"),
     OptionSpec("streamPattern", None, parse_glob, "a glob such as 'orders-*'", BOTH,
-               "Read every stream whose name matches; new matches are picked up."),
+               "every stream whose name matches the glob (`*`, `?`, `[...]`, "
+               "case-sensitive)",
+               example="`orders-*`",
+               shown="—",
+               section="What to read"),
     OptionSpec("startingOffsets", None, parse_starting_offsets,
                f"earliest, latest, group or JSON like {OFFSETS_EXAMPLE}", BOTH,
-               "Where a new query starts; default latest (streaming), earliest (batch)."),
+               "where a **new** query starts",
+               example='`earliest`, `group`, `{"orders": 42, "clicks": -2}`',
+               shown="`latest` (streaming), `earliest` (batch)",
+               section="Where to start and stop"),
     OptionSpec("startingTimestamp", None, parse_timestamp,
                TIMESTAMP_ACCEPTED, BOTH,
-               "Start at the first message with timestamp >= this."),
+               "start at the first message with timestamp >= this (ISO-8601, UTC when "
+               "no offset, or epoch ms)",
+               example="`2025-01-01T00:00:00Z`, `1735689600000`",
+               section="Where to start and stop"),
     OptionSpec("endingOffsets", "latest", parse_ending_offsets,
                f"latest or JSON like {OFFSETS_EXAMPLE}", BATCH,
-               "Exclusive end of a batch read."),
+               "exclusive end of a batch read",
+               example='`{"orders": 100}`',
+               section="Where to start and stop"),
     OptionSpec("endingTimestamp", None, parse_timestamp,
                TIMESTAMP_ACCEPTED, BATCH,
-               "Batch reads stop before the first message with timestamp >= this."),
+               "a batch read stops before the first message with timestamp >= this",
+               example="`2025-01-02T00:00:00Z`",
+               section="Where to start and stop"),
     OptionSpec("maxOffsetsPerTrigger", None, parse_positive_int, "a positive integer", STREAM,
-               "At most this many messages per micro-batch, shared fairly by streams."),
+               "at most about this many messages per micro-batch",
+               example="`10000`",
+               shown="none (all available)",
+               section="Admission control"),
     OptionSpec("minOffsetsPerTrigger", None, parse_positive_int, "a positive integer", STREAM,
-               "Wait for this many new messages (or maxTriggerDelay) before a batch."),
+               "do not start a batch until this many new messages are available, or "
+               "`maxTriggerDelay` has passed since the last batch",
+               example="`500`",
+               section="Admission control"),
     OptionSpec("maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY, parse_duration,
                "a duration such as 30s, 15m, 1h (a bare number is seconds)", STREAM,
-               "Longest time minOffsetsPerTrigger may delay a batch."),
+               "longest time `minOffsetsPerTrigger` may hold back a batch after the last "
+               "one",
+               example="`30s`, `1h`",
+               section="Admission control"),
     OptionSpec("minPartitions", None, parse_positive_int, "a positive integer", BOTH,
-               "At least this many Spark partitions per batch (ranges are split)."),
+               "at least this many Spark partitions per batch",
+               example="`8`",
+               shown="none (one partition per stream with data)",
+               section="Parallelism"),
     OptionSpec("maxRecordsPerPartition", None, parse_positive_int, "a positive integer", BOTH,
-               "At most this many messages per Spark partition."),
+               "at most this many messages per Spark partition",
+               example="`100000`",
+               section="Parallelism"),
     OptionSpec("failOnDataLoss", "true", parse_bool, "true or false", BOTH,
-               "Fail when messages the query needs were removed by retention."),
+               "fail when messages the query needs were removed by retention; `false` "
+               "skips them with a warning ([Data loss](#data-loss-failondataloss))",
+               example="`false`",
+               section="Everything else"),
     OptionSpec("group", None, validate_group_name,
                "a group name of [A-Za-z0-9._-], starting with a letter or digit", BOTH,
-               "Streaming: record the position in this group after each batch. "
-               "Batch: only with startingOffsets=group."),
+               "streaming: after each batch, record the processed position in this "
+               "consumer group; batch: only with `startingOffsets=group`",
+               example="`orders-etl`",
+               section="Everything else"),
     OptionSpec("includeHeaders", "false", parse_bool, "true or false", BOTH,
-               "Add the headers column (map<string,binary>)."),
+               "add the `headers` column",
+               example="`true`",
+               section="Everything else"),
     OptionSpec("valueColumns", "flatten", parse_value_columns, "flatten or struct", BOTH,
-               "Typed streams: the value's fields as top-level columns (flatten) or as one "
-               "'value' struct column (struct). No effect on untyped streams."),
+               "typed streams: the value's fields as top-level columns (`flatten`) or "
+               "one `value` struct column (`struct`); no effect on untyped streams "
+               "([Typed streams](#typed-streams))",
+               example="`struct`",
+               section="Everything else"),
     OptionSpec("fetchMaxBytes", DEFAULT_FETCH_MAX_BYTES, parse_fetch_bytes,
                "a size such as 8MiB or 1048576 (at most 64MiB)", BOTH,
-               "Bytes per Fetch RPC (or local read step) made by a task."),
+               "bytes per Fetch RPC (or local read step) made by a task (at most "
+               "`64MiB`)",
+               example="`1MiB`, `16MiB`",
+               section="Everything else"),
     OptionSpec("localReads", "true", parse_bool, "true or false", BOTH,
-               "Tasks on the broker's machine read its segment files directly "
-               "(checked, with gRPC as the fallback); false: always over gRPC."),
+               "a task on the broker's machine reads the stored frames from the "
+               "broker's segment files instead of over gRPC (see [client.md, local "
+               "reads](client.md#local-reads)); `false`: always gRPC",
+               example="`false`",
+               section="Everything else"),
 )
 
 READ_OPTIONS: dict[str, OptionSpec] = {spec.name.lower(): spec for spec in READ_SPECS}

@@ -50,85 +50,107 @@ class NpstreamDataSource(DataSource):
 
     Read options (names are case-insensitive; see docs/spark.md)
     ------------------------------------------------------------
-    The defaults are those of the option table (npstream.spark.options,
-    READ_SPECS); a test keeps this list in step with it.
+    Generated from the option table (npstream.spark.options, READ_SPECS):
+    edit the table, then run ``make docs``.
 
-    broker : str, default env NPSTREAM_BROKER, else "localhost:7070"
+    .. begin generated: read options (`make docs`; do not edit)
+    broker : str, default env NPSTREAM_BROKER, else localhost:7070
         Broker address (host:port or a gRPC target).
     token : str, optional
-        Auth token.
+        Auth token, sent as authorization: Bearer <token>.
     tls : bool, default false
-        Use TLS.
+        Connect with TLS (system CA roots unless tlsRootCertificates).
     tlsRootCertificates : str, optional
-        Path of a PEM file with the CA certificates to trust (implies tls).
+        PEM file of CA certificates to trust; implies tls=true. Read on the
+        driver and shipped to tasks, so executors need no copy of the file.
     tlsClientCertificate : str, optional
-        Path of a PEM client certificate, for brokers that require one (mutual
-        TLS); needs tlsClientKey, implies tls.
+        PEM client certificate, for a broker that requires one
+        (tls_client_ca_file, mutual TLS); needs tlsClientKey, implies
+        tls=true.
     tlsClientKey : str, optional
-        Path of the PEM private key of tlsClientCertificate.
-    stream : str
-        One stream or a comma-separated list. Exactly one of stream/streamPattern.
-    streamPattern : str
-        Glob; streams created later are read from their beginning.
-    startingOffsets : str, default "latest" (streaming) / "earliest" (batch)
-        earliest | latest | group | JSON ``{"orders": 42}`` (-2 earliest, -1 latest).
+        PEM private key of tlsClientCertificate. Both files are read on the
+        driver and shipped to tasks with the plan, like the token: executors
+        need no copy, and whoever can read the query's plan can read the
+        key.
+    stream : str, optional
+        One stream or a comma-separated list.
+    streamPattern : str, optional
+        Every stream whose name matches the glob (*, ?, [...],
+        case-sensitive).
+    startingOffsets : str, default latest (streaming), earliest (batch)
+        Where a new query starts.
     startingTimestamp : str, optional
-        ISO-8601 or epoch ms: start at the first message at or after it.
+        Start at the first message with timestamp >= this (ISO-8601, UTC
+        when no offset, or epoch ms).
     endingOffsets : str, default "latest" (batch only)
-        latest | JSON ``{"orders": 100}`` (exclusive, -1 latest).
+        Exclusive end of a batch read.
     endingTimestamp : str, optional (batch only)
-        Stop before the first message at or after this time.
-    maxOffsetsPerTrigger : int, optional
-        At most this many messages per micro-batch, shared fairly by streams.
-    minOffsetsPerTrigger : int, optional
-        Wait for this many new messages, at most maxTriggerDelay.
-    maxTriggerDelay : str, default "15m"
-        Longest delay minOffsetsPerTrigger may cause.
+        A batch read stops before the first message with timestamp >= this.
+    maxOffsetsPerTrigger : int, optional (streaming only)
+        At most about this many messages per micro-batch.
+    minOffsetsPerTrigger : int, optional (streaming only)
+        Do not start a batch until this many new messages are available, or
+        maxTriggerDelay has passed since the last batch.
+    maxTriggerDelay : str, default "15m" (streaming only)
+        Longest time minOffsetsPerTrigger may hold back a batch after the
+        last one.
     minPartitions : int, optional
         At least this many Spark partitions per batch.
     maxRecordsPerPartition : int, optional
         At most this many messages per Spark partition.
     failOnDataLoss : bool, default true
-        Fail when needed messages were removed; false skips them with a warning.
+        Fail when messages the query needs were removed by retention; false
+        skips them with a warning (Data loss).
     group : str, optional
-        Record the position in this group after each batch (streaming);
-        the group read by startingOffsets=group.
+        Streaming: after each batch, record the processed position in this
+        consumer group; batch: only with startingOffsets=group.
     includeHeaders : bool, default false
         Add the headers column.
     valueColumns : str, default "flatten"
-        Typed streams: flatten (the value's fields as top-level columns) |
-        struct (one 'value' struct column). No effect on untyped streams.
+        Typed streams: the value's fields as top-level columns (flatten) or
+        one value struct column (struct); no effect on untyped streams
+        (Typed streams).
     fetchMaxBytes : str, default "8MiB"
-        Bytes per Fetch RPC (or local read step) made by a task, at most 64MiB.
+        Bytes per Fetch RPC (or local read step) made by a task (at most
+        64MiB).
     localReads : bool, default true
-        Tasks on the broker's machine read its segment files directly
-        (checked, with gRPC as the fallback); false: always over gRPC.
+        A task on the broker's machine reads the stored frames from the
+        broker's segment files instead of over gRPC (see client.md, local
+        reads); false: always gRPC.
+    .. end generated: read options
 
     Write options (see docs/spark.md, section "Writer")
     ---------------------------------------------------
     The connection options broker, token, tls, tlsRootCertificates,
-    tlsClientCertificate and tlsClientKey as for reads, and (option table:
-    npstream.spark.writer_options, WRITE_SPECS):
+    tlsClientCertificate and tlsClientKey as for reads, and (generated from
+    the option table npstream.spark.writer_options.WRITE_SPECS):
 
+    .. begin generated: write options (`make docs`; do not edit)
     stream : str, optional
-        Target stream; overrides a 'stream' column, without it every row
-        needs a non-null 'stream' column value.
-    sinkId : str, optional (streaming only)
-        Name of the sink's commit record on the broker; default derived from
-        checkpointLocation (else queryName).
+        Target stream (one name); overrides a stream column.
+    sinkId : str, default derived from checkpointLocation (streaming only)
+        Name of the query's commit record on the broker
+        ([A-Za-z0-9][A-Za-z0-9._-]{0,254}).
     stageBytes : str, default "8MiB"
-        Arrow bytes per Stage request sent by a task (64KiB to 32MiB).
+        Arrow bytes per Stage request sent by a task (64KiB to 32MiB). Each
+        request's staged file of at least the broker's sink_adopt_min_bytes
+        becomes a segment of the target stream at commit, so larger requests
+        mean fewer, larger segments (and two requests in flight per task
+        cost twice this in task memory).
     createStream : bool, default false
-        Create the target stream when it does not exist: typed with the
-        data's schema for a typed write (no 'value' column, or a struct one),
-        untyped otherwise.
+        Create the stream option's stream when missing: typed with the
+        DataFrame's schema for a typed write, untyped otherwise (Writing
+        typed streams).
     localStaging : bool, default true
-        Tasks on the broker's machine hand their rows over in a file of the
-        broker's stage inbox (checked, with gRPC as the fallback).
-    checkpointLocation : str, set by Spark (streaming only)
-        The query's checkpoint; gives the default sink id.
-    queryName : str, set by Spark (streaming only)
-        The query's name; the default sink id without a checkpointLocation.
+        A task on the broker's machine hands its rows over in a file of the
+        broker's stage inbox instead of sending them over gRPC (checked by
+        both sides; anything unusable falls back to gRPC). false: always
+        gRPC (exactly-once.md).
+    checkpointLocation : str, optional (streaming only)
+        Set on the query as usual; gives the default sink id.
+    queryName : str, optional (streaming only)
+        Default sink id when there is no checkpointLocation option.
+    .. end generated: write options
 
     Examples
     --------

@@ -97,27 +97,41 @@ def _parse_any(text: str) -> str:
 WRITE_SPECS: tuple[OptionSpec, ...] = (
     *CONNECTION_SPECS,
     OptionSpec("stream", None, _parse_stream, "one stream name", BOTH,
-               "Target stream. Overrides a 'stream' column; without it every row needs "
-               "a non-null 'stream' column value."),
+               "target stream (one name); overrides a `stream` column",
+               example="`orders-clean`"),
     OptionSpec("sinkId", None, _parse_sink_id,
                NAME_RULE, STREAM,
-               "Name of the sink's commit record on the broker; default derived from "
-               "checkpointLocation (else queryName)."),
+               "name of the query's commit record on the broker "
+               "(`[A-Za-z0-9][A-Za-z0-9._-]{0,254}`)",
+               example="`orders-clean-v1`",
+               shown="derived from `checkpointLocation`"),
     OptionSpec("stageBytes", DEFAULT_STAGE_BYTES, _parse_stage_bytes,
                "a size between 64KiB and 32MiB such as 4MiB", BOTH,
-               "Arrow bytes per Stage request sent by a task."),
+               "Arrow bytes per Stage request sent by a task (64KiB to 32MiB). Each "
+               "request's staged file of at least the broker's `sink_adopt_min_bytes` "
+               "becomes a segment of the target stream at commit, so larger requests "
+               "mean fewer, larger segments (and two requests in flight per task cost "
+               "twice this in task memory)",
+               example="`16MiB`"),
     OptionSpec("createStream", "false", parse_bool, "true or false", BOTH,
-               "Create the target stream (the 'stream' option) when it does not exist: "
-               "typed with the data's schema when the value is written as columns or as a "
-               "struct, untyped when it is a binary/string 'value' column."),
+               "create the `stream` option's stream when missing: typed with the "
+               "DataFrame's schema for a typed write, untyped otherwise "
+               "([Writing typed streams](#writing-typed-streams))",
+               example="`true`"),
     OptionSpec("localStaging", "true", parse_bool, "true or false", BOTH,
-               "Tasks on the broker's machine hand their rows over in a file of the "
-               "broker's stage inbox (checked, with gRPC as the fallback); false: always "
-               "send them over gRPC."),
+               "a task on the broker's machine hands its rows over in a file of the "
+               "broker's stage inbox instead of sending them over gRPC (checked by both "
+               "sides; anything unusable falls back to gRPC). `false`: always gRPC "
+               "([exactly-once.md](exactly-once.md#stage-by-file-on-the-brokers-machine))",
+               example="`false`"),
     OptionSpec("checkpointLocation", None, _parse_any, "a path (set by Spark)", STREAM,
-               "The query's checkpoint; gives the default sink id."),
+               "set on the query as usual; gives the default sink id",
+               example="`/data/ckpt/q`",
+               shown="—"),
     OptionSpec("queryName", None, _parse_any, "a name (set by Spark)", STREAM,
-               "The query's name; default sink id when there is no checkpointLocation."),
+               "default sink id when there is no `checkpointLocation` option",
+               example="set with `.queryName()`",
+               shown="—"),
 )
 
 _SPECS_BY_KEY: dict[str, OptionSpec] = {spec.name.lower(): spec for spec in WRITE_SPECS}

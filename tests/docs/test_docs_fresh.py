@@ -11,6 +11,9 @@ import pytest
 
 from harness import REPO_ROOT
 from npstream.broker.server.config import KEYS, SECTIONS, default_config, load_config
+from npstream.spark.options import READ_SPECS
+from npstream.spark.source import NpstreamDataSource
+from npstream.spark.writer_options import WRITE_SPECS
 
 
 def _load_generator() -> ModuleType:
@@ -53,3 +56,27 @@ def test_generate_broker_key_table_changes_with_the_table(monkeypatch) -> None:
 def test_generate_refuses_a_doc_without_its_markers() -> None:
     with pytest.raises(ValueError, match=r"\[server\] keys"):
         GENERATOR.with_generated("no markers here", "[server] keys", "KEYS", "| row |")
+
+
+def test_generate_spark_option_docs_change_with_the_table(monkeypatch) -> None:
+    """docs/spark.md's rows and the docstring's entries are made from the option table."""
+    specs = tuple(dataclasses.replace(s, doc="how **many** `bytes` ([Fetch](#fetch))")
+                  if s.name == "fetchMaxBytes" else s for s in READ_SPECS)
+    monkeypatch.setattr(GENERATOR, "READ_SPECS", specs)
+    rows = GENERATOR.read_option_table("Everything else").splitlines()
+    assert ("| `fetchMaxBytes` | `8MiB` | `1MiB`, `16MiB` | "
+            "how **many** `bytes` ([Fetch](#fetch)) |") in rows
+    entry = GENERATOR.docstring_entry(next(s for s in specs if s.name == "fetchMaxBytes"))
+    assert entry == '    fetchMaxBytes : str, default "8MiB"\n        How many bytes (Fetch).'
+
+
+def test_generated_option_lists_are_in_the_datasource_docstring() -> None:
+    doc = NpstreamDataSource.__doc__ or ""
+    for spec in (READ_SPECS[0], WRITE_SPECS[-1]):
+        assert GENERATOR.docstring_entry(spec) in doc, spec.name
+
+
+def test_generated_write_table_tells_where_each_option_applies() -> None:
+    rows = {line.split(" | ")[0]: line.split(" | ")[2]
+            for line in GENERATOR.write_option_table().splitlines()[2:]}
+    assert rows["| `sinkId`"] == "streaming" and rows["| `stageBytes`"] == "both"

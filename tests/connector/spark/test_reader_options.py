@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import inspect
-import re
 from pathlib import Path
 
 import pytest
 
-from harness import REPO_ROOT
-from npstream.proto.defaults import BROKER_ADDRESS_ENV, DEFAULT_BROKER_ADDRESS
 from npstream.spark.options import (
-    CONNECTION_SPECS,
-    READ_OPTIONS,
-    READ_SPECS,
-    STREAM,
     ConnectionOptions,
     InvalidOptionError,
-    OptionSpec,
     Position,
     parse_read_options,
 )
-from npstream.spark.source import NpstreamDataSource
-from npstream.spark.writer_options import WRITE_SPECS
 
 NO_ENV: dict[str, str] = {}
 
@@ -324,79 +313,6 @@ def test_parse_fetch_max_bytes_sizes():
     assert "at most 64MiB" in error(stream="a", fetchMaxBytes="1GiB")
     assert "Invalid value 'lots' for option 'fetchMaxBytes'" in error(
         stream="a", fetchMaxBytes="lots")
-
-
-def test_read_options_table_documents_every_option_in_docs():
-    docs = (REPO_ROOT / "docs" / "spark.md").read_text()
-    for spec in READ_OPTIONS.values():
-        assert f"`{spec.name}`" in docs, spec.name
-
-
-# ---------------------------------------------------------------- docs follow the tables
-# Every default lives in the option tables; the docstring and docs/spark.md
-# must list exactly their options, with the same defaults.
-
-
-def _docstring_entries(heading: str, end: str) -> dict[str, str]:
-    """{option: its "name : type, default ..." line} from one section of the docstring."""
-    doc = inspect.getdoc(NpstreamDataSource) or ""
-    section = doc.split(heading, 1)[1].split(end, 1)[0]
-    return dict(re.findall(r"^(\w+) : (.+)$", section, re.MULTILINE))
-
-
-def _docs_rows(start: str, end: str) -> dict[str, list[str]]:
-    """{option: the cells after its name} from the option tables of a docs/spark.md section."""
-    text = (REPO_ROOT / "docs" / "spark.md").read_text()
-    section = text.split(start, 1)[1].split(end, 1)[0]
-    rows: dict[str, list[str]] = {}
-    for line in section.splitlines():
-        match = re.match(r"^\| `(\w+)`[^|]*\|(.*)\|$", line)
-        if match:
-            rows[match.group(1)] = [cell.strip() for cell in match.group(2).split("|")]
-    return rows
-
-
-def _says_default(text: str, spec: OptionSpec) -> bool:
-    return spec.default is None or any(
-        form in text for form in (f"default {spec.default}", f'default "{spec.default}"',
-                                  f"`{spec.default}`"))
-
-
-def test_docstring_lists_exactly_the_read_options_with_their_defaults():
-    entries = _docstring_entries("Read options", "Write options")
-    assert set(entries) == {spec.name for spec in READ_SPECS}
-    for spec in READ_SPECS:
-        assert _says_default(entries[spec.name], spec), spec.name
-    assert f'{BROKER_ADDRESS_ENV}, else "{DEFAULT_BROKER_ADDRESS}"' in entries["broker"]
-
-
-def test_docstring_lists_exactly_the_write_options_with_their_defaults():
-    entries = _docstring_entries("Write options", "Examples")
-    own = [spec for spec in WRITE_SPECS if spec not in CONNECTION_SPECS]
-    assert set(entries) == {spec.name for spec in own}
-    for spec in own:
-        assert _says_default(entries[spec.name], spec), spec.name
-        assert ("streaming only" in entries[spec.name]) == (spec.modes == STREAM), spec.name
-    section = (inspect.getdoc(NpstreamDataSource) or "").split("Write options", 1)[1]
-    for spec in CONNECTION_SPECS:
-        assert spec.name in section.split("\n\n", 1)[0], spec.name
-
-
-def test_docs_spark_md_lists_exactly_the_read_options_with_their_defaults():
-    rows = _docs_rows("## Read options", "## Offsets")
-    assert set(rows) == {spec.name for spec in READ_SPECS}
-    for spec in READ_SPECS:
-        assert _says_default(rows[spec.name][0], spec), spec.name
-    assert rows["broker"][0] == f"env `{BROKER_ADDRESS_ENV}`, else `{DEFAULT_BROKER_ADDRESS}`"
-
-
-def test_docs_spark_md_lists_exactly_the_write_options_with_their_defaults():
-    rows = _docs_rows("### Write options", "\n#")
-    assert set(rows) == {spec.name for spec in WRITE_SPECS}
-    for spec in WRITE_SPECS:
-        default, applies_to = rows[spec.name][:2]
-        assert _says_default(default, spec), spec.name
-        assert applies_to == ("streaming" if spec.modes == STREAM else "both"), spec.name
 
 
 def test_value_columns_default_flatten_and_case_insensitive():
