@@ -123,6 +123,8 @@ def broker_toml() -> str:
         lines = [f"[{section}]"]
         for key in KEYS:
             if key.section == section:
+                if len(lines) > 1:
+                    lines.append("")  # a blank line between one key and the next one's comment
                 lines += textwrap.wrap(plain(key.doc), 78, initial_indent="# ",
                                        subsequent_indent="# ", break_on_hyphens=False)
                 lines.append(f"{key.name} = {toml_value(key)}")
