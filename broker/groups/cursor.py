@@ -4,8 +4,11 @@
 with auto-commit, moves the cursor past them under the group's lock, so
 concurrent pullers of one group never get the same messages. Without
 auto-commit nothing moves until ``commit``: the same messages come back.
-A cursor below the stream's start (retention, delete_before) continues at
-the start, logged once; one past the end waits for new data. A typed
+A cursor below the stream's start (retention, delete_before removed
+messages the group had not read) stays there, so DescribeGroup reports the
+removed range (a reader starting from the group can fail on the loss), and
+a pull continues at the start (one WARNING per gap) and moves it with its
+auto-commit; one past the end waits for new data. A typed
 stream's batches go out in MESSAGE_SCHEMA with each record as JSON bytes
 (typed_values.py), like every group delivery.
 """
@@ -71,6 +74,7 @@ class CursorGroup:
         self._committed = committed
         self._dead_lettered = dead_lettered  # only ever 0 for cursors; kept for the row
         self._closed: BrokerError | None = None
+        self._gap_logged = -1  # the start offset of the last removed range logged
 
     def _check_open_locked(self) -> None:
         if self._closed is not None:
@@ -83,14 +87,19 @@ class CursorGroup:
         return self._writer.put(self.stream, self.group, offset, self._dead_lettered)
 
     def _effective_locked(self, stream_log: StreamLog) -> int:
-        """The cursor, moved to the start if retention removed what it pointed at."""
+        """Where the next pull reads: the cursor, or the stream's start when retention
+        removed what it pointed at (the cursor stays below it: ``position``)."""
         start, end = stream_log.start_offset, stream_log.end_offset
         if self._committed < start:
-            log.info("group '%s' on stream '%s': offsets [%d, %d) were removed from the log; "
-                     "continuing at %d", self.group, self.stream, self._committed, start, start,
-                     extra=event_fields(stream=self.stream, group=self.group, offset=start))
-            self._set_locked(start)
-        elif self._committed > end:
+            if self._gap_logged != start:
+                self._gap_logged = start
+                log.warning("group '%s' on stream '%s': offsets [%d, %d) were removed from the "
+                            "log before the group read them; pulls continue at %d", self.group,
+                            self.stream, self._committed, start, start,
+                            extra=event_fields(stream=self.stream, group=self.group,
+                                               offset=start))
+            return start
+        if self._committed > end:
             log.warning("group '%s' on stream '%s': cursor %d is past end_offset %d; "
                         "moving it to %d", self.group, self.stream, self._committed, end, end,
                         extra=event_fields(stream=self.stream, group=self.group, offset=end))
@@ -98,8 +107,11 @@ class CursorGroup:
         return self._committed
 
     def position(self, stream_log: StreamLog) -> int:
+        """The stored cursor: below the stream's start_offset when retention removed
+        messages the group had not read (until a pull, commit or seek moves it)."""
         with self._lock:
-            return self._effective_locked(stream_log)
+            self._effective_locked(stream_log)
+            return self._committed
 
     def pull(self, stream_log: StreamLog, limit: int, wait_s: float, auto_commit: bool,
              should_stop: Callable[[], bool] | None = None) -> PullResult:

@@ -74,10 +74,18 @@ class GroupStatus:
     dead_lettered: int
     members: list[MemberInfo]
     config: SharedConfig | None
+    # Cursor groups: [start, end) removed before the group read them (retention,
+    # delete_messages); its stored position is ``start``. None: nothing was.
+    removed_unread: tuple[int, int] | None = None
 
     @property
     def lag(self) -> int:
         return max(0, self.end_offset - self.committed_offset)
+
+
+def _removed_unread(stored: int, start: int) -> tuple[int, int] | None:
+    """What retention removed below a cursor's stored position, if anything."""
+    return (stored, start) if stored < start else None
 
 
 def check_group_name(name: object) -> str:
@@ -288,13 +296,16 @@ class GroupManager:
             snap = found.snapshot()
             return GroupStatus(found.stream, found.group, "shared", snap.committed_offset, end,
                                snap.in_flight, snap.dead_lettered, snap.members, snap.config)
+        start = stream_log.start_offset
         if isinstance(found, CursorGroup):
-            return GroupStatus(found.stream, found.group, "cursor", found.position(stream_log),
-                               end, 0, 0, [], None)
+            stored = found.position(stream_log)
+            return GroupStatus(found.stream, found.group, "cursor", max(stored, start), end, 0, 0,
+                               [], None, _removed_unread(stored, start))
         assert row is not None
-        committed = min(max(row.committed_offset, stream_log.start_offset), end)
-        return GroupStatus(row.stream, row.group, row.kind, committed, end, 0,
-                           row.dead_lettered, [], row.config)
+        stored = min(row.committed_offset, end)
+        return GroupStatus(row.stream, row.group, row.kind, max(stored, start), end, 0,
+                           row.dead_lettered, [], row.config,
+                           _removed_unread(stored, start) if row.kind != "shared" else None)
 
     def count(self) -> int:
         """How many groups exist, all streams together (one SQL count, nothing loaded)."""

@@ -79,6 +79,9 @@ def _status_pb(status: GroupStatus) -> pb.GroupInfo:
     )
     if status.config is not None:
         info.shared_config.CopyFrom(status.config.to_pb())
+    if status.removed_unread is not None:
+        start, end = status.removed_unread
+        info.removed_unread.CopyFrom(pb.OffsetRange(start=start, end=end))
     return info
 
 

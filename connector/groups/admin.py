@@ -67,7 +67,10 @@ class GroupInfo:
     ``committed_offset`` is the next offset the group reads (cursor groups)
     or the lowest offset not yet acked (shared groups); ``lag`` is
     ``end_offset - committed_offset``. ``kind`` is "cursor", "shared", or ""
-    for a group only positioned by a seek so far.
+    for a group only positioned by a seek so far. ``removed_unread``: offsets
+    ``(start, end)`` that retention or delete_messages removed before a cursor
+    group read them (None when none); it stays until the group's position
+    next moves (a pull past it, a commit or a seek).
     """
 
     stream: str
@@ -79,6 +82,7 @@ class GroupInfo:
     dead_lettered: int
     members: list[GroupMember] = field(default_factory=list)
     settings: SharedSettings | None = None
+    removed_unread: tuple[int, int] | None = None
 
     @classmethod
     def from_pb(cls, message: pb.GroupInfo) -> GroupInfo:
@@ -94,6 +98,8 @@ class GroupInfo:
                      for m in message.members],
             settings=(SharedSettings.from_pb(message.shared_config)
                       if message.HasField("shared_config") else None),
+            removed_unread=((message.removed_unread.start, message.removed_unread.end)
+                            if message.HasField("removed_unread") else None),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -266,7 +266,8 @@ class NpstreamBatchReader(DataSourceReader):
             # Spark replaces an empty list with one partition of its own; give it
             # an empty range instead, which reads nothing.
             return [RangePartition(ranges[0].stream if ranges else "", 0, 0)]
-        return [RangePartition(p.stream, p.start, p.end) for p in pieces]
+        read_from = {r.stream: r.start for r in ranges}
+        return [RangePartition(p.stream, p.start, p.end, read_from[p.stream]) for p in pieces]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)

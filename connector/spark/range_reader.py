@@ -55,13 +55,19 @@ def arrow_read_schema(include_headers: bool) -> pa.Schema:
 
 
 class RangePartition(InputPartition):
-    """One Spark task: messages ``[start, end)`` of ``stream`` (pickled to the executor)."""
+    """One Spark task: messages ``[start, end)`` of ``stream`` (pickled to the executor).
 
-    def __init__(self, stream: str, start: int, end: int) -> None:
+    ``read_from``: where the whole batch reads the stream from (the task may
+    hold a later piece of it), so a task that finds messages removed names
+    every removed offset the query had not read, not only its own piece's.
+    """
+
+    def __init__(self, stream: str, start: int, end: int, read_from: int | None = None) -> None:
         super().__init__((stream, start, end))
         self.stream = stream
         self.start = start
         self.end = end
+        self.read_from = start if read_from is None else read_from
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RangePartition) and self.value == other.value
@@ -116,8 +122,11 @@ def _fetch_loop(client: Client, options: ReadOptions, part: RangePartition,
                                      f"the stream now ends at offset {last}", fail=fail)
                     return
                 raise
+            removed = min(part.read_from, position)
             report_data_loss(stream, position, min(first, end),
-                             f"retention moved the stream's start_offset to {first}", fail=fail)
+                             f"retention moved the stream's start_offset to {first}: offsets "
+                             f"[{removed}, {first}) were removed before the query read them",
+                             fail=fail)
             position = first
             continue
         if next_offset <= position:

@@ -43,6 +43,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from npstream.errors import StreamNotFound
 from npstream.spark.errors import ReadSchemaError
 from npstream.spark.options import ValueColumns
 
@@ -57,6 +58,7 @@ __all__ = [
     "ValueColumns",
     "build_read_schema",
     "lookup_value_schemas",
+    "missing_streams_error",
     "resolve_read_schema",
     "spark_value_fields",
     "to_spark_batch",
@@ -214,11 +216,8 @@ def lookup_value_schemas(client: Client, options: ReadOptions) -> dict[str, pa.S
     """Each subscribed stream that exists now -> its latest value schema (None: untyped).
 
     One ListStreams for a pattern, one DescribeStream per named stream. A named
-    stream that does not exist is left out: the query fails at start for it
-    (with the message of the stream reader), as before typed streams.
+    stream that does not exist is left out (``resolve_read_schema`` names it).
     """
-    from npstream.errors import StreamNotFound
-
     if options.stream_pattern is not None:
         return {info.name: info.value_schema
                 for info in client.list_streams(pattern=options.stream_pattern)}
@@ -231,10 +230,25 @@ def lookup_value_schemas(client: Client, options: ReadOptions) -> dict[str, pa.S
     return found
 
 
+def missing_streams_error(missing: list[str], broker: str) -> StreamNotFound:
+    """The error for streams named by option 'stream' that do not exist (at load() or start)."""
+    return StreamNotFound(
+        f"stream(s) {', '.join(repr(name) for name in missing)} named by option 'stream' do "
+        f"not exist on broker {broker}; create them first, or use streamPattern to pick "
+        "streams up when they appear")
+
+
 def resolve_read_schema(options: ReadOptions) -> ReadSchema:
-    """Ask the broker (driver side) which schema the streams of ``options`` read with."""
+    """Ask the broker (driver side) which schema the streams of ``options`` read with.
+
+    A named stream that does not exist fails here, at ``load()``, rather than
+    when the query starts.
+    """
     with options.connection.connect() as client:
         schemas = lookup_value_schemas(client, options)
+        missing = [name for name in options.streams if name not in schemas]
+        if missing:
+            raise missing_streams_error(missing, client.address)
     return build_read_schema(schemas, options.include_headers, options.value_columns)
 
 

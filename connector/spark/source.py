@@ -10,11 +10,15 @@ inside the methods that need them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
 from pyspark.sql.types import StructType
 
+from npstream.errors import NpstreamError
 from npstream.spark.options import (
     InvalidOptionError,
     ReadMode,
@@ -32,6 +36,45 @@ if TYPE_CHECKING:
 __all__ = ["FORMAT", "NpstreamDataSource"]
 
 FORMAT = "npstream"
+
+T = TypeVar("T")
+
+
+# Spark's switch (set by spark.sql.execution.pyspark.udf.hideTraceback.enabled) that
+# makes a Python worker report an error as its message alone, without the frames.
+HIDE_TRACEBACK_ENV = "SPARK_HIDE_TRACEBACK"
+
+
+def _in_spark_worker() -> bool:
+    """True in a Python process Spark started (planner, daemon or worker), never in the
+    user's own driver process or a test calling the data source directly."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    return bool(spec is not None and str(spec.name).startswith("pyspark."))
+
+
+def _message_first(call: Callable[[], T], *, hide_frames: bool = True) -> T:
+    """``call()``, with an npstream error shown by Spark as its message alone.
+
+    Spark reports an error of a Python data source as its prefix
+    ("[PYTHON_DATA_SOURCE_ERROR] Failed to create Python data source instance:")
+    and the Python traceback text, in which the message comes last, under
+    some fifteen lines of frames. Our errors are meant for the user: in a
+    Spark worker, which reports the error and exits, Spark's own switch to
+    hide the frames is turned on first, so the message follows the prefix.
+    Elsewhere the error is raised without its inner frames.
+
+    ``hide_frames=False`` where Spark's own code raises again while handling
+    our error (its streaming source runner stops a reader it failed to
+    create: an UnboundLocalError), since the message alone would then be
+    that error's; the traceback keeps ours as the first exception.
+    """
+    try:
+        return call()
+    except NpstreamError as exc:
+        if hide_frames and _in_spark_worker():
+            os.environ.setdefault(HIDE_TRACEBACK_ENV, "1")
+        raise exc.with_traceback(None) from None
 
 
 class NpstreamDataSource(DataSource):
@@ -128,7 +171,7 @@ class NpstreamDataSource(DataSource):
     .. begin generated: write options (`make docs`; do not edit)
     stream : str, optional
         Target stream (one name); overrides a stream column.
-    sinkId : str, default derived from checkpointLocation (streaming only)
+    sinkId : str, default query-<id>, the query's id in its checkpoint (streaming only)
         Name of the query's commit record on the broker
         ([A-Za-z0-9][A-Za-z0-9._-]{0,254}).
     stageBytes : str, default "8MiB"
@@ -147,9 +190,10 @@ class NpstreamDataSource(DataSource):
         both sides; anything unusable falls back to gRPC). false: always
         gRPC (exactly-once.md).
     checkpointLocation : str, optional (streaming only)
-        Set on the query as usual; gives the default sink id.
+        Set on the query as usual; the driver reads the query's id from it
+        (the default sink id).
     queryName : str, optional (streaming only)
-        Default sink id when there is no checkpointLocation option.
+        Set by Spark; not used for the sink id.
     .. end generated: write options
 
     Examples
@@ -183,8 +227,7 @@ class NpstreamDataSource(DataSource):
         # query reads with the schema Spark planned.
         from npstream.spark.read_schema import resolve_read_schema
 
-        options = check_read_options(self.options)
-        read_schema = resolve_read_schema(options)
+        read_schema = _message_first(lambda: resolve_read_schema(check_read_options(self.options)))
         self._read_schema = read_schema
         return read_schema.spark_schema()
 
@@ -210,7 +253,8 @@ class NpstreamDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from npstream.spark.stream_reader import NpstreamStreamReader
 
-        options, read_schema = self._read_options("stream", schema)
+        options, read_schema = _message_first(lambda: self._read_options("stream", schema),
+                                              hide_frames=False)
         return NpstreamStreamReader(options, schema=read_schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -220,7 +264,7 @@ class NpstreamDataSource(DataSource):
             pushdown_requested,
         )
 
-        options, read_schema = self._read_options("batch", schema)
+        options, read_schema = _message_first(lambda: self._read_options("batch", schema))
         if pushdown_requested():
             return NpstreamPushdownBatchReader(options, schema=read_schema)
         return NpstreamBatchReader(options, schema=read_schema)
@@ -233,13 +277,12 @@ class NpstreamDataSource(DataSource):
         return {key.lower(): str(value) for key, value in self.options.items()}
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        options = self._check_write_options()
         from npstream.spark.writer import make_stream_writer
 
-        return make_stream_writer(options, schema)
+        return _message_first(lambda: make_stream_writer(self._check_write_options(), schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        options = self._check_write_options()
         from npstream.spark.writer import make_batch_writer
 
-        return make_batch_writer(options, schema, overwrite)
+        return _message_first(
+            lambda: make_batch_writer(self._check_write_options(), schema, overwrite))

@@ -35,7 +35,7 @@ from npstream.spark.offsets import SourceOffset
 from npstream.spark.options import InvalidOptionError, ReadOptions
 from npstream.spark.partitioning import OffsetRange, prorate, split_ranges
 from npstream.spark.range_reader import RangePartition, read_partition
-from npstream.spark.read_schema import ReadSchema
+from npstream.spark.read_schema import ReadSchema, missing_streams_error
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -71,13 +71,20 @@ def subscribed_bounds(client: Client, options: ReadOptions) -> Bounds:
 
 
 def group_position(client: Client, stream: str, group: str) -> int | None:
-    """The group's committed offset on the stream; None when the group does not exist."""
+    """The group's position on the stream; None when the group does not exist.
+
+    When retention removed messages the group had not read, its stored
+    position (below the stream's start_offset), so that ``check_start``
+    reports the whole removed range.
+    """
     from npstream.errors import GroupNotFound, StreamNotFound
 
     try:
         info = client.describe_group(stream, group)
     except (GroupNotFound, StreamNotFound):
         return None
+    if info.removed_unread is not None:
+        return int(info.removed_unread[0])
     return int(info.committed_offset)
 
 
@@ -162,14 +169,8 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict[str, int]:
         bounds = subscribed_bounds(self.client, self._options)
         missing = [name for name in self._options.streams if name not in bounds]
-        if missing:
-            from npstream.errors import StreamNotFound
-
-            raise StreamNotFound(
-                f"stream(s) {', '.join(repr(m) for m in missing)} named by option 'stream' do "
-                f"not exist on broker {self.client.address}; create them first, or use "
-                "streamPattern to pick streams up when they appear"
-            )
+        if missing:  # deleted since load()
+            raise missing_streams_error(missing, self.client.address)
         offsets = {}
         for name, (first, last) in sorted(bounds.items()):
             offset, source = resolve_start(self.client, self._options, name, first, last)
@@ -298,7 +299,8 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             min_partitions=self._options.min_partitions,
         )
         log.debug("planned %d partitions for %s -> %s", len(pieces), start, end)
-        return [RangePartition(p.stream, p.start, p.end) for p in pieces]
+        read_from = {r.stream: r.start for r in ranges}
+        return [RangePartition(p.stream, p.start, p.end, read_from[p.stream]) for p in pieces]
 
     def _fresh_start_offsets(self, names: list[str]) -> dict[str, int]:
         """Earliest offsets of joined/re-created streams: as latestOffset saw them or,

@@ -30,6 +30,7 @@ schema at Stage (write_target.py checks them against it at query start).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections import deque
@@ -46,6 +47,12 @@ from pyspark.sql.datasource import (
 )
 
 from npstream.errors import NpstreamError
+from npstream.spark.checkpoint import (
+    QUERY_ID_PROPERTY,
+    check_planned_batches,
+    checkpoint_dir,
+    query_sink_id,
+)
 from npstream.spark.errors import NoMicroBatchError
 from npstream.spark.write_target import check_write_target
 from npstream.spark.writer_options import WriteOptions, parse_write_options
@@ -78,6 +85,7 @@ class NpstreamCommitMessage(WriterCommitMessage):
     """What a task reports to the driver: its staging ids, in the order they were staged."""
 
     partition_id: int
+    sink_id: str = ""  # what the task staged under (the driver may not know the query's id)
     staging_ids: list[str] = field(default_factory=list)
     rows: int = 0
     # Each broker's staging ids of this task, in staging order (a cluster's members
@@ -141,11 +149,13 @@ def _stage_all(options: WriteOptions, batch_id: int, iterator: Iterable[pa.Recor
 
     from npstream.sink.client import SinkClient, StageResult
 
+    assert options.sink_id is not None
+    sink_id = options.sink_id
     context = TaskContext.get()
     partition = context.partitionId() if context else 0
     attempt = context.attemptNumber() if context else 0
     prefix = f"{batch_id}-{partition}-{attempt}-{uuid.uuid4().hex[:8]}"
-    message = NpstreamCommitMessage(partition_id=partition)
+    message = NpstreamCommitMessage(partition_id=partition, sink_id=sink_id)
     default_stream = None if options.use_stream_column else options.stream
 
     with options.connection.connect() as client, ThreadPoolExecutor(
@@ -154,10 +164,10 @@ def _stage_all(options: WriteOptions, batch_id: int, iterator: Iterable[pa.Recor
 
         def stage(staging_id: str, table: pa.Table, first_row: int) -> StageResult:
             try:
-                return sink.stage(options.sink_id, batch_id, staging_id, default_stream, table)
+                return sink.stage(sink_id, batch_id, staging_id, default_stream, table)
             except NpstreamError as exc:
                 wrapped = type(exc)(
-                    f"npstream sink '{options.sink_id}' batch {batch_id} partition {partition}: "
+                    f"npstream sink '{sink_id}' batch {batch_id} partition {partition}: "
                     f"cannot stage rows {first_row}..{first_row + table.num_rows - 1} of this "
                     f"partition (row numbers in the message below count from {first_row}): "
                     f"{exc}")
@@ -182,7 +192,7 @@ def _stage_all(options: WriteOptions, batch_id: int, iterator: Iterable[pa.Recor
         for pending in in_flight:
             staged(*pending)
     log.debug("sink '%s' batch %d partition %d staged %d rows in %d request(s)",
-              options.sink_id, batch_id, partition, message.rows, len(message.staging_ids))
+              sink_id, batch_id, partition, message.rows, len(message.staging_ids))
     return message
 
 
@@ -198,19 +208,32 @@ def _staging_ids(messages: Sequence[WriterCommitMessage | None]) -> dict[str, li
     return staged
 
 
+def _sink_id(options: WriteOptions,
+             messages: Sequence[WriterCommitMessage | None]) -> str | None:
+    """The sink id of a batch: the options', else the one the tasks staged under
+    (the query's id); None when neither is known (no task reported)."""
+    if options.sink_id is not None:
+        return options.sink_id
+    return next((m.sink_id for m in messages if isinstance(m, NpstreamCommitMessage)), None)
+
+
 def _commit(options: WriteOptions, batch_id: int,
             messages: list[WriterCommitMessage | None]) -> None:
     from npstream.sink.client import SinkClient
 
+    sink_id = _sink_id(options, messages)
+    if sink_id is None:
+        log.info("npstream sink: batch %d has no task output; nothing to commit", batch_id)
+        return
     staged = _staging_ids(messages)
     with options.connection.connect() as client:
-        result = SinkClient(client).commit_all(options.sink_id, batch_id, staged)
+        result = SinkClient(client).commit_all(sink_id, batch_id, staged)
     replayed = sorted(broker for broker, before in result.brokers.items() if before)
     if result.already_committed:
         log.info("npstream sink '%s' batch %d was already committed; nothing appended",
-                 options.sink_id, batch_id)
+                 sink_id, batch_id)
     else:
-        log.info("npstream sink '%s' committed batch %d: %s%s", options.sink_id, batch_id,
+        log.info("npstream sink '%s' committed batch %d: %s%s", sink_id, batch_id,
                  ", ".join(f"{s} [{a},{b})" for s, (a, b) in result.written.items()) or "empty",
                  f" (already committed on {', '.join(replayed)})" if replayed else "")
 
@@ -221,17 +244,20 @@ def _abort(options: WriteOptions, batch_id: int,
     a failure is logged, never raised over Spark's own error."""
     from npstream.sink.client import SinkClient
 
+    sink_id = _sink_id(options, messages)
+    if sink_id is None:  # no task reported; the broker drops their staging after the TTL
+        log.info("npstream sink: batch %d aborted before any task reported", batch_id)
+        return
     try:
         with options.connection.connect() as client:
             sink = SinkClient(client)
             brokers = sorted({client.address, *_staging_ids(messages)})
-            dropped = sum(sink.abort(options.sink_id, batch_id, broker=broker)
-                          for broker in brokers)
+            dropped = sum(sink.abort(sink_id, batch_id, broker=broker) for broker in brokers)
         log.info("npstream sink '%s' aborted batch %d: %d staging file(s) dropped",
-                 options.sink_id, batch_id, dropped)
+                 sink_id, batch_id, dropped)
     except NpstreamError as exc:
         log.warning("npstream sink '%s' could not abort batch %d (the broker drops its "
-                    "staging after sink_staging_ttl): %s", options.sink_id, batch_id, exc)
+                    "staging after sink_staging_ttl): %s", sink_id, batch_id, exc)
 
 
 class _OptionsHolder:
@@ -241,7 +267,7 @@ class _OptionsHolder:
         self.options = options
 
     @property
-    def sink_id(self) -> str:
+    def sink_id(self) -> str | None:
         return self.options.sink_id
 
 
@@ -253,11 +279,16 @@ class NpstreamStreamWriter(_OptionsHolder, DataSourceStreamArrowWriter):
 
         context = TaskContext.get()
         batch_id = context.getLocalProperty(BATCH_ID_PROPERTY) if context else None
-        if batch_id is None:
+        query_id = context.getLocalProperty(QUERY_ID_PROPERTY) if context else None
+        if batch_id is None or query_id is None:
             raise NoMicroBatchError(
-                f"npstream sink: the task has no '{BATCH_ID_PROPERTY}' property; the "
-                "streaming writer only runs inside a Structured Streaming micro-batch")
-        return _stage_all(self.options, int(batch_id), iterator)
+                f"npstream sink: the task has no '{BATCH_ID_PROPERTY}' or "
+                f"'{QUERY_ID_PROPERTY}' property; the streaming writer only runs inside a "
+                "Structured Streaming micro-batch")
+        options = self.options
+        if options.sink_id is None:
+            options = dataclasses.replace(options, sink_id=query_sink_id(query_id))
+        return _stage_all(options, int(batch_id), iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
         _commit(self.options, batch_id, messages)
@@ -283,7 +314,26 @@ def make_stream_writer(options: dict[str, str], schema: Any) -> NpstreamStreamWr
     """The streaming writer for a query (options, schema and target checked here, on the driver)."""
     checked = parse_write_options(options, schema, "stream")
     check_write_target(checked)
+    _check_checkpoint(checked)
     return NpstreamStreamWriter(checked)
+
+
+def _check_checkpoint(options: WriteOptions) -> None:
+    """Refuse a checkpoint that never planned the broker's last batch of the sink.
+
+    Spark creates the writer when the query starts and again for each commit;
+    either way the checkpoint has planned every batch the sink committed.
+    """
+    from npstream.sink.client import SinkClient
+
+    directory = checkpoint_dir(options.checkpoint) if options.checkpoint else None
+    if options.sink_id is None or directory is None or not directory.is_dir():
+        return
+    assert options.checkpoint is not None
+    with options.connection.connect() as client:
+        committed = SinkClient(client).last_batch_id(options.sink_id)
+        check_planned_batches(options.sink_id, options.checkpoint, directory, committed,
+                              client.address)
 
 
 def make_batch_writer(options: dict[str, str], schema: Any,

@@ -8,21 +8,20 @@ never later inside a task. The connection options (``broker``, ``token``,
 so both directions connect the same way.
 
 Sink id, the name under which the broker records committed batches: option
-``sinkId``; else, for streaming writes, derived from the query's checkpoint
-(``checkpointLocation``, which Spark passes to the writer lower-cased), so a
-restarted query finds its own commits; else from ``queryName`` (the checkpoint
-is then ``spark.sql.streaming.checkpointLocation``/<queryName>, as stable as
-the name). Batch writes get a fresh sink id per job: one all-or-nothing commit.
+``sinkId``; else, for streaming writes, ``query-<id>`` with the query's id as
+Spark records it in the checkpoint (npstream.spark.checkpoint), so a
+restarted query finds its own commits and no other query does. Read here from
+the checkpoint's ``metadata`` file when ``checkpointLocation`` (which Spark
+passes to the writer lower-cased) names a local directory; otherwise the sink
+id stays None and each task takes the id from its local property. Batch
+writes get a fresh sink id per job: one all-or-nothing commit.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import urlparse
 
 import pyarrow as pa
 
@@ -30,6 +29,7 @@ from npstream.errors import InvalidArgument
 from npstream.proto.names import NAME_RULE, STREAM_NAME_RE, validate_stream_name
 from npstream.proto.units import parse_size
 from npstream.proto.value_schema import SchemaError, normalize_schema
+from npstream.spark.checkpoint import checkpoint_query_id, query_sink_id
 from npstream.spark.options import (
     BOTH,
     CONNECTION_SPECS,
@@ -49,7 +49,6 @@ __all__ = [
     "WRITER_OPTIONS",
     "WriteMode",
     "WriteOptions",
-    "checkpoint_sink_id",
     "parse_write_options",
 ]
 
@@ -104,7 +103,7 @@ WRITE_SPECS: tuple[OptionSpec, ...] = (
                "name of the query's commit record on the broker "
                "(`[A-Za-z0-9][A-Za-z0-9._-]{0,254}`)",
                example="`orders-clean-v1`",
-               shown="derived from `checkpointLocation`"),
+               shown="`query-<id>`, the query's id in its checkpoint"),
     OptionSpec("stageBytes", DEFAULT_STAGE_BYTES, _parse_stage_bytes,
                "a size between 64KiB and 32MiB such as 4MiB", BOTH,
                "Arrow bytes per Stage request sent by a task (64KiB to 32MiB). Each "
@@ -125,11 +124,12 @@ WRITE_SPECS: tuple[OptionSpec, ...] = (
                "([exactly-once.md](exactly-once.md#stage-by-file-on-the-brokers-machine))",
                example="`false`"),
     OptionSpec("checkpointLocation", None, _parse_any, "a path (set by Spark)", STREAM,
-               "set on the query as usual; gives the default sink id",
+               "set on the query as usual; the driver reads the query's id from it "
+               "(the default sink id)",
                example="`/data/ckpt/q`",
                shown="—"),
     OptionSpec("queryName", None, _parse_any, "a name (set by Spark)", STREAM,
-               "default sink id when there is no `checkpointLocation` option",
+               "set by Spark; not used for the sink id",
                example="set with `.queryName()`",
                shown="—"),
 )
@@ -162,35 +162,20 @@ class WriteOptions:
 
     mode: WriteMode
     connection: ConnectionOptions
-    sink_id: str
+    # None: the query's id, known to the tasks only (npstream.spark.checkpoint).
+    sink_id: str | None
     stream: str | None
     stage_bytes: int
     columns: tuple[str, ...]  # input columns sent to the broker, in input order
     use_stream_column: bool
     local_staging: bool
     create_stream: bool = False
+    checkpoint: str | None = None  # the checkpointLocation option (streaming), as given
     # Typed writes (docs/typed-streams.md): the input columns a task packs into the
     # ``value`` struct (empty: the value is a column of its own), and the value's
     # Arrow schema (fields of the struct), None for a binary/string value.
     value_fields: tuple[str, ...] = ()
     value_schema: pa.Schema | None = None
-
-
-def checkpoint_sink_id(checkpoint_location: str) -> str:
-    """A stable sink id from a checkpoint path: a hash of its absolute, qualified form."""
-    location = checkpoint_location.strip()
-    parsed = urlparse(location)
-    if not parsed.scheme or len(parsed.scheme) == 1:  # a local path (or a Windows drive)
-        qualified = "file:" + os.path.abspath(os.path.expanduser(location))
-    elif parsed.scheme == "file":
-        qualified = "file:" + os.path.normpath(parsed.path)
-    else:
-        qualified = location.rstrip("/")
-    return "cp-" + hashlib.sha256(qualified.encode()).hexdigest()[:24]
-
-
-def _query_sink_id(query_name: str) -> str:
-    return "q-" + hashlib.sha256(query_name.encode()).hexdigest()[:24]
 
 
 @dataclass(frozen=True)
@@ -314,21 +299,17 @@ def parse_write_options(options: Mapping[str, str], schema: Any, mode: WriteMode
     use_stream_column = stream is None and "stream" in columns
     if not use_stream_column and "stream" in columns:
         columns = tuple(c for c in columns if c != "stream")  # the option wins, as in Kafka
+    checkpoint = values.get("checkpointLocation", "").strip() or None
+    sink_id: str | None
     if mode == "batch":
         if batch_sink_id is None:
             raise InvalidArgument("batch writes need batch_sink_id")
         sink_id = batch_sink_id
     elif "sinkId" in values:
         sink_id = values["sinkId"]
-    elif values.get("checkpointLocation", "").strip():
-        sink_id = checkpoint_sink_id(values["checkpointLocation"])
-    elif values.get("queryName", "").strip():
-        sink_id = _query_sink_id(values["queryName"].strip())
     else:
-        raise InvalidOptionError(
-            "Cannot name the sink: set the option 'sinkId', or 'checkpointLocation' on the "
-            "query (the sink id is derived from it so that a restarted query recognises its "
-            "own commits).")
+        query_id = checkpoint_query_id(checkpoint) if checkpoint else None
+        sink_id = query_sink_id(query_id) if query_id else None
     if values["createStream"] and stream is None:
         raise InvalidOptionError(
             "Option 'createStream' (value 'true') needs the option 'stream' naming the stream "
@@ -337,6 +318,6 @@ def parse_write_options(options: Mapping[str, str], schema: Any, mode: WriteMode
                         stage_bytes=values["stageBytes"], columns=columns,
                         use_stream_column=use_stream_column,
                         local_staging=values["localStaging"],
-                        create_stream=values["createStream"],
+                        create_stream=values["createStream"], checkpoint=checkpoint,
                         value_fields=checked.value_fields,
                         value_schema=checked.value_schema)

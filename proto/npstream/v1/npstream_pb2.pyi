@@ -597,7 +597,7 @@ class GroupMember(_message.Message):
     def __init__(self, member_id: _Optional[str] = ..., last_seen_ms: _Optional[int] = ..., in_flight: _Optional[int] = ...) -> None: ...
 
 class GroupInfo(_message.Message):
-    __slots__ = ("stream", "group", "committed_offset", "lag", "members", "in_flight", "dead_lettered", "kind", "shared_config")
+    __slots__ = ("stream", "group", "committed_offset", "lag", "members", "in_flight", "dead_lettered", "kind", "shared_config", "removed_unread")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -607,6 +607,7 @@ class GroupInfo(_message.Message):
     DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     SHARED_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_UNREAD_FIELD_NUMBER: _ClassVar[int]
     stream: str
     group: str
     committed_offset: int
@@ -616,7 +617,8 @@ class GroupInfo(_message.Message):
     dead_lettered: int
     kind: str
     shared_config: SharedGroupConfig
-    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., committed_offset: _Optional[int] = ..., lag: _Optional[int] = ..., members: _Optional[_Iterable[_Union[GroupMember, _Mapping]]] = ..., in_flight: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., kind: _Optional[str] = ..., shared_config: _Optional[_Union[SharedGroupConfig, _Mapping]] = ...) -> None: ...
+    removed_unread: OffsetRange
+    def __init__(self, stream: _Optional[str] = ..., group: _Optional[str] = ..., committed_offset: _Optional[int] = ..., lag: _Optional[int] = ..., members: _Optional[_Iterable[_Union[GroupMember, _Mapping]]] = ..., in_flight: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., kind: _Optional[str] = ..., shared_config: _Optional[_Union[SharedGroupConfig, _Mapping]] = ..., removed_unread: _Optional[_Union[OffsetRange, _Mapping]] = ...) -> None: ...
 
 class DeleteGroupRequest(_message.Message):
     __slots__ = ("stream", "group")

@@ -213,15 +213,19 @@ def test_commit_past_end_is_out_of_range_with_offsets(client, stream_name):
     assert consumer.commit(next_offset=2) == 2
 
 
-def test_pull_after_delete_before_continues_at_new_start(client, stream_name):
+def test_pull_after_delete_before_reports_removed_range_then_continues_at_new_start(
+        client, stream_name):
     client.create_stream(stream_name)
     publish(client, stream_name, [str(i) for i in range(10)])
     consumer = client.consumer(stream_name, "g")
     consumer.pull(limit=2)
     client.delete_messages(stream_name, before_offset=7)
-    info = client.describe_group(stream_name, "g")
-    assert (info.committed_offset, info.lag) == (7, 3)
+    for _ in range(2):  # describing does not move the group past the loss
+        info = client.describe_group(stream_name, "g")
+        assert (info.committed_offset, info.lag, info.removed_unread) == (7, 3, (2, 7))
     assert consumer.pull().offsets == [7, 8, 9]
+    info = client.describe_group(stream_name, "g")
+    assert (info.committed_offset, info.removed_unread) == (10, None)
 
 
 def test_describe_missing_group_is_not_found(client, stream_name):

@@ -11,8 +11,9 @@ import pickle
 import pyarrow as pa
 import pytest
 from pyspark.sql.datasource import CaseInsensitiveDict
-from pyspark.sql.types import DoubleType, StringType, StructField, StructType
+from pyspark.sql.types import StringType, StructField, StructType
 
+from npstream.errors import StreamNotFound
 from npstream.spark import read_schema
 from npstream.spark.batch_reader import NpstreamBatchReader, NpstreamPushdownBatchReader
 from npstream.spark.options import InvalidOptionError
@@ -25,15 +26,17 @@ READINGS = pa.schema([pa.field("sensorId", pa.string()), pa.field("reading", pa.
 
 
 class FakeBroker:
-    """What the broker would say: stream -> value schema (None: untyped); absent: no stream."""
+    """What the broker would say: stream -> value schema (absent: untyped); ``gone``: no stream."""
 
     def __init__(self) -> None:
         self.streams: dict[str, pa.Schema | None] = {}
+        self.gone: set[str] = set()
         self.lookups = 0
 
     def lookup(self, client, options):
         self.lookups += 1
-        return {name: self.streams[name] for name in options.streams if name in self.streams}
+        return {name: self.streams.get(name) for name in options.streams
+                if name not in self.gone}
 
 
 @pytest.fixture(autouse=True)
@@ -140,11 +143,12 @@ def test_user_schema_is_checked_against_the_broker(broker):
         "or cast columns after load() instead.")
 
 
-def test_missing_named_stream_does_not_fail_load(broker):
-    # As before typed streams: the query fails at start, naming the stream.
+def test_schema_missing_named_stream_fails_at_load(broker):
     broker.streams["r"] = READINGS
-    assert source(stream="r,gone").schema()["reading"].dataType == DoubleType()
-    assert source(stream="gone").schema() == spark_read_schema(False)
+    broker.gone.add("gone")
+    with pytest.raises(StreamNotFound, match=r"^stream\(s\) 'gone' named by option 'stream' "
+                       "do not exist on broker localhost:7070; create them first"):
+        source(stream="r,gone", broker="localhost:7070").schema()
 
 
 def test_typed_and_untyped_together_fail_at_load(broker):

@@ -254,6 +254,35 @@ def test_read_skips_retention_gap_when_allowed(reader_factory, client, stream_na
     assert [o for b in batches for o in b.column("offset").to_pylist()] == [12, 13, 14]
 
 
+def test_read_of_a_later_piece_names_the_whole_removed_range(reader_factory, client,
+                                                             stream_name):
+    publish(client, stream_name, 40)
+    reader = reader_factory(stream=stream_name, maxRecordsPerPartition="10")
+    parts = reader.partitions({stream_name: 0}, {stream_name: 40})
+    client.delete_messages(stream_name, before_offset=25)
+    with pytest.raises(DataLossError) as info:
+        list(reader.read(parts[2]))
+    assert str(info.value).startswith(
+        f"Data loss on stream '{stream_name}': offsets [20, 25) can no longer be read "
+        "(retention moved the stream's start_offset to 25: offsets [0, 25) were removed "
+        "before the query read them).")
+
+
+def test_group_start_after_retention_removed_unread_reports_the_range(reader_factory, client,
+                                                                      stream_name):
+    publish(client, stream_name, 10)
+    reader_factory(stream=stream_name, group="slow").commit({stream_name: 4})
+    client.delete_messages(stream_name, before_offset=8)
+    resumed = reader_factory(stream=stream_name, group="slow", startingOffsets="group")
+    with pytest.raises(DataLossError, match=r"offsets \[4, 8\) can no longer be read \(group "
+                       r"'slow' asks for offset 4 but retention moved the stream's start_offset "
+                       r"to 8\)"):
+        resumed.initialOffset()
+    lenient = reader_factory(stream=stream_name, group="slow", startingOffsets="group",
+                             failOnDataLoss="false")
+    assert lenient.initialOffset() == {stream_name: 8}
+
+
 def test_commit_records_group_position_with_lag(reader_factory, client, stream_name):
     publish(client, stream_name, 10)
     reader = reader_factory(stream=stream_name, group="lagging")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import os
+import json
+import shutil
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -19,7 +21,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from npstream.errors import SinkConflict
 from npstream.proto.value_schema import to_ddl
+from npstream.spark.checkpoint import check_planned_batches, checkpoint_dir
 from npstream.spark.options import InvalidOptionError
 from npstream.spark.writer import (
     NpstreamCommitMessage,
@@ -30,7 +34,6 @@ from npstream.spark.writer import (
 )
 from npstream.spark.writer_options import (
     WRITER_OPTIONS,
-    checkpoint_sink_id,
     parse_write_options,
 )
 
@@ -50,36 +53,72 @@ def test_writer_options_lists_every_documented_name():
     assert set(WRITER_OPTIONS) == expected
 
 
-def test_make_stream_writer_with_checkpoint_derives_stable_sink_id():
-    first = make_stream_writer({"checkpointlocation": "/tmp/ck/q1", "stream": "b"}, VALUE_ONLY)
-    again = make_stream_writer({"checkpointLocation": "file:/tmp/ck/q1/", "stream": "b"},
-                               VALUE_ONLY)
-    other = make_stream_writer({"checkpointlocation": "/tmp/ck/q2", "stream": "b"}, VALUE_ONLY)
-    assert first.sink_id == again.sink_id == checkpoint_sink_id("/tmp/ck/q1")
-    assert first.sink_id.startswith("cp-") and len(first.sink_id) == 27
-    assert other.sink_id != first.sink_id
+QUERY_ID = "8bc9f2af-bcc0-43d2-a8dc-0f061cb3e56e"
 
 
-def test_checkpoint_sink_id_relative_path_equals_absolute():
-    assert checkpoint_sink_id("ck/q") == checkpoint_sink_id(os.path.abspath("ck/q"))
-    assert checkpoint_sink_id("hdfs://nn/ck/q") != checkpoint_sink_id("/ck/q")
+def make_checkpoint(path: Path, query_id: str = QUERY_ID) -> Path:
+    """A checkpoint as Spark leaves it once the query started: its metadata file."""
+    path.mkdir(parents=True)
+    (path / "metadata").write_text(json.dumps({"id": query_id}) + "\n")
+    return path
 
 
-def test_make_stream_writer_sink_id_option_wins_over_checkpoint():
-    writer = make_stream_writer({"sinkid": "orders-copy", "checkpointlocation": "/x",
-                                 "stream": "b"}, VALUE_ONLY)
+def test_parse_stream_sink_id_is_the_checkpoints_query_id(tmp_path, monkeypatch):
+    checkpoint = make_checkpoint(tmp_path / "ck")
+    (tmp_path / "link").symlink_to(checkpoint)
+    monkeypatch.chdir(tmp_path)
+    for location in (str(checkpoint), f"file://{checkpoint}", f"file:{checkpoint}/", "ck",
+                     str(tmp_path / "link")):
+        writer = parse_write_options({"checkpointlocation": location, "stream": "b"},
+                                     VALUE_ONLY, "stream")
+        assert writer.sink_id == f"query-{QUERY_ID}", location
+
+
+def test_parse_stream_checkpoint_deleted_and_recreated_gets_a_new_sink_id(tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "ck")
+    first = parse_write_options({"checkpointlocation": str(checkpoint), "stream": "b"},
+                                VALUE_ONLY, "stream")
+    shutil.rmtree(checkpoint)
+    make_checkpoint(checkpoint, "0f061cb3-bcc0-43d2-a8dc-8bc9f2afe56e")
+    again = parse_write_options({"checkpointlocation": str(checkpoint), "stream": "b"},
+                                VALUE_ONLY, "stream")
+    assert first.sink_id != again.sink_id == "query-0f061cb3-bcc0-43d2-a8dc-8bc9f2afe56e"
+
+
+def test_parse_stream_sink_id_option_wins_over_checkpoint(tmp_path):
+    writer = parse_write_options({"sinkid": "orders-copy", "stream": "b",
+                                  "checkpointlocation": str(tmp_path / "absent")}, VALUE_ONLY,
+                                 "stream")
     assert writer.sink_id == "orders-copy"
 
 
-def test_make_stream_writer_query_name_only_gives_a_sink_id():
-    writer = make_stream_writer({"queryname": "copy", "stream": "b"}, VALUE_ONLY)
-    assert writer.sink_id.startswith("q-")
+@pytest.mark.parametrize("options", [{"queryname": "copy"}, {},
+                                     {"checkpointlocation": "hdfs://nn/ck/q"}])
+def test_parse_stream_without_a_readable_checkpoint_leaves_the_id_to_tasks(options):
+    # The tasks stage under query-<their sql.streaming.queryId local property>.
+    assert parse_write_options({**options, "stream": "b"}, VALUE_ONLY, "stream").sink_id is None
 
 
-def test_make_stream_writer_without_any_sink_name_fails_naming_options():
-    with pytest.raises(InvalidOptionError, match=r"set the option 'sinkId', or "
-                                                 r"'checkpointLocation'"):
-        make_stream_writer({"stream": "b"}, VALUE_ONLY)
+def test_checkpoint_dir_resolves_as_spark_does(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert checkpoint_dir("ck/q") == tmp_path / "ck" / "q"
+    assert checkpoint_dir("file:///tmp/a%20b/") == Path("/tmp/a b")
+    assert checkpoint_dir("s3a://bucket/ck") is None
+
+
+def test_check_planned_batches_refuses_a_later_broker_batch_only(tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "ck")
+    check_planned_batches("s", "ck", checkpoint, -1, "b:1")  # nothing committed
+    with pytest.raises(SinkConflict, match=r"^npstream sink 's' has batches up to 0 committed "
+                       r"on broker b:1, but the query's checkpoint 'ck' has planned no batch: "
+                       r"it is not the checkpoint that wrote them"):
+        check_planned_batches("s", "ck", checkpoint, 0, "b:1")
+    (checkpoint / "offsets").mkdir()
+    for batch in ("0", "1", ".1.crc"):
+        (checkpoint / "offsets" / batch).write_text("")
+    check_planned_batches("s", "ck", checkpoint, 1, "b:1")  # the replay of a crash: planned
+    with pytest.raises(SinkConflict, match=r"has planned batches only up to 1: it is not the"):
+        check_planned_batches("s", "ck", checkpoint, 2, "b:1")
 
 
 def test_make_batch_writer_each_job_gets_a_fresh_sink_id():

@@ -42,7 +42,7 @@ from e2e.spark.chaos_jobs import expected_windows, source_rows, start_queries, w
 from harness import BrokerProcess
 from npstream import Client
 from npstream.sink.client import SinkClient
-from npstream.spark.writer_options import checkpoint_sink_id
+from npstream.spark.checkpoint import checkpoint_query_id, query_sink_id
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -137,8 +137,15 @@ def wait_until(what: str, done: Callable[[], bool], driver: Driver) -> None:
         time.sleep(0.05)
 
 
-def batches(sink: SinkClient, sink_ids: tuple[str, str]) -> int:
-    return sum(sink.last_batch_id(sink_id) for sink_id in sink_ids)
+def default_sink_id(checkpoint: str) -> str | None:
+    """The sink id of the query with this checkpoint; None before the query first started."""
+    query_id = checkpoint_query_id(checkpoint)
+    return query_sink_id(query_id) if query_id else None
+
+
+def batches(sink: SinkClient, checkpoints: tuple[str, str]) -> int:
+    sink_ids = [default_sink_id(checkpoint) for checkpoint in checkpoints]
+    return sum(sink.last_batch_id(sink_id) if sink_id else -1 for sink_id in sink_ids)
 
 
 def stream_rows(client: Client, stream: str) -> int:
@@ -153,7 +160,6 @@ def test_copy_and_windows_exactly_once_through_driver_and_broker_kills(spark, tm
                                                                         ) -> None:
     broker = BrokerProcess(tmp_path / "data").start()
     checkpoints = (str(tmp_path / "checkpoint-b"), str(tmp_path / "checkpoint-c"))
-    sink_ids = (checkpoint_sink_id(checkpoints[0]), checkpoint_sink_id(checkpoints[1]))
     driver = Driver([broker.address, "A", "B", "C", *checkpoints, str(PER_BATCH), "run"],
                     tmp_path / "driver.log")
     rng = random.Random(SEED)
@@ -168,8 +174,8 @@ def test_copy_and_windows_exactly_once_through_driver_and_broker_kills(spark, tm
             # broker, driver, broker, driver, ...: each kill at a random moment after a
             # commit of either query (0-2 s later: before, during or after the next batch).
             for kind in ["broker", "driver"] * KILLS:
-                before = batches(sink, sink_ids)
-                wait_until("a micro-batch commit", lambda b=before: batches(sink, sink_ids) > b,
+                before = batches(sink, checkpoints)
+                wait_until("a micro-batch commit", lambda b=before: batches(sink, checkpoints) > b,
                            driver)
                 time.sleep(rng.uniform(0.0, 2.0))
                 if kind == "broker":
@@ -218,7 +224,9 @@ def test_copy_and_windows_exactly_once_through_driver_and_broker_kills(spark, tm
                 f"C differs from the clean run: extra {windows - windows_clean}, "
                 f"missing {windows_clean - windows}")
             assert windows == expected
+            sink_ids = [default_sink_id(checkpoint) for checkpoint in checkpoints]
             for sink_id, checkpoint in zip(sink_ids, checkpoints, strict=True):
+                assert sink_id is not None
                 spark_commits = [int(p.name) for p in (Path(checkpoint) / "commits").iterdir()
                                  if p.name.isdigit()]
                 assert sink.last_batch_id(sink_id) == max(spark_commits)
@@ -231,6 +239,7 @@ def test_copy_and_windows_exactly_once_through_driver_and_broker_kills(spark, tm
         assert broker.stop() == 0
         check_files(broker.data_dir)
         for sink_id in sink_ids:
+            assert sink_id is not None
             assert not list((broker.data_dir / "sink" / sink_id).rglob("*.arrow")), sink_id
     finally:
         driver.kill()

@@ -65,10 +65,12 @@ def rows_in(spark, table: str) -> list[tuple[str, int, str]]:
             spark.table(table).orderBy("stream", "offset").collect()]
 
 
-def test_load_schema_without_and_with_headers(npstream_spark, broker):
-    plain = read_stream(npstream_spark, broker, stream="any")
+def test_load_schema_without_and_with_headers(npstream_spark, broker, client, stream_name):
+    client.create_stream(stream_name)
+    plain = read_stream(npstream_spark, broker, stream=stream_name)
     assert plain.schema == spark_read_schema(False)
-    with_headers = read_stream(npstream_spark, broker, stream="any", includeHeaders="true")
+    with_headers = read_stream(npstream_spark, broker, stream=stream_name,
+                               includeHeaders="true")
     assert with_headers.schema == spark_read_schema(True)
     assert with_headers.schema.simpleString().endswith(",headers:map<string,binary>>")
 
@@ -244,16 +246,20 @@ def test_stream_fail_on_data_loss_true_fails_then_false_skips_gap(
     assert [r.offset for r in read_back] == list(range(10)) + list(range(30, 50))
 
 
+def read_all_with_group(spark, broker, client: Client, stream: str, group: str) -> None:
+    """Publish 10 messages and read them in a query that records its position in ``group``."""
+    publish(client, stream, 10)
+    query, _ = run_to_memory(read_stream(spark, broker, stream=stream,
+                                         startingOffsets="earliest", group=group))
+    assert query.exception() is None
+    wait_until(lambda: describe(client, stream, group).committed_offset == 10,
+               "group commit", timeout=30)
+
+
 def test_stream_group_commit_is_visible_and_starts_next_query(
         npstream_spark, broker, client, stream_name):
     group = "etl"
-    publish(client, stream_name, 10)
-
-    query, _ = run_to_memory(read_stream(npstream_spark, broker, stream=stream_name,
-                                         startingOffsets="earliest", group=group))
-    assert query.exception() is None
-    wait_until(lambda: describe(client, stream_name, group).committed_offset == 10,
-               "group commit", timeout=30)
+    read_all_with_group(npstream_spark, broker, client, stream_name, group)
     publish(client, stream_name, 5, start=10)
     info = describe(client, stream_name, group)
     assert (info.committed_offset, info.lag) == (10, 5)
@@ -262,6 +268,27 @@ def test_stream_group_commit_is_visible_and_starts_next_query(
                                                startingOffsets="group", group=group))
     assert resumed.exception() is None
     assert [r[1] for r in rows_in(npstream_spark, table)] == list(range(10, 15))
+
+
+def test_stream_group_start_after_retention_removed_unread_fails_naming_the_range(
+        npstream_spark, broker, client, stream_name):
+    group = "etl"
+    read_all_with_group(npstream_spark, broker, client, stream_name, group)
+    publish(client, stream_name, 40, start=10)
+    client.delete_messages(stream_name, before_offset=30)
+
+    with pytest.raises(Exception) as info:
+        run_to_memory(read_stream(npstream_spark, broker, stream=stream_name,
+                                  startingOffsets="group", group=group))
+    assert (f"Data loss on stream '{stream_name}': offsets [10, 30) can no longer be read "
+            f"(group '{group}' asks for offset 10 but retention moved the stream's "
+            "start_offset to 30)") in str(info.value)
+
+    skipped, table = run_to_memory(read_stream(npstream_spark, broker, stream=stream_name,
+                                               startingOffsets="group", group=group,
+                                               failOnDataLoss="false"))
+    assert skipped.exception() is None
+    assert [r[1] for r in rows_in(npstream_spark, table)] == list(range(30, 50))
 
 
 def describe(client: Client, stream: str, group: str):
@@ -289,7 +316,8 @@ def test_stream_unknown_option_fails_at_load_naming_it(npstream_spark, broker, s
     assert "Did you mean 'maxOffsetsPerTrigger'?" in str(info.value)
 
 
-def test_stream_batch_only_option_fails_at_start(npstream_spark, broker, stream_name):
+def test_stream_batch_only_option_fails_at_start(npstream_spark, broker, client, stream_name):
+    client.create_stream(stream_name)
     frame = read_stream(npstream_spark, broker, stream=stream_name, endingOffsets="latest")
     query = frame.writeStream.format("memory").queryName(
         f"q_{uuid.uuid4().hex[:12]}").trigger(availableNow=True).start()
@@ -299,12 +327,21 @@ def test_stream_batch_only_option_fails_at_start(npstream_spark, broker, stream_
             in str(info.value))
 
 
-def test_stream_named_stream_missing_fails_at_start(npstream_spark, broker, stream_name):
-    frame = read_stream(npstream_spark, broker, stream=f"{stream_name}-nope",
-                        startingOffsets="earliest")
-    query = frame.writeStream.format("memory").queryName(
-        f"q_{uuid.uuid4().hex[:12]}").trigger(availableNow=True).start()
-    with pytest.raises(Exception) as info:
-        query.awaitTermination(QUERY_TIMEOUT_S)
-    assert f"stream(s) '{stream_name}-nope' named by option 'stream' do not exist" in str(
-        info.value)
+def test_load_missing_stream_or_bad_option_fails_with_message_first(npstream_spark, broker,
+                                                                    stream_name):
+    """Errors found at load() are reported there, the message right after Spark's prefix
+    (not as the last line of a traceback)."""
+    from pyspark.errors import AnalysisException
+
+    prefix = "[PYTHON_DATA_SOURCE_ERROR] Failed to create Python data source instance: "
+    with pytest.raises(AnalysisException) as info:
+        read_stream(npstream_spark, broker, stream=f"{stream_name}-nope")
+    assert str(info.value).startswith(
+        f"{prefix}npstream.errors.StreamNotFound: stream(s) '{stream_name}-nope' named by "
+        f"option 'stream' do not exist on broker {broker.address}; create them first, or use "
+        "streamPattern to pick streams up when they appear\n"), str(info.value)
+    with pytest.raises(AnalysisException) as info:
+        read_stream(npstream_spark, broker, stream=stream_name, startingOffsets="first")
+    assert str(info.value).startswith(
+        f"{prefix}npstream.spark.errors.InvalidOptionError: Invalid value 'first' for option "
+        "'startingOffsets': "), str(info.value)

@@ -24,7 +24,7 @@ from quick_jvm import quick_jvm_env
 from npstream import Client
 from npstream.proto.schema import MESSAGE_SCHEMA
 from npstream.sink.client import SinkClient
-from npstream.spark.writer_options import checkpoint_sink_id
+from npstream.spark.checkpoint import checkpoint_query_id, query_sink_id
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -120,17 +120,18 @@ def test_copy_with_driver_killed_at_random_points_is_exactly_once(broker, stream
         client.publish_batch(source, [{"value": f"value-{i}".encode(), "id": f"a-{i}"}
                                       for i in range(TOTAL)])
         sink = client.sink()
-        sink_id = checkpoint_sink_id(str(checkpoint))
+        sink_id = ""  # the query's id, in its checkpoint once it first started
         # The first kill lands right after the broker committed a batch (likely before
         # Spark's commit log has it: the replay case), the others at random moments.
         delays = [0.0] + [rng.uniform(0.0, 3.0) for _ in range(KILLS - 1)]
         progress: list[int] = []
         last_batch = TOTAL // PER_BATCH - 1
         for delay in delays:
-            if sink.last_batch_id(sink_id) >= last_batch:
+            if sink_id and sink.last_batch_id(sink_id) >= last_batch:
                 break  # a fast machine copied everything already; nothing left to interrupt
             job = start_job(script, [*args, "run"], log)
             wait_for_line(job, "STARTED", log)
+            sink_id = query_sink_id(str(checkpoint_query_id(str(checkpoint))))
             wait_for_commit(sink, sink_id, sink.last_batch_id(sink_id), job, log)
             time.sleep(delay)
             os.killpg(job.pid, signal.SIGKILL)
