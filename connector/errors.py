@@ -185,7 +185,9 @@ class SinkConflict(NpstreamError):
     For example: a batch is committed while an earlier batch's commit is
     unfinished, or a batch is aborted after its commit started. Missing
     staging is the subclass StagingNotFound, so one ``except SinkConflict``
-    still catches every sink refusal.
+    still catches every sink refusal. The Spark sink raises it on the driver
+    too, for a checkpoint that never planned the sink's last committed batch
+    (npstream.spark.checkpoint).
     """
 
 
