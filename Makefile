@@ -1,7 +1,8 @@
 # The two README commands. Both set up everything a fresh machine lacks:
 # a Java 17+ runtime (apt-get, only when `java` is absent or too old), a
 # headless Chromium for the web console's browser tests (Debian's `chromium`,
-# apt-get, only when absent), the virtualenv .venv and the package with its
+# apt-get, only when absent), etcd for clusters of brokers and their tests
+# (Debian's `etcd-server`, apt-get, only when `etcd` is absent), the virtualenv .venv and the package with its
 # dev extras.
 #
 #   make demo   broker + producer + Spark sensor pipeline, results on the console
@@ -9,7 +10,8 @@
 #
 # Generated files, checked in (a test fails when one is stale):
 #   make proto  the gRPC code from proto/npstream/v1/*.proto, and docs/client.md's
-#               error reason table (proto/generate.py)
+#               error reason table (proto/generate.py); the broker's etcd client
+#               stubs from etcd's protos in broker/cluster/etcd/pb (proto/generate_etcd.py)
 #   make docs   conf/broker.toml and docs/broker.md's key tables from the broker's
 #               key table (KEYS); docs/spark.md's option tables and the DataSource
 #               docstring's option lists from the Spark option tables (READ_SPECS,
@@ -22,7 +24,7 @@ STAMP := $(VENV)/.npstream-installed
 PYTEST_ARGS ?=
 TYPECHECK_TREE := build/typecheck
 
-.PHONY: demo test setup java chromium lint typecheck-tree proto docs clean
+.PHONY: demo test setup java chromium etcd lint typecheck-tree proto docs clean
 
 demo: setup
 	$(PY) examples/sensor_pipeline/run_demo.py --brokers $(or $(BROKERS),1)
@@ -30,7 +32,7 @@ demo: setup
 test: setup lint
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest $(PYTEST_ARGS)
 
-setup: java chromium $(STAMP)
+setup: java chromium etcd $(STAMP)
 
 java:
 	@if ! java -version 2>&1 | grep -qE 'version "(1[7-9]|[2-9][0-9])'; then \
@@ -43,6 +45,14 @@ chromium:
 	@if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then \
 		echo "installing a headless Chromium for the web console tests (apt-get)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	fi
+
+# A cluster of brokers coordinates through etcd (`npstream broker --etcd`,
+# `npstream cluster local`); the cluster tests start a real one (tests/etcd_process.py).
+etcd:
+	@if ! command -v etcd >/dev/null 2>&1; then \
+		echo "installing etcd for clusters of brokers (apt-get etcd-server)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; \
 	fi
 
 $(STAMP): pyproject.toml
@@ -76,6 +86,7 @@ typecheck-tree:
 
 proto: setup
 	$(PY) proto/generate.py
+	$(PY) proto/generate_etcd.py
 
 docs: setup
 	$(PY) docs/generate.py

@@ -1,4 +1,5 @@
-"""Shared fixtures: one broker process per test module, one SparkSession per session."""
+"""Shared fixtures: one broker process per test module, one SparkSession and one etcd
+per session."""
 
 from __future__ import annotations
 
@@ -55,6 +56,18 @@ def stream_name(request: pytest.FixtureRequest) -> str:
     """A stream name unique to this test."""
     base = request.node.name.replace("[", "-").replace("]", "").replace("_", "-")[:40]
     return f"{base}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One real etcd (npstream.cli.local_etcd.LocalEtcd) on loopback for the whole
+    session; tests keep apart by key prefix (cluster name). Its ``endpoint`` is the
+    ``--etcd`` value."""
+    from npstream.cli.local_etcd import LocalEtcd
+
+    proc = LocalEtcd(tmp_path_factory.mktemp("etcd") / "data").start()
+    yield proc
+    proc.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,1 @@
+"""The broker's etcd client (client.py) and etcd's generated API stubs (pb/)."""
