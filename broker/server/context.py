@@ -12,6 +12,7 @@ from npstream.broker.groups.handover import GroupsOwner
 from npstream.broker.handover import StreamStateOwner
 from npstream.broker.metadata import Metadata
 from npstream.broker.rpc.budget import PublishBudget
+from npstream.broker.rpc.long_polls import ParkedPolls
 from npstream.broker.server.config import BrokerConfig
 from npstream.broker.server.metrics import BrokerMetrics
 from npstream.broker.sink.handover import SinkFloorsOwner
@@ -54,6 +55,8 @@ class BrokerContext:
     # Bytes of publish data decoded and written at once (max_publish_bytes_in_flight):
     # Publish, PublishStream and Stage are admitted against it (off: no limit).
     publish_budget: PublishBudget = field(default_factory=lambda: PublishBudget(0))
+    # Long polls waiting at once, each on a worker thread (max_workers // 2; off: no limit).
+    parked_polls: ParkedPolls = field(default_factory=lambda: ParkedPolls(0))
 
 
 def state_owners(metadata: Metadata, registry: StreamRegistry) -> list[StreamStateOwner]:

@@ -1,0 +1,72 @@
+"""Long polls park a worker thread each: how many may park at once.
+
+gRPC's sync server runs every call on a thread of its pool (``max_workers``,
+default 4,096), and a long poll (a Fetch with ``wait_ms`` at the end of its
+stream) holds its thread while it waits. With 2,000-6,000 parked Fetch polls
+(issue 34), publishes to another stream stalled for seconds: each poll woke
+four times a second to look at its client, thousands of wake-ups a second
+that publishes queued behind for the GIL, and past ``max_workers`` polls
+queued for a thread with every publish behind them (DEADLINE_EXCEEDED),
+while polls whose client gave up in the queue ended CANCELLED unserved.
+
+``ParkedPolls`` lets at most ``limit`` polls park at once (the broker uses
+half its worker threads, so the other half always serve everything else);
+a poll past it is answered at once with what is there, as it would be when
+its wait ends, so none queues for a thread. The waiting itself
+(streams/service.py) sleeps until data, the call's end or its deadline, and
+looks for a stopping broker every few seconds only.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+__all__ = ["ParkedPolls"]
+
+
+class ParkedPolls:
+    """How many long polls wait now, within ``limit`` (0: no limit). Thread-safe."""
+
+    def __init__(self, limit: int, registry: CollectorRegistry | None = None) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._parked = 0
+        self._gauge: Gauge | None = None
+        self._unparked: Counter | None = None
+        if registry is not None:
+            self._gauge = Gauge("npstream_parked_long_polls",
+                                "Long polls (Fetch with wait_ms) waiting for data now, each "
+                                "holding a worker thread", registry=registry)
+            self._unparked = Counter(
+                "npstream_long_polls_answered_at_once",
+                "Long polls answered without waiting because max_parked_polls were "
+                "waiting already", registry=registry)
+
+    @property
+    def parked(self) -> int:
+        return self._parked
+
+    def _add(self, delta: int) -> None:
+        self._parked += delta
+        if self._gauge is not None:
+            self._gauge.set(self._parked)
+
+    @contextmanager
+    def park(self) -> Iterator[bool]:
+        """True for the duration of the block when the poll may wait, False when it must not."""
+        with self._lock:
+            allowed = not self.limit or self._parked < self.limit
+            if allowed:
+                self._add(1)
+            elif self._unparked is not None:
+                self._unparked.inc()
+        try:
+            yield allowed
+        finally:
+            if allowed:
+                with self._lock:
+                    self._add(-1)
