@@ -4,9 +4,10 @@ One gRPC server interceptor, installed only when the broker has members, so
 a single broker runs exactly as before and no servicer knows about the
 cluster. For each method it decides from the proto's shape:
 
-* per-stream methods (``PER_STREAM``: every call that names one stream) read
-  the stream name from the request's wire bytes (npstream.proto.wire.
-  field_bytes, a few steps whatever the request's size) and ask the router;
+* per-stream methods (``PER_STREAM``: every call whose request names one
+  stream, declared in the proto: npstream.proto.routing) read the stream
+  name from the request's wire bytes (npstream.proto.wire.field_bytes, a
+  few steps whatever the request's size) and ask the router;
   a stream another member owns ends the call with NOT_OWNER and the owner in
   the trailing metadata before the servicer runs. PublishStream routes each
   request as it is read; Subscribe its opening request.
@@ -46,32 +47,25 @@ from npstream.broker.cluster.router import Cluster
 from npstream.broker.errors import BrokerError, InvalidArgumentError
 from npstream.broker.rpc.status import abort_with
 from npstream.proto import metadata_keys
+from npstream.proto.routing import PACKAGE, PER_STREAM_METHODS
 from npstream.proto.wire import field_bytes
 
 __all__ = ["MEMBER_METHODS", "PER_STREAM", "STREAMING", "RoutingInterceptor"]
 
 log = logging.getLogger(__name__)
 
-_PACKAGE = "/npstream.v1."
+_PACKAGE = f"/{PACKAGE}."
 
-# Per-stream unary (or server-streaming) methods: the request's field 1 is the stream.
-PER_STREAM = frozenset(_PACKAGE + name for name in (
-    "StreamService/CreateStream", "StreamService/DescribeStream",
-    "StreamService/UpdateStream", "StreamService/DeleteStream",
-    "StreamService/DeleteMessages", "StreamService/RepairStream", "StreamService/Publish",
-    "StreamService/Fetch", "StreamService/OffsetForTimestamp",
-    "StreamReadService/Locate", "StreamReadService/ReadRange",
-    "GroupService/OpenConsumer", "GroupService/Pull", "GroupService/Commit",
-    "GroupService/Seek", "GroupService/ListGroups", "GroupService/DescribeGroup",
-    "GroupService/DeleteGroup", "GroupService/Receive", "GroupService/ReceiveBatch",
-    "GroupService/Ack", "GroupService/Nack", "ClusterService/MoveStream",
-))
+# Per-stream unary (or server-streaming) methods, by the request field naming the
+# stream: what npstream.proto declares (``(names_stream)``, npstream.proto.routing),
+# the same calls the SDK sends to the stream's member.
+PER_STREAM: dict[str, tuple[int, ...]] = {
+    path: method.field_numbers for path, method in PER_STREAM_METHODS.items()
+    if not method.request_streaming}
 # Request-streaming methods: (field path of the stream, route every request or the first).
 STREAMING: dict[str, tuple[tuple[int, ...], bool]] = {
-    _PACKAGE + "StreamService/PublishStream": ((1,), True),
-    _PACKAGE + "GroupService/Subscribe": ((1, 1), False),  # SubscribeRequest.open.stream
-    _PACKAGE + "GroupService/SubscribeBatches": ((1, 1), False),
-}
+    path: (method.field_numbers, method.every_request)
+    for path, method in PER_STREAM_METHODS.items() if method.request_streaming}
 # Each member's own: never routed (the sink's Stage routes its targets itself, and
 # PublishMany each entry: broker/streams/publish_many.py).
 MEMBER_METHODS = frozenset(_PACKAGE + name for name in (
@@ -153,9 +147,10 @@ class RoutingInterceptor(grpc.ServerInterceptor):
 
         moves = self._cluster.moves
         counted = method not in _UNCOUNTED
+        path = PER_STREAM[method]
 
         def routed(request: object, context: grpc.ServicerContext) -> Any:
-            stream = _stream_of(request, (1,))
+            stream = _stream_of(request, path)
             self._route(stream, context, method)
             if not stream or moves is None or not counted:
                 return inner(request, context)

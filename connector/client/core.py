@@ -69,7 +69,7 @@ class ClientCore:
         if broker is not None:
             return self._brokers.connection(broker).call(rpc, request, timeout=timeout,
                                                          idempotent=idempotent)
-        stream = stream_of(rpc, request)
+        stream = stream_of(request)
         if stream is None:
             return self._conn.call(rpc, request, timeout=timeout, idempotent=idempotent)
         return self._brokers.routed(stream, lambda conn: conn.call(
@@ -79,7 +79,7 @@ class ClientCore:
         self, rpc: str, request: Any, *, timeout: float | None = None, idempotent: bool = True,
     ) -> bytes:
         """``call`` (routed the same way) whose reply stays protobuf wire bytes."""
-        stream = stream_of(rpc, request)
+        stream = stream_of(request)
         if stream is None:
             return self._conn.call_raw_reply(rpc, request, timeout=timeout,
                                              idempotent=idempotent)

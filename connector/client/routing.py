@@ -8,9 +8,9 @@ stream another member holds fails with NOT_OWNER naming that member (the
 ``Client("any-member:7070")`` reaches every stream and, after the first call,
 sends each stream's calls straight to its owner:
 
-* unary per-stream calls (``PER_STREAM_RPCS``) go to the remembered owner,
-  else to the client's own broker, and follow up to ``MAX_REDIRECTS``
-  redirects (more means the members disagree on who holds the stream);
+* unary per-stream calls (their request names the stream: ``stream_of``)
+  go to the remembered owner, else to the client's own broker, and follow
+  up to ``MAX_REDIRECTS`` redirects (more means the members disagree on who holds the stream);
 * calls that cannot simply be resent elsewhere (a PublishStream fed by an
   iterator, a subscription, a ReadRange, a sink task's stages) ask
   ``ClusterService.Owners`` first (``owner_of``; one call per stream for the
@@ -37,8 +37,9 @@ import grpc
 from npstream.client.connection import Connection
 from npstream.errors import BrokerUnavailable, NotOwner, NpstreamError
 from npstream.proto import pb
+from npstream.proto.routing import STREAM_FIELDS
 
-__all__ = ["MAX_REDIRECTS", "PER_STREAM_RPCS", "Brokers", "stream_of"]
+__all__ = ["MAX_REDIRECTS", "Brokers", "stream_of"]
 
 log = logging.getLogger(__name__)
 
@@ -50,27 +51,17 @@ MAX_REDIRECTS = 3
 # Owners remembered at most (least recently used forgotten first).
 OWNER_CACHE_MAX = 100_000
 
-# Unary (and server-streaming) RPCs about one stream, and the request field
-# naming it: the broker's npstream.broker.cluster.interceptor.PER_STREAM.
-_BY_NAME = ("CreateStream", "DescribeStream", "UpdateStream", "DeleteStream",
-            "DeleteMessages", "RepairStream")
-PER_STREAM_RPCS: dict[str, str] = {
-    **{f"StreamService.{m}": "name" for m in _BY_NAME},
-    **{f"StreamService.{m}": "stream" for m in ("Publish", "Fetch", "OffsetForTimestamp")},
-    **{f"StreamReadService.{m}": "stream" for m in ("Locate", "ReadRange")},
-    **{f"GroupService.{m}": "stream" for m in (
-        "OpenConsumer", "Pull", "Commit", "Seek", "ListGroups", "DescribeGroup", "DeleteGroup",
-        "Receive", "ReceiveBatch", "Ack", "Nack")},
-    "ClusterService.MoveStream": "stream",
-}
+def stream_of(request: Any) -> str | None:
+    """The stream a call's request names (None for a request about no single stream).
 
-
-def stream_of(rpc: str, request: Any) -> str | None:
-    """The stream a per-stream call names (None for other calls)."""
-    field = PER_STREAM_RPCS.get(rpc)
+    Which request field names the stream is declared once, in npstream.proto
+    (``(names_stream)``, npstream.proto.routing): the same calls the broker
+    routes.
+    """
+    field = STREAM_FIELDS.get(type(request))
     if field is None:
         return None
-    name = getattr(request, field, None)
+    name = getattr(request, field)
     return name if isinstance(name, str) and name else None
 
 

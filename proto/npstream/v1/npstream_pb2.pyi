@@ -91,6 +91,8 @@ MOVE_STEP_INSTALL: MoveStep
 MOVE_STEP_ABORT: MoveStep
 ERROR_FIELD_NUMBER: _ClassVar[int]
 error: _descriptor.FieldDescriptor
+NAMES_STREAM_FIELD_NUMBER: _ClassVar[int]
+names_stream: _descriptor.FieldDescriptor
 
 class ErrorSpec(_message.Message):
     __slots__ = ("status", "client_class", "client_bases", "trailing")

@@ -9,13 +9,16 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool
+from google.protobuf.descriptor_pb2 import FieldDescriptorProto
 
 from npstream.broker.cluster.fanout import FANOUT_METHODS
 from npstream.broker.cluster.interceptor import MEMBER_METHODS, PER_STREAM, STREAMING
 from npstream.broker.cluster.placement import placement_weight, rendezvous_owner
 from npstream.broker.server.config import ConfigError, load_config
-from npstream.client.routing import PER_STREAM_RPCS
+from npstream.client.routing import stream_of
 from npstream.proto import pb
+from npstream.proto.routing import PER_STREAM_METHODS, STREAM_FIELDS, stream_path
 from npstream.proto.wire import field_bytes
 
 MEMBERS = ["10.0.0.1:7070", "10.0.0.2:7070", "10.0.0.3:7070"]
@@ -97,24 +100,68 @@ def _all_methods() -> set[str]:
 
 def test_every_rpc_is_routed_fanned_out_or_a_members_own():
     """A new RPC must be put in one group, or it would skip routing unnoticed."""
-    groups = [PER_STREAM, set(STREAMING), FANOUT_METHODS, MEMBER_METHODS]
+    groups = [set(PER_STREAM), set(STREAMING), FANOUT_METHODS, MEMBER_METHODS]
     every = _all_methods()
     for method in every:
         assert sum(method in group for group in groups) == 1, method
     assert set().union(*groups) == every
 
 
-def test_per_stream_requests_name_their_stream_in_field_1():
-    for method in PER_STREAM:
-        service, name = method.removeprefix("/npstream.v1.").split("/")
-        descriptor = pb.DESCRIPTOR.services_by_name[service].methods_by_name[name]
-        field = descriptor.input_type.fields_by_number[1]
-        assert field.name in ("stream", "name") and field.type == field.TYPE_STRING, method
+def test_the_routed_rpcs_are_those_whose_request_marks_its_stream_in_the_proto():
+    """The (names_stream) option decides; the broker's groups are read from it."""
+    per_stream = {f"/npstream.v1.{rpc}" for rpc in (
+        "StreamService/CreateStream", "StreamService/DescribeStream",
+        "StreamService/UpdateStream", "StreamService/DeleteStream",
+        "StreamService/DeleteMessages", "StreamService/RepairStream", "StreamService/Publish",
+        "StreamService/Fetch", "StreamService/OffsetForTimestamp",
+        "StreamReadService/Locate", "StreamReadService/ReadRange",
+        "GroupService/OpenConsumer", "GroupService/Pull", "GroupService/Commit",
+        "GroupService/Seek", "GroupService/ListGroups", "GroupService/DescribeGroup",
+        "GroupService/DeleteGroup", "GroupService/Receive", "GroupService/ReceiveBatch",
+        "GroupService/Ack", "GroupService/Nack", "ClusterService/MoveStream")}
+    assert set(PER_STREAM) == per_stream
+    assert set(PER_STREAM_METHODS) == per_stream | set(STREAMING)
+    assert STREAMING == {"/npstream.v1.StreamService/PublishStream": ((1,), True),
+                         "/npstream.v1.GroupService/Subscribe": ((1, 1), False),
+                         "/npstream.v1.GroupService/SubscribeBatches": ((1, 1), False)}
+    by_name = {"CreateStream", "DescribeStream", "UpdateStream", "DeleteStream",
+               "DeleteMessages", "RepairStream"}
+    for path, numbers in PER_STREAM.items():
+        method = PER_STREAM_METHODS[path]
+        assert numbers == (1,)
+        expected = "name" if path.rpartition("/")[2] in by_name else "stream"
+        assert method.field_names == (expected,), path
 
 
-def test_the_client_routes_the_same_rpcs_as_the_broker():
-    client = {f"/npstream.v1.{rpc.replace('.', '/')}" for rpc in PER_STREAM_RPCS}
-    assert client == set(PER_STREAM)
+def test_the_client_routes_the_calls_the_broker_routes():
+    """The SDK's stream_of reads the field the broker routes by, from the same declaration."""
+    descriptors = {f"/npstream.v1.{service.name}/{method.name}": method
+                   for service in pb.DESCRIPTOR.services_by_name.values()
+                   for method in service.methods}
+    for path in PER_STREAM:
+        request_class = getattr(pb, descriptors[path].input_type.name)
+        field = PER_STREAM_METHODS[path].field_names[0]
+        assert stream_of(request_class(**{field: "orders"})) == "orders", path
+        assert stream_of(request_class()) is None, path
+    for path in set(FANOUT_METHODS) | MEMBER_METHODS:
+        request_class = getattr(pb, descriptors[path].input_type.name)
+        assert request_class not in STREAM_FIELDS, path
+    assert stream_of(pb.MoveInRequest(stream="orders")) is None  # a member's own call
+
+
+def test_a_marked_field_that_is_not_a_stream_name_fails_the_import():
+    bad = descriptor_pb2.FileDescriptorProto(name="bad_routing.proto", package="bad",
+                                             dependency=["npstream/v1/npstream.proto"])
+    message = bad.message_type.add(name="Bad")
+    field = message.field.add(name="count", number=1, type=FieldDescriptorProto.TYPE_INT64,
+                              label=FieldDescriptorProto.LABEL_OPTIONAL)
+    field.options.Extensions[pb.names_stream] = True
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(descriptor_pb2.DescriptorProto.DESCRIPTOR.file.serialized_pb)
+    pool.AddSerializedFile(pb.DESCRIPTOR.serialized_pb)
+    pool.Add(bad)
+    with pytest.raises(RuntimeError, match=r"bad.Bad.count is marked \(names_stream\)"):
+        stream_path(pool.FindMessageTypeByName("bad.Bad"))
 
 
 def test_the_stream_name_is_read_from_wire_bytes_without_parsing():
