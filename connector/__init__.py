@@ -54,6 +54,7 @@ from npstream.errors import (
     Unauthenticated,
     ValueMismatch,
 )
+from npstream.groups.options import GroupOptions
 from npstream.proto.schema import MESSAGE_SCHEMA
 
 try:
@@ -71,6 +72,7 @@ __all__ = [
     "CorruptRecord",
     "DiskFull",
     "GroupNotFound",
+    "GroupOptions",
     "IncompatibleSchema",
     "IndexOutOfRange",
     "InvalidArgument",

@@ -16,8 +16,8 @@ the doorways to consumer groups (``npstream.groups``) and the sink
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from npstream.client.publisher import Publisher
 from npstream.client.reader import Reader
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from npstream.groups.batch_stream import BatchStream
     from npstream.groups.cursor import Consumer
     from npstream.groups.leases import Lease
+    from npstream.groups.options import GroupOptions
     from npstream.groups.redrive import RedriveResult
     from npstream.groups.subscription import Subscription
     from npstream.sink.client import SinkClient
@@ -56,21 +57,21 @@ class Client(StreamAdmin, Publisher, Reader):
         group: str,
         handler: Callable[[Lease], object],
         *,
-        ack_wait: float = 30.0,
         max_in_flight: int = 1000,
-        max_deliver: int = 0,
-        backoff: Sequence[float] | None = None,
-        dead_letter_stream: str | None = None,
-        member_id: str | None = None,
-        ordering: str | None = None,
+        options: GroupOptions | None = None,
+        **group_options: Any,
     ) -> Subscription:
+        """Push delivery to ``handler`` in worker threads (npstream.groups.subscription).
+
+        ``options``: the group settings (``GroupOptions``); the old keyword
+        arguments (``ack_wait=``, ``max_deliver=``, ``backoff=``,
+        ``dead_letter_stream=``, ``ordering=``, ``member_id=``) still work
+        and win over ``options``. The same for the three ``receive`` methods.
+        """
         from npstream.groups.subscription import subscribe
 
-        return subscribe(
-            self, stream, group, handler, ack_wait=ack_wait, max_in_flight=max_in_flight,
-            max_deliver=max_deliver, backoff=backoff, dead_letter_stream=dead_letter_stream,
-            member_id=member_id, ordering=ordering,
-        )
+        return subscribe(self, stream, group, handler, max_in_flight=max_in_flight,
+                         options=options, **group_options)
 
     def receive(
         self,
@@ -79,20 +80,13 @@ class Client(StreamAdmin, Publisher, Reader):
         max: int = 10,
         *,
         wait: float = 0.0,
-        ack_wait: float = 30.0,
-        max_deliver: int = 0,
-        backoff: Sequence[float] | None = None,
-        dead_letter_stream: str | None = None,
-        member_id: str | None = None,
-        ordering: str | None = None,
+        options: GroupOptions | None = None,
+        **group_options: Any,
     ) -> list[Lease]:
+        """Lease up to ``max`` messages (npstream.groups.pull); ``options`` as ``subscribe``."""
         from npstream.groups.pull import receive
 
-        return receive(
-            self, stream, group, max, wait=wait, ack_wait=ack_wait, max_deliver=max_deliver,
-            backoff=backoff, dead_letter_stream=dead_letter_stream, member_id=member_id,
-            ordering=ordering,
-        )
+        return receive(self, stream, group, max, wait=wait, options=options, **group_options)
 
     def receive_batch(
         self,
@@ -101,21 +95,18 @@ class Client(StreamAdmin, Publisher, Reader):
         max: int = 1000,
         *,
         wait: float = 0.0,
-        ack_wait: float = 30.0,
-        max_deliver: int = 0,
-        backoff: Sequence[float] | None = None,
-        dead_letter_stream: str | None = None,
-        member_id: str | None = None,
-        ordering: str | None = None,
+        options: GroupOptions | None = None,
         ack: LeaseBatch | None = None,
+        **group_options: Any,
     ) -> LeaseBatch:
+        """Lease up to ``max`` messages as one Arrow batch (npstream.groups.batch).
+
+        ``options`` as ``subscribe``.
+        """
         from npstream.groups.batch import receive_batch
 
-        return receive_batch(
-            self, stream, group, max, wait=wait, ack_wait=ack_wait, max_deliver=max_deliver,
-            backoff=backoff, dead_letter_stream=dead_letter_stream, member_id=member_id,
-            ack=ack, ordering=ordering,
-        )
+        return receive_batch(self, stream, group, max, wait=wait, options=options, ack=ack,
+                             **group_options)
 
     def receive_batches(
         self,
@@ -124,23 +115,16 @@ class Client(StreamAdmin, Publisher, Reader):
         max: int = 1000,
         *,
         wait: float = 1.0,
-        ack_wait: float = 30.0,
-        max_deliver: int = 0,
-        backoff: Sequence[float] | None = None,
-        dead_letter_stream: str | None = None,
-        member_id: str | None = None,
-        ordering: str | None = None,
+        options: GroupOptions | None = None,
         prefetch: int | None = None,
         until_empty: bool = False,
+        **group_options: Any,
     ) -> BatchStream:
         """Iterate over the group's LeaseBatches, the next ones prefetched (groups.batch_stream)."""
         from npstream.groups.batch_stream import receive_batches
 
-        return receive_batches(
-            self, stream, group, max, wait=wait, ack_wait=ack_wait, max_deliver=max_deliver,
-            backoff=backoff, dead_letter_stream=dead_letter_stream, member_id=member_id,
-            ordering=ordering, prefetch=prefetch, until_empty=until_empty,
-        )
+        return receive_batches(self, stream, group, max, wait=wait, options=options,
+                               prefetch=prefetch, until_empty=until_empty, **group_options)
 
     def redrive(self, dlq_stream: str, *, start: int | None = None, end: int | None = None,
                 header: tuple[str, str] | None = None) -> RedriveResult:

@@ -14,7 +14,7 @@ a partial settle.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +22,7 @@ import pyarrow as pa
 from npstream.client import group_rpc
 from npstream.errors import InvalidArgument
 from npstream.groups.leases import check_receive, default_member_id, shared_group_config
+from npstream.groups.options import GroupOptions, group_options
 from npstream.proto import pb
 from npstream.proto.schema import DELIVERY_SCHEMA
 from npstream.proto.units import parse_duration_ms
@@ -121,13 +122,9 @@ def receive_batch(
     max: int = 1000,
     *,
     wait: float = 0.0,
-    ack_wait: float = 30.0,
-    max_deliver: int = 0,
-    backoff: Sequence[float] | None = None,
-    dead_letter_stream: str | None = None,
-    ordering: str | None = None,
-    member_id: str | None = None,
+    options: GroupOptions | None = None,
     ack: LeaseBatch | None = None,
+    **keywords: Any,
 ) -> LeaseBatch:
     """Lease up to ``max`` messages of the shared group as one batch (see the module doc).
 
@@ -137,8 +134,9 @@ def receive_batch(
     acked by the same call, before anything is leased (one round trip per
     batch instead of two; durable when the call returns, as ``ack()``).
     """
-    config = shared_group_config(stream, ack_wait, max_deliver, backoff, dead_letter_stream,
-                                 ordering)
+    settings = group_options(options, keywords, "receive_batch")
+    config = shared_group_config(stream, settings)
+    member_id = settings.member_id
     check_receive(group, max, wait)
     if ack is not None and (ack.stream, ack.group) != (stream, group):
         raise InvalidArgument(f"ack= is a batch of group '{ack.group}' on stream "

@@ -20,11 +20,12 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from npstream.errors import InvalidArgument
 from npstream.groups.batch import LeaseBatch, lease_batch
 from npstream.groups.leases import check_receive, default_member_id, shared_group_config
+from npstream.groups.options import GroupOptions, group_options
 from npstream.proto import pb
 
 if TYPE_CHECKING:
@@ -45,14 +46,10 @@ def receive_batches(
     max: int = 1000,
     *,
     wait: float = 1.0,
-    ack_wait: float = 30.0,
-    max_deliver: int = 0,
-    backoff: Sequence[float] | None = None,
-    dead_letter_stream: str | None = None,
-    ordering: str | None = None,
-    member_id: str | None = None,
+    options: GroupOptions | None = None,
     prefetch: int | None = None,
     until_empty: bool = False,
+    **keywords: Any,
 ) -> BatchStream:
     """An iterator of the group's LeaseBatches (see the module doc); arguments as receive_batch.
 
@@ -71,8 +68,9 @@ def receive_batches(
     if not isinstance(prefetch, int) or not 0 <= prefetch <= MAX_PREFETCH:
         raise InvalidArgument(f"receive_batches: prefetch must be an integer from 0 to "
                               f"{MAX_PREFETCH} (calls in flight), got {prefetch!r}")
-    config = shared_group_config(stream, ack_wait, max_deliver, backoff, dead_letter_stream,
-                                 ordering)
+    settings = group_options(options, keywords, "receive_batches")
+    config = shared_group_config(stream, settings)
+    member_id = settings.member_id
     check_receive(group, max, wait)
     return BatchStream(client, stream, group, member_id or default_member_id(), max, wait,
                        config, prefetch, until_empty)

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from npstream.client import group_rpc
 from npstream.errors import InvalidArgument
+from npstream.groups.options import GroupOptions
 from npstream.proto import pb
 from npstream.proto.names import validate_group_name, validate_stream_name
 from npstream.proto.units import datetime_from_ms, parse_duration_ms
@@ -58,18 +59,19 @@ def default_member_id() -> str:
 ORDERINGS = {None: pb.ORDERING_UNSPECIFIED, "none": pb.ORDERING_NONE, "key": pb.ORDERING_KEY}
 
 
-def shared_group_config(stream: str, ack_wait: object, max_deliver: int,
-                        backoff: Sequence[object] | None, dead_letter_stream: str | None,
-                        ordering: str | None = None) -> pb.SharedGroupConfig:
+def shared_group_config(stream: str, options: GroupOptions) -> pb.SharedGroupConfig:
     """The group settings of a receive or subscribe call, checked before any round trip.
 
-    ``ordering``: "key" (at most one unfinished message per key, redelivered
-    first), "none", or None to keep what the group has (unordered when new).
+    ``options.ordering``: "key" (at most one unfinished message per key,
+    redelivered first), "none", or None to keep what the group has
+    (unordered when new).
     """
+    ack_wait, max_deliver, ordering = options.ack_wait, options.max_deliver, options.ordering
+    dead_letter_stream = options.dead_letter_stream
     try:
         validate_stream_name(stream)
         ack_wait_ms = parse_duration_ms(ack_wait)
-        backoff_ms = [parse_duration_ms(b) for b in (backoff or ())]
+        backoff_ms = [parse_duration_ms(b) for b in (options.backoff or ())]
         if dead_letter_stream is not None:
             validate_stream_name(dead_letter_stream)
     except ValueError as exc:

@@ -9,8 +9,7 @@ for a steady flow; both can serve one group at the same time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from npstream.client import group_rpc
 from npstream.groups.leases import (
@@ -20,6 +19,7 @@ from npstream.groups.leases import (
     shared_group_config,
     unary_settler,
 )
+from npstream.groups.options import GroupOptions, group_options
 
 if TYPE_CHECKING:
     from npstream.client.client import Client
@@ -34,20 +34,17 @@ def receive(
     max: int = 10,
     *,
     wait: float = 0.0,
-    ack_wait: float = 30.0,
-    max_deliver: int = 0,
-    backoff: Sequence[float] | None = None,
-    dead_letter_stream: str | None = None,
-    ordering: str | None = None,
-    member_id: str | None = None,
+    options: GroupOptions | None = None,
+    **keywords: Any,
 ) -> list[Lease]:
     """Lease up to ``max`` messages of the shared group (created on first use).
 
     Redeliveries that are due come first, then new messages in offset order.
     ``wait`` seconds long-polls when there is nothing to deliver.
     """
-    config = shared_group_config(stream, ack_wait, max_deliver, backoff, dead_letter_stream,
-                                 ordering)
+    settings = group_options(options, keywords, "receive")
+    config = shared_group_config(stream, settings)
+    member_id = settings.member_id
     check_receive(group, max, wait)
     member = member_id or default_member_id()
     response = group_rpc.receive(client, stream, group, member_id=member, max_messages=max,

@@ -17,9 +17,9 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -36,6 +36,7 @@ from npstream.groups.leases import (
     shared_group_config,
     unary_settler,
 )
+from npstream.groups.options import GroupOptions, group_options
 from npstream.groups.outbox import CREDIT_BATCH_DIVISOR, Outbox
 from npstream.proto import metadata_keys, pb
 
@@ -68,13 +69,9 @@ def subscribe(
     group: str,
     handler: Callable[[Lease], object],
     *,
-    ack_wait: float = 30.0,
     max_in_flight: int = 1000,
-    max_deliver: int = 0,
-    backoff: Sequence[float] | None = None,
-    dead_letter_stream: str | None = None,
-    ordering: str | None = None,
-    member_id: str | None = None,
+    options: GroupOptions | None = None,
+    **keywords: Any,
 ) -> Subscription:
     """Start a push subscription; see ``npstream.groups.shared`` for the model.
 
@@ -82,8 +79,9 @@ def subscribe(
     a missing stream or invalid settings raise here. An unreachable broker is
     retried for FIRST_CONNECT_DEADLINE_S (15 s) before BrokerUnavailable.
     """
-    config = shared_group_config(stream, ack_wait, max_deliver, backoff, dead_letter_stream,
-                                 ordering)
+    settings = group_options(options, keywords, "subscribe")
+    config = shared_group_config(stream, settings)
+    member_id = settings.member_id
     check_group(group)
     if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
         raise InvalidArgument(f"max_in_flight={max_in_flight!r} must be an int >= 1")
