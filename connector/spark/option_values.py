@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from npstream.client.connection import resolve_address
+from npstream.errors import InvalidArgument
 from npstream.proto.defaults import GRPC_MAX_MESSAGE_BYTES
 from npstream.proto.names import validate_stream_name
 from npstream.proto.units import parse_duration_ms, parse_size, parse_timestamp_ms
@@ -79,22 +81,14 @@ def parse_non_empty(text: str) -> str:
     return text.strip()
 
 
-_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)
-_HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
-
-
 def parse_broker(text: str) -> str:
-    target = text.strip()
-    if not target or any(ch.isspace() for ch in target):
-        raise ValueError("must be a non-empty address without spaces")
-    match = _HOST_PORT.match(target)
-    if match:
-        if not 0 < int(match.group(2)) < 65536:
-            raise ValueError("port must be between 1 and 65535")
-        return target
-    if _SCHEME.match(target) and not target[0].isdigit():
-        return target  # a gRPC target such as dns:///host:port or unix:/path
-    raise ValueError("not host:port")
+    """The address by the SDK's one rule (``resolve_address``): host:port or a gRPC target."""
+    if not text.strip():
+        raise ValueError("must not be empty")  # resolve_address would fall back to the default
+    try:
+        return resolve_address(text)
+    except InvalidArgument as exc:
+        raise ValueError(str(exc)) from None
 
 
 def parse_stream_list(text: str) -> tuple[str, ...]:

@@ -120,7 +120,8 @@ class OptionSpec:
 
 CONNECTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("broker", None, parse_broker, "host:port or a gRPC target (dns:///h:7070)",
-               BOTH, "broker address (host:port or a gRPC target)",
+               BOTH, "broker address (host:port or a gRPC target: dns:, unix:, "
+               "ipv4:, ipv6:, vsock:), checked by the rule `Client(address)` uses",
                example="`broker.internal:7070`, `dns:///np:7070`",
                shown=f"env `{BROKER_ADDRESS_ENV}`, else `{DEFAULT_BROKER}`",
                section="Connection"),

@@ -98,7 +98,8 @@ class NpstreamDataSource(DataSource):
 
     .. begin generated: read options (`make docs`; do not edit)
     broker : str, default env NPSTREAM_BROKER, else localhost:7070
-        Broker address (host:port or a gRPC target).
+        Broker address (host:port or a gRPC target: dns:, unix:, ipv4:,
+        ipv6:, vsock:), checked by the rule Client(address) uses.
     token : str, optional
         Auth token, sent as authorization: Bearer <token>.
     tls : bool, default false

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -73,11 +74,28 @@ def test_parse_broker_accepts_addresses(value):
     assert parse(stream="a", broker=value).connection.broker == value
 
 
-@pytest.mark.parametrize("value", ["localhost", "host:0", "host:70000", "a b:1", ""])
+@pytest.mark.parametrize("value", ["localhost", "host:0", "host:70000", "a b:1", "",
+                                   "http://broker:7070", "grpc://broker:7070", "tcp:broker:7070"])
 def test_parse_broker_rejects_bad_address(value):
     message = error(stream="a", broker=value)
     assert f"Invalid value {value!r} for option 'broker'" in message
     assert "Accepted: host:port" in message
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    ("localhost", "invalid broker address 'localhost': no port"),
+    ("http://broker:7070", "invalid broker address 'http://broker:7070': not host:port"),
+    ("host:70000", "port 70000 is not within 1..65535"),
+])
+def test_parse_broker_bad_address_gives_the_sdk_reason(value, reason):
+    # One rule for an address: the option says what Client(address) would say.
+    from npstream.client.connection import resolve_address
+    from npstream.errors import InvalidArgument
+
+    message = error(stream="a", broker=value)
+    assert reason in message
+    with pytest.raises(InvalidArgument, match=re.escape(reason)):
+        resolve_address(value)
 
 
 def test_parse_local_reads_default_on_and_off():
