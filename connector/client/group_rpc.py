@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from google.protobuf.message import DecodeError
 
+from npstream.client.checks import checked_int, checked_offset, checked_wait_ms
 from npstream.errors import NpstreamError
 from npstream.proto import pb
 from npstream.proto.wire import split_bytes_field
@@ -63,8 +64,10 @@ def pull(client: ClientCore, stream: str, group: str, *, limit: int, wait: float
     """The next messages after the group's position; ``wait`` seconds long-polls."""
     response: pb.PullResponse = client.call(
         "GroupService.Pull",
-        pb.PullRequest(stream=stream, group=group, limit=limit,
-                       wait_ms=int(wait * 1000), auto_commit=auto_commit),
+        pb.PullRequest(stream=stream, group=group,
+                       limit=checked_int("limit", limit, "PullRequest.limit"),
+                       wait_ms=checked_wait_ms("wait", wait, "PullRequest.wait_ms"),
+                       auto_commit=auto_commit),
         timeout=client.timeout + wait,
         idempotent=not auto_commit,  # a retried auto-commit pull would skip messages
     )
@@ -76,9 +79,10 @@ def commit(client: ClientCore, stream: str, group: str, *, offset: int | None = 
     """Move the group past ``offset``, or to ``next_offset`` (give one of them)."""
     request = pb.CommitRequest(stream=stream, group=group)
     if next_offset is not None:
-        request.next_offset = next_offset
+        request.next_offset = checked_offset("next_offset", next_offset,
+                                             "CommitRequest.next_offset")
     elif offset is not None:
-        request.offset = offset
+        request.offset = checked_int("offset", offset, "CommitRequest.offset")
     response: pb.CommitResponse = client.call("GroupService.Commit", request)
     return response
 
@@ -121,7 +125,10 @@ def receive(client: ClientCore, stream: str, group: str, *, member_id: str, max_
     response: pb.ReceiveResponse = client.call(
         "GroupService.Receive",
         pb.ReceiveRequest(stream=stream, group=group, member_id=member_id,
-                          max_messages=max_messages, wait_ms=int(wait * 1000), config=config),
+                          max_messages=checked_int("max_messages", max_messages,
+                                                   "ReceiveRequest.max_messages"),
+                          wait_ms=checked_wait_ms("wait", wait, "ReceiveRequest.wait_ms"),
+                          config=config),
         timeout=client.timeout + wait,
     )
     return response
@@ -140,8 +147,10 @@ def receive_batch(client: ClientCore, stream: str, group: str, *, member_id: str
     reply = client.call_raw_reply(
         "GroupService.ReceiveBatch",
         pb.ReceiveRequest(stream=stream, group=group, member_id=member_id,
-                          max_messages=max_messages, wait_ms=int(wait * 1000), config=config,
-                          ack_ranges=_ranges(ack_ranges)),
+                          max_messages=checked_int("max_messages", max_messages,
+                                                   "ReceiveRequest.max_messages"),
+                          wait_ms=checked_wait_ms("wait", wait, "ReceiveRequest.wait_ms"),
+                          config=config, ack_ranges=_ranges(ack_ranges)),
         timeout=client.timeout + wait,
     )
     try:
@@ -152,15 +161,25 @@ def receive_batch(client: ClientCore, stream: str, group: str, *, member_id: str
 
 
 def _ranges(ranges: Sequence[tuple[int, int]]) -> list[pb.OffsetRange]:
-    return [pb.OffsetRange(start=start, end=end) for start, end in ranges]
+    return [pb.OffsetRange(start=checked_offset("range start", start, "OffsetRange.start"),
+                           end=checked_offset("range end", end, "OffsetRange.end"))
+            for start, end in ranges]
+
+
+def _offsets(offsets: Sequence[int], field: str) -> Sequence[int]:
+    """``offsets`` when its lowest and highest are in ``field``'s range (no per-item loop)."""
+    if len(offsets):
+        checked_offset("offsets", min(offsets), field)
+        checked_offset("offsets", max(offsets), field)
+    return offsets
 
 
 def ack(client: ClientCore, stream: str, group: str, offsets: Sequence[int],
         member_id: str = "", ranges: Sequence[tuple[int, int]] = ()) -> pb.AckResponse:
     """Settle leases as done: ``offsets`` and every offset of the ``[start, end)`` ranges."""
     response: pb.AckResponse = client.call("GroupService.Ack", pb.AckRequest(
-        stream=stream, group=group, offsets=offsets, member_id=member_id,
-        ranges=_ranges(ranges)))
+        stream=stream, group=group, offsets=_offsets(offsets, "AckRequest.offsets"),
+        member_id=member_id, ranges=_ranges(ranges)))
     return response
 
 
@@ -169,8 +188,9 @@ def nack(client: ClientCore, stream: str, group: str, offsets: Sequence[int], *,
          ranges: Sequence[tuple[int, int]] = ()) -> pb.NackResponse:
     """Settle leases as not done: redeliver after ``delay_ms``."""
     response: pb.NackResponse = client.call("GroupService.Nack", pb.NackRequest(
-        stream=stream, group=group, offsets=offsets, delay_ms=delay_ms, member_id=member_id,
-        ranges=_ranges(ranges)))
+        stream=stream, group=group, offsets=_offsets(offsets, "NackRequest.offsets"),
+        delay_ms=checked_int("delay_ms", delay_ms, "NackRequest.delay_ms"),
+        member_id=member_id, ranges=_ranges(ranges)))
     return response
 
 

@@ -23,7 +23,13 @@ from typing import Any, NoReturn
 
 import pyarrow as pa
 
-from npstream.client.checks import checked_offset, checked_stream, parsed
+from npstream.client.checks import (
+    checked_int,
+    checked_offset,
+    checked_stream,
+    checked_wait_ms,
+    parsed,
+)
 from npstream.client.connection import Connection
 from npstream.client.core import ClientCore
 from npstream.client.local_reads import (
@@ -94,15 +100,14 @@ class Reader(ClientCore):
             raise InvalidArgument(
                 f"max_messages and max_bytes must be > 0, got {max_messages} and {max_bytes}"
             )
-        if wait < 0:
-            raise InvalidArgument(f"wait must be >= 0 seconds, got {wait!r}")
         request = pb.FetchRequest(
             stream=checked_stream(stream),
             offset=checked_offset("offset", offset),
-            max_messages=max_messages,
-            max_bytes=max_bytes,
-            wait_ms=int(wait * 1000),
-            end_offset=0 if end_offset is None else end_offset,
+            max_messages=checked_int("max_messages", max_messages, "FetchRequest.max_messages"),
+            max_bytes=checked_int("max_bytes", max_bytes, "FetchRequest.max_bytes"),
+            wait_ms=checked_wait_ms("wait", wait, "FetchRequest.wait_ms"),
+            end_offset=0 if end_offset is None else checked_offset(
+                "end_offset", end_offset, "FetchRequest.end_offset"),
         )
         return self.call("StreamService.Fetch", request, timeout=self.timeout + wait)
 
@@ -206,7 +211,8 @@ class Reader(ClientCore):
         request = pb.FetchRequest(
             stream=checked_stream(stream), offset=checked_offset("offset", offset),
             max_messages=min(max_messages, MAX_INT32),
-            end_offset=0 if end_offset is None else end_offset,
+            end_offset=0 if end_offset is None else checked_offset(
+                "end_offset", end_offset, "FetchRequest.end_offset"),
         )
         response = self.call("StreamReadService.Locate", request)
         try:

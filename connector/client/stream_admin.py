@@ -177,7 +177,8 @@ class StreamAdmin(ClientCore):
         """Drop messages below ``before_offset`` (it becomes start_offset), or all when None."""
         request = pb.DeleteMessagesRequest(name=checked_stream(name))
         if before_offset is not None:
-            request.before_offset = checked_offset("before_offset", before_offset)
+            request.before_offset = checked_offset("before_offset", before_offset,
+                                                   "DeleteMessagesRequest.before_offset")
         info = StreamInfo.from_pb(self.call("StreamService.DeleteMessages", request))
         log.info("deleted messages of stream '%s' before offset %s: now [%d, %d)",
                  name, "end" if before_offset is None else before_offset,

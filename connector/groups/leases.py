@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from npstream.client import group_rpc
+from npstream.client.checks import checked_int, checked_wait_ms
 from npstream.errors import InvalidArgument
 from npstream.groups.options import GroupOptions
 from npstream.proto import pb
@@ -94,8 +95,8 @@ def check_receive(group: str, max: int, wait: float) -> None:
     check_group(group)
     if max < 1:
         raise InvalidArgument(f"max={max} must be >= 1")
-    if wait < 0:
-        raise InvalidArgument(f"wait={wait} must be >= 0 seconds")
+    checked_int("max", max, "ReceiveRequest.max_messages")
+    checked_wait_ms("wait", wait, "ReceiveRequest.wait_ms")
 
 
 def check_group(group: str) -> None:
