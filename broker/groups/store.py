@@ -24,7 +24,6 @@ from __future__ import annotations
 import builtins
 import logging
 import sqlite3
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from npstream.broker.errors import DiskFullError, is_disk_full
 from npstream.broker.groups.shared_config import SharedConfig
 from npstream.broker.groups.tuning import POSITION_FLUSH_INTERVAL_S, POSITION_WAIT_TIMEOUT_S
 from npstream.broker.metadata import Metadata
+from npstream.broker.storage.group_commit import GroupCommit, GroupCommitClosedError
 
 __all__ = ["GroupRow", "GroupStore", "PositionWriter"]
 
@@ -168,113 +168,114 @@ class GroupStore:
         return count
 
 
+class _Positions(dict[GroupKey, tuple[int, int]]):
+    """A round's positions, the latest per group, and the ticket of the latest put in it."""
+
+    __slots__ = ("ticket",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ticket = 0
+
+
+def _requeue(failed: _Positions, later: _Positions) -> None:
+    """A failed round's positions join the next round, where newer ones win."""
+    for key, value in failed.items():
+        later.setdefault(key, value)
+    later.ticket = max(later.ticket, failed.ticket)
+
+
 class PositionWriter:
-    """Coalesces position updates and writes them from one thread (see module docstring)."""
+    """Coalesces position updates into rounds of one transaction (see module docstring).
+
+    The rounds are storage/group_commit.py's: a waiting caller leads the
+    write, a thread writes what nobody waits for after ``interval_s``, and a
+    failed round's positions stay queued for the thread's retry.
+    """
 
     def __init__(self, store: GroupStore,
                  interval_s: float = POSITION_FLUSH_INTERVAL_S) -> None:
         self._store = store
-        self._interval_s = interval_s
-        lock = threading.RLock()
-        self._cond = threading.Condition(lock)  # waiters: a write finished
-        # The writer thread: work is pending (same lock; a write that a waiter made
-        # wakes only waiters, not the thread).
-        self._work = threading.Condition(lock)
-        self._pending: dict[GroupKey, tuple[int, int]] = {}
-        self._queued_seq = 0  # sequence number of the latest put
-        self._written_seq = 0  # every put up to this one is in SQLite
-        self._writing = False  # a batch is taken off _pending and not yet written
-        self._waiting = 0  # callers blocked in wait(): write at once, do not coalesce
+        self._tickets = 0  # ticket of the latest put
+        self._written = 0  # every put up to this ticket is in SQLite
         self._closed = False
         self._last_error: Exception | None = None  # of the latest write, None once one succeeds
-        self._thread = threading.Thread(target=self._run, name="npstream-group-positions",
-                                        daemon=True)
-        self._thread.start()
+        self._commit: GroupCommit[tuple[GroupKey, tuple[int, int]], _Positions] = GroupCommit(
+            self._write, _Positions, self._add, thread_name="npstream-group-positions",
+            linger_s=interval_s, retry_pause_s=max(interval_s, 0.1),
+            idle_look_s=WRITER_IDLE_LOOK_S, requeue=_requeue)
+
+    def _add(self, positions: _Positions, item: tuple[GroupKey, tuple[int, int]]) -> None:
+        """Under the rounds' lock, so tickets grow in round order."""
+        key, value = item
+        positions[key] = value
+        self._tickets += 1
+        positions.ticket = self._tickets
 
     def put(self, stream: str, group: str, committed_offset: int, dead_lettered: int, *,
             wake_writer: bool = True) -> int:
-        """Queue the group's new position; returns a ticket for ``wait``.
+        """Queue the group's new position; returns a ticket for ``wait`` (0: closed).
 
         ``wake_writer=False`` when the caller waits for the ticket (it writes
         then, as the group-commit leader): waking the writer thread for a
         write it will not make cost a thread wake-up and a turn at the lock
         per batch ack. The thread looks at least every WRITER_IDLE_LOOK_S anyway.
         """
-        with self._cond:
-            if wake_writer and not self._pending:
-                self._work.notify()  # the writer sleeps until something is pending
-            self._pending[(stream, group)] = (committed_offset, dead_lettered)
-            self._queued_seq += 1
-            return self._queued_seq
+        try:
+            round_ = self._commit.submit(((stream, group), (committed_offset, dead_lettered)),
+                                         wake=wake_writer)
+        except GroupCommitClosedError:
+            return 0
+        return round_.batch.ticket  # this put's or a later one's of the same round
 
     def wait(self, ticket: int, timeout: float = POSITION_WAIT_TIMEOUT_S) -> bool:
         """Block until the put with this ticket is written; False on timeout.
 
-        Writes the pending positions itself when no write is running (see
-        the module doc). When that write fails, the positions stay queued for
-        the writer thread's retry and the caller gets the error (DiskFullError
+        Leads the write when none is running (see the module doc). When the
+        round holding the ticket fails, its positions stay queued for the
+        writer thread's retry and the caller gets the error (DiskFullError
         when the disk is full) instead of a durable position: retrying the
         write here at once would spin until space is freed.
         """
         deadline = time.monotonic() + timeout
-        with self._cond:
-            self._waiting += 1
+        while self._written < ticket and not self._closed:
+            round_ = self._commit.oldest()
+            if round_ is None:
+                return True  # nothing queued: the ticket's position was discarded
             try:
-                while True:
-                    if (self._written_seq >= ticket or self._closed
-                            or not (self._pending or self._writing)):
-                        return True
-                    if not self._writing and self._pending:
-                        if not self._write_locked():
-                            raise self._write_error()
-                        continue
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return False
-                    self._cond.wait(remaining)
-            finally:
-                self._waiting -= 1
+                if not self._commit.wait(round_, deadline - time.monotonic()):
+                    return False
+            except Exception as exc:
+                if round_.batch.ticket >= ticket:
+                    raise self._write_error(exc, round_.batch) from None
+        return True
 
-    def _write_locked(self) -> bool:
-        """Write everything pending (lock released meanwhile); False when the write failed."""
-        batch, self._pending = self._pending, {}
-        seq = self._queued_seq
-        self._writing = True
-        self._cond.release()
-        error: Exception | None = None
+    def _write(self, positions: _Positions) -> None:
+        """Flush of a round: one transaction; logs once per failing streak."""
         try:
-            self._store.write_positions(batch)
+            if positions:
+                self._store.write_positions(positions)
         except Exception as exc:
-            error = exc
-        finally:
-            self._cond.acquire()
-        failed = error is not None
-        if error is not None and self._last_error is None:  # once per failing streak
-            log.error("writing %d group position(s) failed; retrying", len(batch),
-                      exc_info=error)
-        elif error is None and self._last_error is not None:
+            if self._last_error is None:
+                log.error("writing %d group position(s) failed; retrying", len(positions),
+                          exc_info=exc)
+            self._last_error = exc
+            raise
+        if self._last_error is not None:
             log.info("group positions written again after a failed write")
-        self._last_error = error
-        self._writing = False
-        if failed:
-            for key, value in batch.items():
-                self._pending.setdefault(key, value)
-        else:
-            self._written_seq = max(self._written_seq, seq)
-        self._cond.notify_all()
-        return not failed
+            self._last_error = None
+        self._written = max(self._written, positions.ticket)
 
-    def _write_error(self) -> Exception:
+    @staticmethod
+    def _write_error(exc: Exception, positions: _Positions) -> Exception:
         """What a waiter raises for a failed write (its change stays queued for the retry).
 
         A full disk is DiskFullError naming the group; anything else is the
         error itself (SQLite failing otherwise is a bug, reported as one).
         """
-        exc = self._last_error
-        assert exc is not None
         if not is_disk_full(exc):
             return exc
-        keys = list(self._pending)
+        keys = list(positions)
         stream = keys[0][0] if len(keys) == 1 else ""
         groups = ", ".join(f"'{g}'" for _s, g in keys[:3]) + (" ..." if len(keys) > 3 else "")
         return DiskFullError(stream, f"writing the position of group {groups}", exc,
@@ -283,42 +284,17 @@ class PositionWriter:
 
     def discard(self, stream: str, group: str | None = None) -> None:
         """Drop queued updates of a group (or of every group of the stream)."""
-        with self._cond:
-            for key in [k for k in self._pending if k[0] == stream and group in (None, k[1])]:
-                del self._pending[key]
+        def drop(positions: _Positions) -> None:
+            for key in [k for k in positions if k[0] == stream and group in (None, k[1])]:
+                del positions[key]
+
+        self._commit.amend(drop)
 
     def flush(self) -> None:
         """Write everything queued so far, now."""
-        with self._cond:
-            ticket = self._queued_seq
-            self._work.notify()
-        self.wait(ticket)
+        self.wait(self._tickets)
 
     def close(self) -> None:
         self.flush()
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-            self._work.notify()
-        self._thread.join(timeout=POSITION_WAIT_TIMEOUT_S)
-
-    def _run(self) -> None:
-        """Write what nobody waits for (acks on Subscribe streams), a few ms coalesced.
-
-        Waiting callers write for themselves (``wait``); this thread leaves
-        them the write while any waits.
-        """
-        def idle_work() -> bool:
-            return bool(self._pending) and not self._writing and not self._waiting
-
-        while True:
-            with self._cond:
-                self._work.wait_for(lambda: idle_work() or self._closed, WRITER_IDLE_LOOK_S)
-                if self._closed and not self._pending:
-                    return
-                # Let the changes of the next few ms join this write; a waiter takes over.
-                self._work.wait_for(lambda: self._waiting or self._closed, self._interval_s)
-                if not idle_work():
-                    continue
-                if not self._write_locked():
-                    self._work.wait(max(self._interval_s, 0.1))
+        self._closed = True
+        self._commit.close(POSITION_WAIT_TIMEOUT_S)

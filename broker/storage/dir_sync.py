@@ -13,8 +13,9 @@ or, where syncfs is not available, the fsyncs with the parent's shared
 
 Sharing: a caller waits for a sync that *started after* its change (the one
 running when it arrives may have missed it), and whoever finds none running
-starts it for everyone waiting: one sync per round, like the group commit of
-appends (group_commit.py).
+starts it for everyone waiting: one sync per round, the group commit of
+group_commit.py with the sync as its flush. A failed sync fails every caller
+of its round (their changes may not be durable), not later rounds.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from npstream.broker.storage.files import fsync_dir
+from npstream.broker.storage.group_commit import GroupCommit
 
 __all__ = ["SYNCFS_AVAILABLE", "fsync_dir_shared", "sync_filesystem_shared"]
 
@@ -65,32 +67,20 @@ def _syncfs_of(directory: Path) -> None:
 
 
 class _SharedSync:
+    """One directory's (or filesystem's) shared sync: a group commit whose flush is the sync."""
+
     def __init__(self, directory: Path, action: Callable[[Path], None]) -> None:
         self.directory = directory
         self._action = action
-        self._cond = threading.Condition()
-        self._started = 0  # fsyncs started so far (a round number)
-        self._done = 0  # the last round that completed
-        self._running = False
+        self._commit: GroupCommit[None, list[None]] = GroupCommit(
+            self._flush, list, list.append)
+
+    def _flush(self, _callers: list[None]) -> None:
+        self._action(self.directory)
 
     def sync(self) -> None:
-        with self._cond:
-            wanted = self._started + 1  # a round that starts after this call's change
-            while self._done < wanted:
-                if self._running:
-                    self._cond.wait()
-                    continue
-                self._running = True
-                self._started += 1
-                round_number = self._started
-                self._cond.release()
-                try:
-                    self._action(self.directory)
-                finally:  # a failed round lets the next waiter try its own
-                    self._cond.acquire()
-                    self._running = False
-                    self._cond.notify_all()
-                self._done = round_number
+        """Return after a sync that started after this call (a failed one raises)."""
+        self._commit.commit(None)
 
 
 _syncs: dict[tuple[Path, bool], _SharedSync] = {}

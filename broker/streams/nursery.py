@@ -8,7 +8,8 @@ Giving each its directory and files before the ack cost ~1 ms of broker CPU
 key or headers) is instead created as two rows written in one transaction:
 its ``streams`` row and a ``nursery`` row holding the exact frame its log
 would have written at offset 0 (storage/first_frame.py). Such transactions
-are group-committed by one writer thread and fsynced (``durable_transaction``)
+are group-committed by one writer thread (storage/group_commit.py, the
+registry's) and fsynced (``durable_transaction``)
 before any of their publishes is acknowledged, so ack=fsync keeps its promise
 and a kill -9 right after the ack loses nothing.
 
@@ -26,19 +27,12 @@ pass, a slice per pass.
 
 from __future__ import annotations
 
-import logging
-import threading
-from collections.abc import Callable, Iterable, Sequence
-from typing import Generic, TypeVar
+from collections.abc import Iterable
 
 from npstream.broker.metadata import Metadata
 from npstream.broker.storage import LogStats
 
-__all__ = ["EXPIRY_BATCH", "GroupWriter", "Nursery", "Round"]
-
-log = logging.getLogger(__name__)
-
-T = TypeVar("T")
+__all__ = ["EXPIRY_BATCH", "Nursery"]
 
 # Expired nursery streams written out per retention pass.
 EXPIRY_BATCH = 2000
@@ -106,70 +100,3 @@ class Nursery:
             (self._sweep_after, EXPIRY_BATCH))
         self._sweep_after = rows[-1][0] if len(rows) == EXPIRY_BATCH else ""
         return [name for name, timestamp in rows if timestamp < cutoff_ms]
-
-
-class Round:
-    """One group written by a GroupWriter: set once written, with the error if it failed.
-
-    Shared by every item of the group: one Event per group instead of one per
-    item (building an Event per create was ~5% of its CPU).
-    """
-
-    __slots__ = ("done", "error")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-    def wait(self) -> None:
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
-
-
-class GroupWriter(Generic[T]):
-    """One thread writing queued items in groups: ``write(group)`` per round.
-
-    Unlike CommitQueue (storage/group_commit.py), ``submit`` does not wait: a
-    PublishStream call's reader goes on to its next request while the items
-    queue, so the replies of many calls share one transaction and one fsync.
-    A round takes every item queued when it starts; ``write`` raising fails
-    the whole round. The thread starts with the first item.
-    """
-
-    def __init__(self, write: Callable[[Sequence[T]], None], name: str) -> None:
-        self._write = write
-        self._name = name
-        self._cond = threading.Condition()
-        self._queue: list[T] = []
-        self._round = Round()  # the round the queued items go into
-        self._thread: threading.Thread | None = None
-        self._idle = False  # the thread waits for items: the next submit wakes it
-
-    def submit(self, item: T) -> Round:
-        """Queue ``item``; the round that writes it (``wait`` on it)."""
-        with self._cond:
-            self._queue.append(item)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
-            if self._idle:  # only then: a wake-up per item cost ~7% of a create's CPU
-                self._idle = False
-                self._cond.notify()
-            return self._round
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue:
-                    self._idle = True
-                    self._cond.wait()
-                self._idle = False
-                group, self._queue = self._queue, []
-                current, self._round = self._round, Round()
-            try:
-                self._write(group)
-            except BaseException as exc:
-                current.error = exc
-                log.error("%s: writing a group of %d failed: %s", self._name, len(group), exc)
-            current.done.set()

@@ -108,7 +108,7 @@ def overrides_of(config_json: str) -> Mapping[str, int]:
 
 @dataclass(eq=False)
 class NewRow:
-    """A stream row waiting for the group insert (CommitQueue payload).
+    """A stream row waiting for the group insert (a GroupCommit item, registry.py).
 
     ``record`` is the stream's record once the row is committed (READY, or
     NURSERY with a first frame); until then the registry holds a CREATING one.

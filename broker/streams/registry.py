@@ -58,13 +58,13 @@ from npstream.broker.storage import (
     StreamLog,
     ValueSchemas,
 )
-from npstream.broker.storage.group_commit import CommitQueue, CommitRequest
+from npstream.broker.storage.group_commit import GroupCommit
 from npstream.broker.storage.small_append import MessageRows, lone_message
 from npstream.broker.streams.handover import ListingStatsOwner, StreamRowsOwner
 from npstream.broker.streams.listing import StreamListing
 from npstream.broker.streams.listing_stats import ListingStats
 from npstream.broker.streams.names import check_stream_name
-from npstream.broker.streams.nursery import GroupWriter, Nursery
+from npstream.broker.streams.nursery import Nursery
 from npstream.broker.streams.overrides import ConfigOverrides
 from npstream.broker.streams.records import (
     NO_EVENT,
@@ -128,10 +128,14 @@ class StreamRegistry:
         self._records: dict[str, StreamRecord] = self._rows.load_all()
         self._creating = 0  # CREATING records among them (not streams yet)
         self._open_locks = [threading.RLock() for _ in range(_OPEN_LOCKS)]
-        self._inserts: CommitQueue[NewRow] = CommitQueue(
-            1 << 30, self._insert_rows, lambda _sequence: None)
-        self._first_writer: GroupWriter[NewRow] = GroupWriter(self._insert_nursery_rows,
-                                                               "nursery-writer")
+        # Concurrent creators' rows: one transaction per round, led by a creator.
+        self._inserts: GroupCommit[NewRow, builtins.list[NewRow]] = GroupCommit(
+            self._insert_rows, list, list.append)
+        # First publishes do not wait for their round (create_by_first_publish): a
+        # thread writes each round, so the replies of many calls share one fsync.
+        self._first_writer: GroupCommit[NewRow, builtins.list[NewRow]] = GroupCommit(
+            self._insert_nursery_rows, list, list.append, lead=False,
+            thread_name="nursery-writer")
         storage.add_retention_task(self._expire_nursery)
         self._listing_stats = ListingStats(metadata)
         storage.set_stats_keeper(self._listing_stats)
@@ -302,8 +306,9 @@ class StreamRegistry:
             if self._begin_locked(row) is not row:
                 return None  # created, or being created, meanwhile
             written = self._first_writer.submit(row)
-            row.done = written.done  # what a concurrent get() of the name waits for
-        return timestamp, written.wait
+            # What a concurrent get() of the name waits for.
+            row.done = self._first_writer.done_event(written)
+        return timestamp, self._first_writer.waiter(written)
 
     def _create(self, name: str, overrides: Mapping[str, int],
                 schema: SchemaVersion | None) -> StreamRecord | None:
@@ -331,7 +336,7 @@ class StreamRegistry:
                 raise StreamNotFoundError(name)  # that create failed
             return existing
         try:
-            self._inserts.submit(CommitRequest(row, 1, False))
+            self._inserts.commit(row)
         except BaseException:
             self._created([row], ok=False)
             raise
@@ -382,20 +387,16 @@ class StreamRegistry:
             error = exc
         self._created(rows, ok=error is None)
         if error is not None:
+            log.error("creating %d stream(s) on first publish failed: %s", len(rows), error)
             raise error
         for row in rows:  # the same event as the usual path's, after the commit
             log.info("created stream '%s' on first publish", row.record.name,
                      extra=event_fields(stream=row.record.name))
 
-    def _insert_rows(self, group: builtins.list[CommitRequest[NewRow]]) -> int:
-        """Group-commit writer: every queued row in one transaction, then in memory."""
-        rows = [request.payload for request in group]
-        if rows:
-            self._rows.insert(rows)
-            self._created(rows, ok=True)
-        for request in group:
-            request.result = None
-        return 1
+    def _insert_rows(self, rows: builtins.list[NewRow]) -> None:
+        """Group-commit flush: every queued row in one transaction, then in memory."""
+        self._rows.insert(rows)
+        self._created(rows, ok=True)
 
     def create(
         self, name: str, overrides: Mapping[str, int], *, exist_ok: bool = False,

@@ -64,7 +64,7 @@ def test_append_concurrent_small_appends_coalesce_into_fewer_frames(
             if len(fsyncs) == 1:  # hold the first fsync until all 20 appends queued behind it
                 first_fsync_started.set()
                 deadline = time.monotonic() + 30
-                while len(log._appender._queue._queue) < 21 and time.monotonic() < deadline:
+                while log._appender._queue.pending() < 21 and time.monotonic() < deadline:
                     time.sleep(0.005)
 
     log = make_storage(fault_hook=slow_first_fsync).open_log("coalesce", config)
