@@ -53,12 +53,13 @@ class GroupCommitClosedError(RuntimeError):
 class Round(Generic[B]):
     """One flush's worth of items: the batch, and once flushed, the outcome.
 
-    Waiting costs nothing until someone must wait: the condition and the
-    event are made then (an uncontended leader never builds either).
+    Waiting costs nothing until someone must wait: each waiter then sleeps on
+    an Event of its own (an uncontended leader never builds one, ~2 us each),
+    so the end of a flush wakes its waiters without a turn at the queue's lock.
     """
 
-    __slots__ = ("_cond", "_event", "_waiters", "batch", "closed", "count", "done", "error",
-                 "number", "size")
+    __slots__ = ("_event", "_waiters", "batch", "closed", "count", "done", "error", "number",
+                 "size")
 
     def __init__(self, batch: B, number: int) -> None:
         self.batch = batch
@@ -68,8 +69,7 @@ class Round(Generic[B]):
         self.closed = False  # takes no more items (an ``alone`` item is in it)
         self.done = False
         self.error: BaseException | None = None
-        self._waiters = 0
-        self._cond: threading.Condition | None = None
+        self._waiters: list[threading.Event] | None = None  # asleep until done (or promoted)
         self._event: threading.Event | None = None
 
 
@@ -107,6 +107,9 @@ class GroupCommit(Generic[T, B]):
         self._lock = threading.Lock()
         self._queued: deque[Round[B]] = deque()  # opened, not yet taken, oldest first
         self._flushing: Round[B] | None = None
+        # The waiter woken to lead the next flush: until it has taken the head
+        # round, nobody else does, so what queues while it wakes joins that round.
+        self._handoff: threading.Event | None = None
         self._numbered = 0  # rounds opened so far
         self._closed = False
         self._thread_name = thread_name
@@ -128,25 +131,28 @@ class GroupCommit(Generic[T, B]):
         leads the flush itself; the thread still finds it at its next look).
         """
         with self._lock:
-            if self._closed:
-                raise GroupCommitClosedError(f"{self._thread_name or 'group commit'} is closed")
-            tail = self._queued[-1] if self._queued else None
-            if (tail is None or tail.closed or alone
-                    or (self._max_size and tail.size + size > self._max_size)):
-                tail = self._open_locked()
-            self._add(tail.batch, item)
-            tail.size += size
-            tail.count += 1
-            tail.closed = alone
-            if self._thread_name:
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name=self._thread_name,
-                                                    daemon=True)
-                    self._thread.start()
-                elif wake and self._idle:
-                    self._idle = False
-                    self._work.notify()
-            return tail
+            return self._submit_locked(item, size, alone, wake)
+
+    def _submit_locked(self, item: T, size: int, alone: bool, wake: bool) -> Round[B]:
+        if self._closed:
+            raise GroupCommitClosedError(f"{self._thread_name or 'group commit'} is closed")
+        tail = self._queued[-1] if self._queued else None
+        if (tail is None or tail.closed or alone
+                or (self._max_size and tail.size + size > self._max_size)):
+            tail = self._open_locked()
+        self._add(tail.batch, item)
+        tail.size += size
+        tail.count += 1
+        tail.closed = alone
+        if self._thread_name:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._thread_name,
+                                                daemon=True)
+                self._thread.start()
+            elif wake and self._idle:
+                self._idle = False
+                self._work.notify()
+        return tail
 
     def wait(self, round_: Round[B], timeout: float | None = None) -> bool:
         """Return once ``round_`` is flushed (False: ``timeout`` seconds passed first).
@@ -154,37 +160,49 @@ class GroupCommit(Generic[T, B]):
         Leads the flush of the oldest queued round whenever none is running
         (``lead=True``); raises the round's error if its flush failed.
         """
-        if not round_.done:
-            deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        asleep: threading.Event | None = None
+        while not round_.done:
+            head: Round[B] | None = None
             with self._lock:
-                while not round_.done:
-                    if self._lead and self._flushing is None and self._queued:
-                        head = self._take_locked()
-                        self._lock.release()
-                        try:
-                            self._flush_round(head)
-                        finally:
-                            self._lock.acquire()
-                        continue
-                    remaining = None
-                    if deadline is not None:
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            return False
-                    if round_._cond is None:
-                        round_._cond = threading.Condition(self._lock)
-                    round_._waiters += 1
-                    try:
-                        round_._cond.wait(remaining)
-                    finally:
-                        round_._waiters -= 1
+                if round_.done:
+                    break
+                if asleep is not None and self._handoff is asleep:
+                    self._handoff = None  # promoted: lead now, timed out or not
+                if self._may_lead_locked():
+                    head = self._take_locked()
+                else:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return False
+                    asleep = threading.Event()
+                    if round_._waiters is None:
+                        round_._waiters = []
+                    round_._waiters.append(asleep)
+            if head is not None:
+                self._flush_round(head)
+                continue
+            assert asleep is not None
+            if not asleep.wait(remaining):
+                with self._lock:  # timed out: no longer a waiter (unless promoted meanwhile)
+                    if round_._waiters is not None and asleep in round_._waiters:
+                        round_._waiters.remove(asleep)
         if round_.error is not None:
             raise round_.error
         return True
 
     def commit(self, item: T, size: int = 1, *, alone: bool = False) -> None:
-        """``submit`` then ``wait``: return once ``item`` is flushed."""
-        self.wait(self.submit(item, size, alone=alone, wake=False))
+        """``submit`` then ``wait``: return once ``item`` is flushed.
+
+        When no flush runs, the item's round is taken for flushing under the
+        same turn at the lock as the submit (the uncontended case).
+        """
+        with self._lock:
+            round_ = self._submit_locked(item, size, alone, False)
+            head = self._take_locked() if self._may_lead_locked() else None
+        if head is not None:
+            self._flush_round(head)
+        self.wait(round_)
 
     def waiter(self, round_: Round[B]) -> Callable[[], None]:
         """``wait`` for ``round_`` as a callable of no arguments (to hand to a caller)."""
@@ -244,6 +262,11 @@ class GroupCommit(Generic[T, B]):
         self._queued.append(opened)
         return opened
 
+    def _may_lead_locked(self) -> bool:
+        """A waiting caller leads: no flush runs and none is handed to another waiter."""
+        return (self._lead and self._flushing is None and self._handoff is None
+                and bool(self._queued))
+
     def _take_locked(self) -> Round[B]:
         head = self._queued.popleft()
         head.closed = True
@@ -264,23 +287,25 @@ class GroupCommit(Generic[T, B]):
             round_.error = error
             round_.done = True
             self._flushing = None
-            if round_._cond is not None:
-                round_._cond.notify_all()
+            if round_._waiters is not None:
+                for asleep in round_._waiters:
+                    asleep.set()
+                round_._waiters = None
             if round_._event is not None:
                 round_._event.set()
             if self._lead:
                 for queued in self._queued:  # promote one waiter: it leads the next flush
                     if queued._waiters:
-                        assert queued._cond is not None
-                        queued._cond.notify()
+                        self._handoff = queued._waiters.pop(0)
+                        self._handoff.set()
                         break
-            if self._idle and self._queued:
+            if self._idle and (self._queued or self._closed):
                 self._idle = False
                 self._work.notify()
 
     def _thread_may_take_locked(self) -> bool:
         """A round is queued, no flush runs, and no waiter is about to lead it."""
-        if not self._queued or self._flushing is not None:
+        if not self._queued or self._flushing is not None or self._handoff is not None:
             return False
         return not (self._lead and any(queued._waiters for queued in self._queued))
 

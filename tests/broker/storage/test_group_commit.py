@@ -118,7 +118,7 @@ def test_flush_failing_fails_every_waiter_of_its_round_and_not_later_ones() -> N
             outcomes[item] = result
 
     waiters = [start(lambda i=i: wait_for(i, failing)) for i in (1, 2)]  # type: ignore[misc]
-    wait_until(lambda: failing._waiters == 2)
+    wait_until(lambda: len(failing._waiters or ()) == 2)
     gate.release.set()
     for thread in [first, *waiters]:
         thread.join(10)
