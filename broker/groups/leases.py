@@ -45,7 +45,7 @@ from npstream.broker.groups.shared_config import SharedConfig
 from npstream.broker.storage.results import StoredRow
 
 __all__ = ["DEAD_LETTERING", "HELD", "LEASED", "WAITING", "DeliveryRow", "LeaseTable",
-           "MemberState", "Span", "merged_runs", "offset_runs"]
+           "MemberState", "Span", "finish_runs", "merged_runs", "offset_runs"]
 
 # One message as handed to a member: the storage's row type, so rows the log hands
 # over as Python values (StreamLog.recent_rows) need no conversion.
@@ -55,7 +55,7 @@ LEASED = "leased"
 WAITING = "waiting"
 DEAD_LETTERING = "dead_lettering"
 HELD = "held"
-_ACKABLE = (LEASED, WAITING)  # an ack finishes these (see ack)
+_ACKABLE = (LEASED, WAITING)  # an ack finishes these (see ack_runs)
 
 
 @dataclass(slots=True)
@@ -106,6 +106,15 @@ def merged_runs(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             runs.append((start, end))
     return runs
+
+
+def finish_runs(offsets: Iterable[int],
+                ranges: Iterable[tuple[int, int]] = ()) -> list[tuple[int, int]]:
+    """What an ack or a nack names, single offsets and ``[start, end)`` ranges, as the
+    sorted, merged runs ``ack_runs`` and ``nack_runs`` take."""
+    runs = offset_runs(offsets)
+    ranges = list(ranges)
+    return merged_runs([*runs, *ranges]) if ranges else runs
 
 
 @dataclass
@@ -285,21 +294,6 @@ class LeaseTable:
             taken += span.count
         return out
 
-    def lease_fresh(self, member: str, start: int, count: int, now_ms: int,
-                    ack_wait_ms: int) -> Span | None:
-        """Lease ``count`` never-delivered offsets from ``start`` (= ``next_fresh``) as one span."""
-        self._check_next_fresh(start)
-        return self.take_fresh(member, [(True, count)], now_ms, ack_wait_ms)[0]
-
-    def hold_fresh(self, start: int, count: int) -> None:
-        """Take ``count`` never-delivered offsets from ``start`` as HELD (ordering by key)."""
-        self._check_next_fresh(start)
-        self.take_fresh("", [(False, count)], 0, 0)
-
-    def _check_next_fresh(self, start: int) -> None:
-        if start != self.next_fresh:
-            raise ValueError(f"fresh offset {start} is not next_fresh {self.next_fresh}")
-
     def take_fresh(self, member: str, runs: Iterable[tuple[bool, int]], now_ms: int,
                    ack_wait_ms: int) -> list[Span | None]:
         """Consecutive runs of never-delivered offsets from ``next_fresh``, one span each:
@@ -368,21 +362,13 @@ class LeaseTable:
 
     # ------------------------------------------------------------ finishing
 
-    def ack(self, offsets: Iterable[int], member: str | None, now_ms: int) -> int:
-        """Finish the given offsets; returns how many were delivered and unfinished.
+    def ack_runs(self, runs: list[tuple[int, int]], member: str | None, now_ms: int) -> int:
+        """Finish the offsets of ``runs`` (``finish_runs``); returns how many were delivered
+        and unfinished.
 
         An ack is accepted from any member, even after the lease expired: the
         work was done, so redelivering it again would only repeat it.
         """
-        return self.ack_ranges(offset_runs(offsets), member, now_ms)
-
-    def ack_ranges(self, ranges: Iterable[tuple[int, int]], member: str | None,
-                   now_ms: int) -> int:
-        """``ack`` of every offset in the ``[start, end)`` ranges."""
-        return self.ack_runs(merged_runs(ranges), member, now_ms)
-
-    def ack_runs(self, runs: list[tuple[int, int]], member: str | None, now_ms: int) -> int:
-        """``ack_ranges`` of ranges already sorted and merged (``merged_runs``)."""
         if member is not None:
             self.touch(member, now_ms)
         count = 0
@@ -410,14 +396,10 @@ class LeaseTable:
         self._schedule(span)
         return None
 
-    def nack(self, offsets: Iterable[int], member: str | None, delay_ms: int,
-             now_ms: int) -> tuple[int, list[Span]]:
-        """Release leases for redelivery after max(delay, backoff); see ``nack_ranges``."""
-        return self.nack_ranges(offset_runs(offsets), member, delay_ms, now_ms)
-
-    def nack_ranges(self, ranges: Iterable[tuple[int, int]], member: str | None,
-                    delay_ms: int, now_ms: int) -> tuple[int, list[Span]]:
-        """Release the leases in ``ranges`` for redelivery after max(delay, backoff).
+    def nack_runs(self, runs: list[tuple[int, int]], member: str | None,
+                  delay_ms: int, now_ms: int) -> tuple[int, list[Span]]:
+        """Release the leases in ``runs`` (``finish_runs``) for redelivery after
+        max(delay, backoff).
 
         Only leases held by ``member`` (any holder when None) are released, so
         a member whose lease expired cannot disturb the next holder. Returns
@@ -428,7 +410,7 @@ class LeaseTable:
             self.touch(member, now_ms)
         count = 0
         dead: list[Span] = []
-        for lo, hi in merged_runs(ranges):
+        for lo, hi in runs:
             for span in self._overlapping(lo, hi, (LEASED,)):
                 if member is not None and span.member != member:
                     continue

@@ -54,7 +54,7 @@ from npstream.broker.groups.deliveries import (
     rows_from_batch,
 )
 from npstream.broker.groups.key_order import KeyOrder, Plan
-from npstream.broker.groups.leases import LeaseTable, Span, merged_runs, offset_runs
+from npstream.broker.groups.leases import LeaseTable, Span, finish_runs
 from npstream.broker.groups.log_rows import FreshRows, part_bytes, read_span, read_spans
 from npstream.broker.groups.metrics import GroupMetrics
 from npstream.broker.groups.shared_config import SharedConfig
@@ -420,7 +420,7 @@ class SharedGroup:
             self._check_open_locked()
             blocked = self._fresh_budget_locked() <= 0
             now = self._clock()
-            runs = merged_runs([*offset_runs(offsets), *ranges])
+            runs = finish_runs(offsets, ranges)
             count = self._table.ack_runs(runs, member, now)
             self._release_keys_locked(runs, count)
             if not self._table.unfinished:
@@ -443,8 +443,8 @@ class SharedGroup:
         """Release leases for redelivery; dead-letters those out of attempts."""
         with self._cond:
             self._check_open_locked()
-            runs = [(o, o + 1) for o in offsets] + list(ranges)
-            count, dead = self._table.nack_ranges(runs, member, delay_ms, self._clock())
+            count, dead = self._table.nack_runs(finish_runs(offsets, ranges), member,
+                                                delay_ms, self._clock())
             if count:
                 self._metrics.nacks.inc(count)
                 self._changed_locked()
