@@ -42,6 +42,16 @@ def commits(gate: Gate, **options: object) -> GroupCommit[int, list[int]]:
     return GroupCommit(gate, list, list.append, **options)  # type: ignore[arg-type]
 
 
+def held_in_a_flush(gate: Gate, **options: object,
+                    ) -> tuple[GroupCommit[int, list[int]], threading.Thread]:
+    """A group commit whose flush of item 0 (by a thread) is held at ``gate``."""
+    group = commits(gate, **options)
+    gate.hold()
+    first = start(lambda: group.commit(0))
+    assert gate.entered.wait(10)
+    return group, first
+
+
 def wait_until(condition: Callable[[], bool]) -> None:
     deadline = time.monotonic() + 10
     while not condition():
@@ -67,10 +77,7 @@ def test_commit_uncontended_flushes_each_item_alone_in_the_callers_thread() -> N
 
 def test_commit_while_a_flush_runs_coalesces_the_arrivals_into_one_round_in_order() -> None:
     gate = Gate()
-    group = commits(gate)
-    gate.hold()
-    first = start(lambda: group.commit(0))
-    assert gate.entered.wait(10)
+    group, first = held_in_a_flush(gate)
     rounds = [group.submit(item) for item in range(1, 21)]
     waiters = [start(lambda r=r: group.wait(r)) for r in rounds]  # type: ignore[misc]
     wait_until(lambda: group.pending() == 21)
@@ -83,10 +90,7 @@ def test_commit_while_a_flush_runs_coalesces_the_arrivals_into_one_round_in_orde
 
 def test_submit_beyond_max_size_or_alone_opens_a_new_round_flushed_in_order() -> None:
     gate = Gate()
-    group = commits(gate, max_size=10)
-    gate.hold()
-    first = start(lambda: group.commit(0))
-    assert gate.entered.wait(10)
+    group, first = held_in_a_flush(gate, max_size=10)
     sizes = {1: 4, 2: 6, 3: 1, 4: 30, 5: 1, 6: 1}  # 4 exceeds alone; 6 goes alone
     rounds = [group.submit(item, sizes[item], alone=item == 6) for item in sizes]
     rounds.append(group.submit(7))
@@ -99,10 +103,7 @@ def test_submit_beyond_max_size_or_alone_opens_a_new_round_flushed_in_order() ->
 
 def test_flush_failing_fails_every_waiter_of_its_round_and_not_later_ones() -> None:
     gate = Gate(fail_when=lambda batch: 1 in batch)
-    group = commits(gate)
-    gate.hold()
-    first = start(lambda: group.commit(0))
-    assert gate.entered.wait(10)
+    group, first = held_in_a_flush(gate)
     failing = group.submit(1)
     group.submit(2)  # same round as 1
     outcomes: dict[int, str] = {}
@@ -147,10 +148,7 @@ def test_flush_failing_with_requeue_keeps_the_items_for_the_next_round() -> None
 
 def test_wait_past_its_timeout_returns_false_and_leaves_the_item_queued() -> None:
     gate = Gate()
-    group = commits(gate)
-    gate.hold()
-    first = start(lambda: group.commit(0))
-    assert gate.entered.wait(10)
+    group, first = held_in_a_flush(gate)
     queued = group.submit(1)
     assert group.wait(queued, timeout=0.05) is False
     gate.release.set()
@@ -200,10 +198,7 @@ def test_close_lets_the_thread_flush_what_is_queued_then_refuses_items() -> None
 
 def test_amend_changes_queued_rounds_not_the_one_being_flushed() -> None:
     gate = Gate()
-    group = commits(gate)
-    gate.hold()
-    first = start(lambda: group.commit(0))
-    assert gate.entered.wait(10)
+    group, first = held_in_a_flush(gate)
     queued = group.submit(1)
     group.submit(2)
     group.amend(lambda batch: batch.remove(1) if 1 in batch else None)
