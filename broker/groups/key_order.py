@@ -15,10 +15,10 @@ busy key, and the held offsets of each key in order. It decides which fresh
 messages are delivered and which are held (``plan``), and which held offset
 is released when a busy one finishes (``finished``).
 
-Why blocks: the goal is that ordering by key costs little more than not
-ordering (issue 16: within 20% with many keys). A per-offset record of the
-busy key (a dict entry made, looked up and popped per message) cost ~0.3 us
-per message, as much as the rest of a batched delivery. So the busy offsets
+Why blocks: ordering by key should cost little more than not ordering
+(docs/benchmarks.md has the figures). A per-offset record of the busy key (a
+dict entry made, looked up and popped per message) costs as much per message
+as the rest of a batched delivery. So the busy offsets
 of one planned part are kept as one ``_Block``: its first offset, its keys
 (one list, made once by Arrow) and a mask of the rows whose key they hold.
 The busy keys themselves are one set, filled and emptied with set operations

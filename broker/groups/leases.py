@@ -7,9 +7,8 @@ The caller (SharedGroup) holds its lock around every call.
 State is kept per *span*, a run of consecutive offsets in one state with one
 attempt count, holder and deadline, as Kafka's share groups keep it per
 acquired batch: a batch of 1,000 deliveries is one span, leased with one heap
-entry and finished by one ack of its range, where a record per message cost
-the broker a Python object, a heap entry and a dict slot each (the shared
-group's per-message cost, issue 16). A span is split only where a partial
+entry and finished by one ack of its range, where a record per message would cost
+the broker a Python object, a heap entry and a dict slot each. A span is split only where a partial
 ack, nack or expiry makes its parts differ. The rows themselves are not kept:
 a redelivery reads them from the log again.
 
@@ -334,8 +333,8 @@ class LeaseTable:
         order given; an offset no longer held (retention, a seek) is skipped.
 
         Straight from HELD to LEASED, not through WAITING and the ready heap: a
-        released offset is due at once, and with keys that repeat ~5% of a
-        batch is released on every ack, each a heap entry made and popped for
+        released offset is due at once, and with keys that repeat a few percent
+        of a batch is released on every ack, each a heap entry made and popped for
         nothing.
         """
         out: list[Span] = []

@@ -4,7 +4,7 @@ The counters carry no stream or group label, so updating them costs the
 same with ten groups or ten thousand. Each loaded group also keeps its own
 tally (deliveries, redeliveries, acks, nacks, dead letters, pulled messages)
 through a view of these counters (``for_group``): the group objects
-increment ``metrics.deliveries`` as before, and the view adds the count to
+increment ``metrics.deliveries`` like any counter, and the view adds the count to
 the broker-wide counter and to that group's tally. The tallies are exported
 per group by group_collector.py (capped, at scrape time) and feed the
 streams' "messages out" (``count_out``).

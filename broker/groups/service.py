@@ -12,8 +12,8 @@ applies the client's credits, acks and nacks. The generator never has more
 deliveries out than the client granted credits for, so a slow consumer only
 slows itself down. Each time it wakes it takes everything that is ready and
 fits the remaining credits; SubscribeBatches sends that as one DeliveryBatch
-(one gRPC message instead of one per delivery, which is what made push
-delivery CPU-bound), Subscribe as one message per delivery for old clients.
+(one gRPC message, not one per delivery, which would make push delivery
+CPU-bound), Subscribe as one message per delivery for old clients.
 
 Access control (docs/broker.md "Security"): consuming through a group
 (open, pull, commit, receive, ack, nack, subscribe, describe, list) needs

@@ -293,10 +293,10 @@ class SharedGroup:
                 out.append(Delivered(count, 1, now + ack_wait_ms, plan.rows))
                 taken += count
                 if self.config.ordering == "key":
-                    # Fresh rows are planned once per call: held rows leave the batch short
-                    # (~5% with keys drawn at random), and planning again for the few
-                    # missing cost ~10% of the broker's CPU per message (each plan has a
-                    # fixed cost: the keys as Python values, sets, masks, a filter).
+                    # Fresh rows are planned once per call: held rows leave the batch a
+                    # little short, and planning again for the few missing costs more than
+                    # they are worth (each plan has a fixed cost: the keys as Python values,
+                    # sets, masks, a filter; docs/benchmarks.md).
                     break
         return out
 

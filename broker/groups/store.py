@@ -12,7 +12,7 @@ durable position wait for the write that covers their change (``wait``):
 when no write is running the caller writes everything pending itself (the
 group-commit leader), else it waits for the running write and leads the
 next one, so a waited-for write costs no thread hand-off (the hand-off to the
-writer thread and back was most of a batch ack's time, issue 16). Changes
+writer thread and back would be most of a batch ack's time). Changes
 nobody waits for (acks sent on Subscribe streams) are coalesced for a few
 milliseconds first. Updates only
 touch existing rows, and ``discard`` drops queued updates of a deleted group,
@@ -30,17 +30,17 @@ from dataclasses import dataclass
 
 from npstream.broker.errors import DiskFullError, is_disk_full
 from npstream.broker.groups.shared_config import SharedConfig
-from npstream.broker.groups.tuning import POSITION_FLUSH_INTERVAL_S, POSITION_WAIT_TIMEOUT_S
+from npstream.broker.groups.tuning import (
+    POSITION_FLUSH_INTERVAL_S,
+    POSITION_WAIT_TIMEOUT_S,
+    WRITER_IDLE_LOOK_S,
+)
 from npstream.broker.metadata import Metadata
 from npstream.broker.storage.group_commit import GroupCommit, GroupCommitClosedError
 
 __all__ = ["GroupRow", "GroupStore", "PositionWriter"]
 
 log = logging.getLogger(__name__)
-
-# The writer thread looks for positions nobody woke it for (queued by a caller
-# that then did not wait for them) at least this often (seconds).
-WRITER_IDLE_LOOK_S = 1.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS consumer_groups (

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 # ---------------------------------------------------------------- persistence
+# The position writer thread looks for positions nobody woke it for (queued by a
+# caller that then did not wait for them) at least this often. Lower: such
+# positions reach disk sooner, at more wake-ups of an idle thread.
+WRITER_IDLE_LOOK_S = 1.0
 # Group positions (committed offsets, dead-letter counts) are written to SQLite
 # by one background thread, many groups' changes per transaction. RPCs that
 # report a position (Ack, Pull with auto-commit, Commit, Seek) wait for the
@@ -15,18 +19,22 @@ POSITION_FLUSH_INTERVAL_S = 0.005
 POSITION_WAIT_TIMEOUT_S = 10.0
 
 # ---------------------------------------------------------------- shared groups
-# Default lease length (ack_wait) when a request leaves it at 0.
+# Default lease length (ack_wait) when a request leaves it at 0. Longer: a crashed
+# consumer's messages wait longer for redelivery; shorter: slow consumers see theirs redelivered.
 DEFAULT_ACK_WAIT_MS = 30_000
-# Default number of deliveries per Receive when max_messages is 0.
+# Default number of deliveries per Receive when max_messages is 0 (more: fewer calls,
+# more messages leased to one member at once).
 DEFAULT_RECEIVE_MAX = 10
-# Upper bound of one Receive (and of one Subscribe credit grant taken at once).
+# Upper bound of one Receive (and of one Subscribe credit grant taken at once): higher
+# allows larger replies, each held in broker memory while it is sent.
 MAX_RECEIVE_MAX = 10_000
 # ... and of the bytes of their rows (at least one message): one Receive reply, one
-# Subscribe batch. Counted in messages alone, 10,000 messages of 100 KB made a 1 GB
-# reply, and a subscriber that granted credits but read nothing held that per call
-# (issue 34: 4 calls grew the broker by 2.2 GB). With it, a Subscribe call that does
-# not read holds about one batch: gRPC's send of the last one blocks the call before it
-# leases more. 8 MiB: the default fetch size; batches of small messages are cut by count.
+# Subscribe batch. Higher: a subscriber that grants credits but reads nothing holds
+# more broker memory per call (counted in messages alone, 10,000 messages of 100 KB
+# make a 1 GB reply); lower: large messages go out in more, smaller batches. A
+# Subscribe call that does not read holds about one batch: gRPC's send of the last one
+# blocks the call before it leases more. 8 MiB: the default fetch size; batches of
+# small messages are cut by count.
 LEASE_MAX_BYTES = 8 << 20
 # Most messages and bytes read from the log per refill of a shared group's
 # delivery buffer. The buffer keeps the stored Arrow batches and turns rows into
@@ -60,15 +68,17 @@ MAX_ACK_WINDOW = 10_000_000
 # members, and follows retention. Receives do the same work on demand.
 TICK_INTERVAL_S = 1.0
 # A member that disconnected (or stopped calling Receive) with no leases is
-# listed for this long after it was last seen, then forgotten.
+# listed for this long after it was last seen, then forgotten (longer: listings
+# keep departed members around; shorter: a member between calls may drop out of them).
 MEMBER_IDLE_MS = 60_000
 # Long polls (Pull, Receive, Subscribe) re-check that the client is still
 # there and that the broker is not stopping at least this often (and at once
-# when woken by data). Every check of a waiting Receive takes its group's lock:
-# with 1,000 waiting polls, 0.5 s cost the broker ~6% of a CPU, 2 s ~1.7%.
+# when woken by data). Lower: a departed client or a stop is noticed sooner, but
+# every check of a waiting Receive takes its group's lock, so many waiting polls
+# cost the broker CPU in proportion (docs/benchmarks.md).
 LONG_POLL_SLICE_S = 2.0
 # How long a Subscribe call blocks for work before re-checking that the
-# client is still there and its credits.
+# client is still there and its credits (lower: noticed sooner, more wake-ups).
 SUBSCRIBE_POLL_S = 1.0
 # A SubscribeBatches batch goes out as Arrow (when the client asked for it) from
 # this many deliveries on; smaller ones as protobuf Deliveries. Encoding and
@@ -93,10 +103,12 @@ KEY_ORDER_SINGLES_UP_TO = 4
 # (held rows cut it) is handed out as one filtered copy, not as a slice per run: each
 # part costs the delivery table an Arrow batch of its own (key_order.plan).
 KEY_ORDER_SLICES_UP_TO = 4
-# When writing to the dead-letter stream fails, retry after this long.
+# When writing to the dead-letter stream fails, retry after this long (lower: a
+# recovered stream gets its copies sooner; a failing one is retried more often).
 DEAD_LETTER_RETRY_MS = 5_000
 
 # ---------------------------------------------------------------- cursor groups
-# Default Pull limit when the request leaves it at 0, and the largest allowed.
+# Default Pull limit when the request leaves it at 0, and the largest allowed (a
+# larger Pull is one larger reply held in memory while it is sent).
 DEFAULT_PULL_LIMIT = 100
 MAX_PULL_LIMIT = 100_000
