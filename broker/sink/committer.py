@@ -68,18 +68,11 @@ if TYPE_CHECKING:
     from npstream.broker.streams.registry import StreamRegistry
 
 __all__ = [
-    "DEFAULT_ADOPT_MIN_BYTES",
     "CommitOutcome",
     "SinkCommitter",
 ]
 
 log = logging.getLogger(__name__)
-
-# A staged file whose rows for its one target stream take at least this many bytes
-# becomes a segment in place (storage/staged_segment.py); smaller ones are copied, so
-# that small micro-batches do not leave a trail of small segments. [sink]
-# sink_adopt_min_bytes in broker.toml.
-DEFAULT_ADOPT_MIN_BYTES = 4 << 20
 
 
 
@@ -133,12 +126,17 @@ class SinkCommitter:
         streams: StreamRegistry,
         staging: StagingArea,
         *,
-        adopt_min_bytes: int = DEFAULT_ADOPT_MIN_BYTES,
+        adopt_min_bytes: int,
         write_guard: Callable[[str], AbstractContextManager[None]] = lambda _s: nullcontext(),
     ) -> None:
         """``write_guard(stream)`` is entered around each append to ``stream``: it raises
         when rows may not be appended there now (it is being moved to another member, or
-        moved away) and lets a move wait for the append (cluster/move.py)."""
+        moved away) and lets a move wait for the append (cluster/move.py).
+
+        A staged file whose rows for its one target stream take at least
+        ``adopt_min_bytes`` (broker.toml's sink_adopt_min_bytes) becomes a segment in
+        place (storage/staged_segment.py); smaller ones are copied, so that small
+        micro-batches do not leave a trail of small segments."""
         self.markers = markers
         self._streams = streams
         self.staging = staging

@@ -28,18 +28,16 @@ from npstream.broker.errors import StagingFormatError
 from npstream.broker.sink.inbox import StageInbox
 from npstream.broker.sink.markers import SinkMarkers, now_ms
 from npstream.broker.sink.staging import StagingArea, remove_staging
+from npstream.broker.sink.tuning import (
+    SWEEP_MAX_INTERVAL_S,
+    SWEEP_MIN_INTERVAL_S,
+    SWEEP_TTL_FRACTION,
+)
 
 __all__ = ["StagingGC", "StagingSweeper"]
 
 log = logging.getLogger(__name__)
 
-# The sweep runs a quarter of the TTL apart, so staging lives at most 1.25 x
-# sink_staging_ttl; never more often than every SWEEP_MIN_INTERVAL_S (a short
-# TTL in tests) and never less often than every SWEEP_MAX_INTERVAL_S (a sweep
-# also deletes staging left behind by committed batches).
-SWEEP_TTL_FRACTION = 0.25
-SWEEP_MIN_INTERVAL_S = 0.2
-SWEEP_MAX_INTERVAL_S = 60.0
 
 
 class StagingGC:

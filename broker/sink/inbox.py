@@ -37,17 +37,16 @@ from pathlib import Path
 import pyarrow as pa
 
 from npstream.broker.sink.errors import InboxRefused
+from npstream.broker.sink.tuning import IDLE_FILE_S
 from npstream.proto import pb
 from npstream.proto.host_identity import boot_id
 
-__all__ = ["IDLE_FILE_S", "INBOX_DIR_NAME", "InboxRefused", "StageInbox"]
+__all__ = ["INBOX_DIR_NAME", "InboxRefused", "StageInbox"]
 
 log = logging.getLogger(__name__)
 
 # Under data_dir, beside sink/ (whose subdirectories are sink ids) and streams/.
 INBOX_DIR_NAME = "stage-inbox"
-# A file nobody wrote to for this long belongs to a task that is gone.
-IDLE_FILE_S = 600.0
 # What a client may name: one path component, no leading dot (so never "..").
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 

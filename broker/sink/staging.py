@@ -60,6 +60,7 @@ from npstream.broker.sink.staging_format import (
     index_path,
     read_index,
 )
+from npstream.broker.sink.tuning import DEFAULT_MAX_FRAME_BYTES
 from npstream.broker.storage.batch_builder import check_message_sizes
 from npstream.broker.storage.direct_write import DirectFileWriter, WrittenBlocks, edge_blocks
 from npstream.broker.storage.files import fsync_dir
@@ -93,8 +94,6 @@ STAGING_SUFFIX = ".arrow"
 # The staging area's directory under the broker's data_dir.
 STAGING_DIR = "sink"
 _TMP_SUFFIX = ".tmp"
-# Frames per staging file are cut at the broker's max_batch_bytes (the server passes it).
-DEFAULT_MAX_FRAME_BYTES = 8 << 20
 # Sink and staging ids become path components: the stream-name alphabet, which
 # admits no separators and no leading dot.
 

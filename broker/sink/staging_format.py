@@ -1,10 +1,9 @@
 """The staging file format: a stage's rows as ready-to-append frames, per stream.
 
-A commit used to re-read every staged row, complete its columns, generate ids,
-build and serialize stored batches and write them: the rows were encoded twice
-and copied several times, all while every Spark task of the micro-batch
-waited. Now Stage does that work once, in parallel with the tasks, and stores
-the result: for each target stream, frames in the segment layout whose
+Stage completes the rows' columns, generates ids and builds and serializes the
+stored batches once, in parallel with the Spark tasks, so that a commit (which
+every task of the micro-batch waits for) re-reads and re-encodes nothing. It
+stores the result: for each target stream, frames in the segment layout whose
 payloads are stored-batch messages (MESSAGE_SCHEMA, or a typed stream's
 stored schema) with placeholder offsets (0..) and timestamps (0), and final
 ids (rows staged without an id get one here: 16 random hex characters chosen
@@ -71,6 +70,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from npstream.broker.errors import StagingFormatError
+from npstream.broker.sink.tuning import MIN_PART_BYTES
 from npstream.broker.storage.prebuilt import PrebuiltFrame
 from npstream.broker.storage.staged_segment import (
     FrameSlot,
@@ -100,9 +100,6 @@ StagingIndex = dict[str, Any]
 # Format 1 ended its data file with this magic (and kept its index inside);
 # recognised only to name the format of what is refused.
 _FORMAT_1_MAGIC = b"NPSTG\x00\x00\x01"
-# Chunks smaller than this are grouped (one copy) so that frames are not tiny;
-# bigger chunks become stored batches without being copied.
-_MIN_PART_BYTES = 256 << 10
 _ID_PREFIX_BYTES = 8  # random bytes -> 16 hex characters, as the broker's generated ids
 
 _refusal_logged = threading.Event()
@@ -152,7 +149,7 @@ def _parts(rows: pa.Table) -> Iterator[pa.Table]:
             continue
         group.append(batch)
         group_bytes += batch.nbytes
-        if group_bytes >= _MIN_PART_BYTES:
+        if group_bytes >= MIN_PART_BYTES:
             yield pa.Table.from_batches(group)
             group, group_bytes = [], 0
     if group:
