@@ -35,6 +35,7 @@ class ParkedPolls:
         self.limit = limit
         self._lock = threading.Lock()
         self._parked = 0
+        self._events: set[threading.Event] = set()
         self._gauge: Gauge | None = None
         self._unparked: Counter | None = None
         if registry is not None:
@@ -56,17 +57,27 @@ class ParkedPolls:
             self._gauge.set(self._parked)
 
     @contextmanager
-    def park(self) -> Iterator[bool]:
-        """True for the duration of the block when the poll may wait, False when it must not."""
+    def park(self) -> Iterator[threading.Event | None]:
+        """For the duration of the block, the event that wakes the poll (its waker sets
+        it; ``wake_all`` too), or None when the poll must not wait."""
+        woken = threading.Event()
         with self._lock:
             allowed = not self.limit or self._parked < self.limit
             if allowed:
                 self._add(1)
+                self._events.add(woken)
             elif self._unparked is not None:
                 self._unparked.inc()
         try:
-            yield allowed
+            yield woken if allowed else None
         finally:
             if allowed:
                 with self._lock:
                     self._add(-1)
+                    self._events.discard(woken)
+
+    def wake_all(self) -> None:
+        """Wake every parked poll (the broker is stopping: they answer at once)."""
+        with self._lock:
+            for woken in self._events:
+                woken.set()

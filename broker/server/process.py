@@ -323,6 +323,8 @@ class BrokerServer:
         """Graceful stop; safe to call on a partly started broker."""
         started = time.monotonic()
         self.stopping.set()
+        if self.ctx is not None:
+            self.ctx.parked_polls.wake_all()  # they answer now, not at their next look
         if self._health is not None:
             self._health.enter_graceful_shutdown()
         if self._server is not None:
