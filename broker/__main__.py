@@ -41,9 +41,14 @@ def build_parser(prog: str = "python -m npstream.broker") -> argparse.ArgumentPa
     parser.add_argument("--cluster-members", metavar="A,B,...",
                         help="the cluster's brokers, each as host:port (this one included), "
                              "the same list on every member (default: none, no cluster)")
+    parser.add_argument("--etcd", metavar="http://HOST:2379[,...]",
+                        help="join a cluster of brokers: register as a member in this etcd "
+                             "(default: none, a broker alone with no etcd)")
+    parser.add_argument("--cluster-name", metavar="NAME",
+                        help="which cluster of the etcd to join (default npstream)")
     parser.add_argument("--advertised-address", metavar="HOST:PORT",
-                        help="this broker's address in --cluster-members (default: "
-                             "--host:--port)")
+                        help="this broker's address for clients and the other members "
+                             "(default: --host:--port)")
     return parser
 
 
@@ -61,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             "tokens_file": str(args.tokens_file) if args.tokens_file else None,
             "allow_insecure": args.allow_insecure,
             "members": args.cluster_members, "advertised_address": args.advertised_address,
+            "etcd": args.etcd, "cluster_name": args.cluster_name,
         })
     except ConfigError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")

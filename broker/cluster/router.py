@@ -92,6 +92,8 @@ class Cluster:
         self._lock = threading.Lock()
         # This member's stream moves (cluster/service.py sets it; None: no moves).
         self.moves: MoveBook | None = None
+        # The members etcd lists (broker/cluster/membership.py), when registered there.
+        self.directory: Callable[[], tuple[str, ...]] | None = None
 
     @classmethod
     def single(cls, holds: Callable[[str], bool] = lambda _name: True,
@@ -284,7 +286,8 @@ class Cluster:
     def owners_reply(self, request: pb.OwnersRequest,
                      context: grpc.ServicerContext) -> pb.OwnersResponse:
         """Owners: from another member, only the named streams held here; else each one's owner."""
-        reply = pb.OwnersResponse(self=self.identity, members=self.members)
+        members = self.members or (self.directory() if self.directory is not None else ())
+        reply = pb.OwnersResponse(self=self.identity, members=members)
         names = list(request.streams)
         if is_member_call(context):
             reply.owners.extend(pb.StreamOwner(stream=name, owner=self.identity, exists=True)

@@ -9,11 +9,20 @@ members is a cluster of one and behaves as if this section did not exist.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from npstream.broker.cluster.etcd.client import parse_endpoints
+
 __all__ = ["ClusterSettings", "check_member_address", "default_advertised_address",
-           "parse_members"]
+           "parse_etcd_endpoints", "parse_members"]
+
+# etcd keys are /npstream/<cluster_name>/...: a name of these characters keeps the
+# layout unambiguous (no "/").
+_CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+# etcd does not grant leases shorter than about 1.5 s (its election timeout's worth).
+MIN_MEMBER_LEASE_MS = 2000
 
 # Wildcard listen addresses: a host that tells nobody where to connect.
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
@@ -34,6 +43,14 @@ def parse_members(value: object) -> tuple[str, ...]:
         if item.strip():
             members.append(item.strip())
     return tuple(members)
+
+
+def parse_etcd_endpoints(value: object) -> tuple[str, ...]:
+    """etcd endpoints as a TOML list of "http://host:port" strings, or one comma-separated
+    string (env, flag)."""
+    if not isinstance(value, (str, list, tuple)):
+        raise ValueError(f'expected a list of "http://HOST:PORT" strings, got {value!r}')
+    return parse_endpoints(value)
 
 
 def check_member_address(address: str) -> str | None:
@@ -73,6 +90,10 @@ class ClusterSettings:
     peer_timeout_ms: int
     peer_ca_file: str
     cluster_token: str = field(default="", repr=False)  # never logged
+    etcd: tuple[str, ...] = ()
+    cluster_name: str = "npstream"
+    rack: str = ""
+    member_lease_ms: int = 5000
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -83,9 +104,20 @@ class ClusterSettings:
         duplicates = sorted({m for m in self.members if self.members.count(m) > 1})
         if duplicates:
             problems.append(f"cluster members list {', '.join(duplicates)} more than once")
-        if self.advertised_address and not self.members:
-            problems.append("advertised_address is set but [cluster] members is empty: "
-                            "a broker without members is no cluster")
+        if self.advertised_address and not (self.members or self.etcd):
+            problems.append("advertised_address is set but neither [cluster] etcd nor "
+                            "members is: a broker alone is no cluster")
+        if self.etcd and self.members:
+            problems.append("[cluster] etcd and members are set: a cluster's members come "
+                            "from etcd (--etcd); leave members (--cluster-members) empty")
+        if not _CLUSTER_NAME.match(self.cluster_name):
+            problems.append(f"cluster_name={self.cluster_name!r} must be 1 to 63 letters, "
+                            "digits, '.', '_' or '-', starting with a letter or digit")
+        if self.member_lease_ms < MIN_MEMBER_LEASE_MS or self.member_lease_ms % 1000:
+            problems.append(f"member_lease={self.member_lease_ms}ms must be whole seconds, "
+                            f"at least {MIN_MEMBER_LEASE_MS // 1000}s (etcd's leases)")
+        if self.rack != self.rack.strip() or any(not ch.isprintable() for ch in self.rack):
+            problems.append(f"rack={self.rack!r} must be printable with no surrounding spaces")
         if self.advertised_address and (problem := check_member_address(
                 self.advertised_address)):
             problems.append(f"advertised_address {problem}")
@@ -99,6 +131,11 @@ class ClusterSettings:
             problems.append(f"peer_ca_file={self.peer_ca_file} is not a readable file")
         if problems:  # a ValueError: load_config reports it with every other problem
             raise ValueError("; ".join(problems))
+
+    @property
+    def coordinated(self) -> bool:
+        """Whether this broker registers in etcd (``[cluster] etcd``)."""
+        return bool(self.etcd)
 
     @property
     def enabled(self) -> bool:

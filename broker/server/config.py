@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npstream.broker.cluster.settings import ClusterSettings
+from npstream.broker.cluster.settings import ClusterSettings, default_advertised_address
 from npstream.broker.server.config_keys import (
     KEYS,
     KEYS_BY_FIELD,
@@ -273,6 +273,12 @@ class BrokerConfig:
                     f"this broker's advertised address {identity} is not among [cluster] "
                     f"members ({', '.join(self.cluster.members)}): a broker's identity is its "
                     "advertised address, listed the same way on every member")
+        if (self.cluster.coordinated and not self.cluster.advertised_address
+                and not default_advertised_address(self.server.host, 1)):
+            problems.append(
+                f"[cluster] etcd is set but this broker listens on {self.server.host!r}, "
+                "which is no address another member or a client can use: set "
+                "advertised_address (--advertised-address) to the host:port they reach it at")
         metrics = self.metrics
         if (metrics.metrics_port is not None and metrics.console
                 and not (self.auth_enabled or self.server.tls_enabled

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from npstream.broker.cluster.settings import parse_members
+from npstream.broker.cluster.settings import parse_etcd_endpoints, parse_members
 from npstream.broker.server.affinity import parse_cpu_affinity
 from npstream.broker.storage.settings import StorageSettings
 from npstream.proto.defaults import DEFAULT_BROKER_PORT, GRPC_MAX_MESSAGE_BYTES
@@ -288,6 +288,23 @@ KEYS: tuple[ConfigKey, ...] = (
          "over gRPC. Clients need write access to the directory. `false`: every Stage carries "
          "its data ([exactly-once.md](exactly-once.md#stage-by-file-on-the-brokers-machine))"),
     # [cluster]
+    _key("etcd", "cluster", parse_etcd_endpoints, [],
+         "the etcd endpoints this broker registers at as a member of a "
+         "[cluster](#a-cluster-of-brokers), each `\"http://host:port\"` "
+         "(`--etcd http://HOST:2379,...`; in the environment one comma-separated string, "
+         "`NPSTREAM_ETCD`). Any member of the etcd cluster will do; calls move to the next "
+         "endpoint when one does not answer. Empty: no cluster, no etcd, this broker alone"),
+    _key("cluster_name", "cluster", _parse_str, "npstream",
+         "which cluster of the etcd this broker joins: its keys live under "
+         "`/npstream/<cluster_name>/` ([scaling.md](scaling.md#what-a-cluster-adds)), so one "
+         "etcd can hold several clusters"),
+    _key("rack", "cluster", _parse_str, "",
+         "this member's rack (or zone) label, recorded with its membership; replica "
+         'placement will spread over distinct racks. `""`: none'),
+    _duration("member_lease", "cluster", "5s",
+         "the TTL of the etcd lease the membership is registered under (whole seconds, at "
+         "least 2s). It is renewed every third of it; a broker killed without a clean stop "
+         "leaves the member list that long after"),
     _key("members", "cluster", parse_members, [],
          'the brokers of the [cluster](#a-cluster-of-brokers), each `"host:port"`, this one '
          "included, the same list on every member (`--cluster-members A,B,...`; in the "
@@ -295,9 +312,10 @@ KEYS: tuple[ConfigKey, ...] = (
          '`NPSTREAM_MEMBERS="10.0.0.1:7070,10.0.0.2:7070"`). Empty: no cluster, this broker '
          "alone, exactly as without the section"),
     _key("advertised_address", "cluster", _parse_str, "",
-       "this broker's address among `members`, as clients and the other members reach it "
-         '(`--advertised-address`); `""`: `host:port` of `[server]` (which must then be a '
-       "usable address, not `0.0.0.0` or port 0). It is the broker's identity in the "
+       "this broker's address as clients and the other members reach it, registered in "
+         'etcd (or listed in `members`) (`--advertised-address`); `""`: `host:port` of '
+         "`[server]` (which must then be a usable address, not `0.0.0.0`; with etcd, port 0 "
+         "is the port bound). With `members` it is the broker's identity in the "
          "cluster: the broker refuses to start when it is not in `members`"),
     _duration("peer_timeout", "cluster", "5s",
        "how long a member waits for another (finding a stream's owner, its part of a "

@@ -35,6 +35,9 @@ from npstream.broker.auth.access import AccessControl
 from npstream.broker.auth.tokens import TokensFileError
 from npstream.broker.cluster import service as cluster_service
 from npstream.broker.cluster.console_view import ClusterView
+from npstream.broker.cluster.etcd.client import EtcdClient, EtcdError
+from npstream.broker.cluster.membership import Membership, new_record
+from npstream.broker.cluster.settings import default_advertised_address
 from npstream.broker.cluster.wiring import build_cluster, routing_interceptors
 from npstream.broker.console import Console
 from npstream.broker.groups import service as group_service
@@ -128,6 +131,7 @@ class BrokerServer:
         self.port = 0
         self._http: HttpEndpoint | None = None
         self._console: Console | None = None
+        self._membership: Membership | None = None
         self._closeables: list[Closeable] = []
         self._lock_handle: IO[str] | None = None
         self._server: grpc.Server | None = None
@@ -261,6 +265,8 @@ class BrokerServer:
         server_config, metrics_config = self.config.server, self.config.metrics
         self.address = f"{server_config.host}:{port}"
         self.port = port
+        if self.config.cluster.coordinated:
+            self._join(port)
         if metrics_config.metrics_port is not None:
             self._serve_http(self.ctx)
         self._retention = threading.Thread(target=self._retention_loop, name="retention",
@@ -286,6 +292,26 @@ class BrokerServer:
             log.warning("serving without authentication or TLS on %s (allow_insecure = true): "
                         "anyone who can reach it may read, write and delete every stream",
                         self.address)
+
+    def _join(self, port: int) -> None:
+        """Register in etcd ([cluster] etcd); StartupError when etcd refuses or is away."""
+        assert self.ctx is not None
+        cluster, server_config = self.config.cluster, self.config.server
+        address = cluster.advertised_address or default_advertised_address(
+            server_config.host, port)
+        client = EtcdClient(cluster.etcd, timeout_s=cluster.peer_timeout_ms / 1000)
+        membership = Membership(client, cluster.cluster_name,
+                                new_record(server_config.data_dir, address, cluster.rack),
+                                cluster.member_lease_ms // 1000)
+        try:
+            membership.start()
+        except EtcdError as exc:
+            client.close()
+            raise StartupError(f"cannot join cluster {cluster.cluster_name!r} in etcd: "
+                               f"{exc}") from None
+        self._membership = membership
+        self.ctx.cluster.identity = address
+        self.ctx.cluster.directory = membership.addresses
 
     def _serve_http(self, ctx: BrokerContext) -> None:
         """The metrics endpoint and, unless ``console = false``, the web console."""
@@ -330,6 +356,8 @@ class BrokerServer:
         if self._server is not None:
             self._server.stop(self.config.server.shutdown_grace_ms / 1000).wait()
         drained = time.monotonic()
+        if self._membership is not None:
+            self._membership.stop()
         if self._retention is not None:
             self._retention.join(timeout=30)
         if self._data_dir_check is not None:

@@ -79,7 +79,7 @@ def test_no_members_is_no_cluster():
     ({"members": "127.0.0.1:7070", "host": "0.0.0.0", "allow_insecure": True},
      "set advertised_address"),
     ({"members": "127.0.0.1:7070", "port": 0}, "set advertised_address"),
-    ({"advertised_address": "127.0.0.1:7070"}, "members is empty"),
+    ({"advertised_address": "127.0.0.1:7070"}, r"neither \[cluster\] etcd nor members is"),
     ({"members": "127.0.0.1:7070,127.0.0.1:7070"}, "more than once"),
     ({"members": "127.0.0.1:7070,nohost"}, "'nohost' is not host:port"),
     ({"members": "127.0.0.1:7070,0.0.0.0:7071"}, "wildcard"),
