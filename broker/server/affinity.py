@@ -5,13 +5,10 @@ crosses several threads (gRPC's poller, a pool worker, the group-commit leader, 
 waiting Fetch or Subscribe sender). When those threads sit on different CPUs, each
 hand-off is a cross-CPU wake-up and the GIL ping-pongs between cores; on a virtual
 machine a cross-CPU wake-up is also an inter-processor interrupt that exits to the
-hypervisor. Measured on the 2-core development VM (docs/benchmarks.md, "CPU
-affinity"): with every thread of the process on one CPU, a trivial Python gRPC
-server used ~30% less CPU per call, publish-to-fetch p99 fell from ~2.1 to ~1.5 ms,
-and in two A/B runs a shared group drained by 4 consumer processes went from 58-64 k
-to 89-113 k msg/s (noisy: a later pinned full run measured 73 k), with no loss of
-publish, replay or Spark throughput. Redis offers the same
-knob (``server_cpulist``).
+hypervisor. With every thread of the process on one CPU, calls cost less CPU, latency
+falls and shared groups drain faster, with no loss of publish, replay or Spark
+throughput (docs/benchmarks.md, "CPU affinity", has the figures). Redis offers the
+same knob (``server_cpulist``).
 
 Values: ``auto`` (default) pins to one CPU of those the process may use, chosen by
 process id so that several brokers on one host spread out; ``none`` leaves placement

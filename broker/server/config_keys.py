@@ -131,7 +131,7 @@ KEYS: tuple[ConfigKey, ...] = (
          "most RPC worker threads, made as calls need them. A waiting long poll (Fetch, Pull, "
          "Receive) and an open Subscribe stream each hold one (~45 KiB, next to no CPU), and "
          "calls past this many queue behind them, publishes included: keep it above the calls "
-         "your consumers hold open (it was 64: the 65th long poll made publishes wait out the "
+         "your consumers hold open (with 64, the 65th long poll makes publishes wait out the "
          "polls)"),
     _key("max_concurrent_rpcs", "server", _parse_int, 0,
          "calls accepted at once before new ones get RESOURCE_EXHAUSTED; `0` = no limit (extra"

@@ -3,10 +3,9 @@
 Every ~4 MiB publish request passes through a few buffers of its size (the
 received message, the decoded request, the stored frame). With glibc's
 defaults such blocks are mmap'ed and unmapped, or trimmed off the heap, for
-every request, so the next request pays page faults for all of them again:
-measured on the 2-core development machine, keeping them halved the broker's
-kernel CPU time while publishing 200,000 x 1 KB messages (0.30-0.58 s down
-to 0.15 s per run). ``retain_freed_memory`` raises glibc's mmap threshold to
+every request, so the next request pays page faults for all of them again
+(keeping them roughly halves the broker's kernel CPU time while publishing small
+messages: docs/benchmarks.md). ``retain_freed_memory`` raises glibc's mmap threshold to
 its maximum (32 MiB on 64-bit) and its trim threshold to the configured
 amount, so freed request buffers are reused. The cost is resident memory: up
 to that amount of freed heap stays mapped after a burst.
@@ -14,12 +13,10 @@ to that amount of freed heap stays mapped after a burst.
 It also caps glibc's arenas at ``MALLOC_ARENAS`` (glibc's default is 8 per
 CPU). Each arena keeps its own freed blocks, and the broker's many threads
 (64 RPC workers plus gRPC's own) spread large request buffers over all of
-them, so after a burst of publishes each arena holds its own peak: in a flood
-of 96 concurrent 3 MB publishes (tests/broker/test_overload.py's workload,
-scaled up) the freed heap kept reached ~600 MiB with 16 arenas and ~190 MiB
-with two, at the same publish throughput (the broker's Python threads take
+them, so after a burst of publishes each arena holds its own peak; fewer arenas
+keep less at the same publish throughput (the broker's Python threads take
 turns under the GIL, and it runs on one CPU by default, so arenas barely
-contend).
+contend; docs/benchmarks.md has the figures).
 """
 
 from __future__ import annotations
@@ -30,6 +27,8 @@ import functools
 import logging
 from typing import Any, NamedTuple
 
+from npstream.broker.server.tuning import MALLOC_ARENAS
+
 __all__ = ["HeapUsage", "heap_usage", "retain_freed_memory"]
 
 log = logging.getLogger(__name__)
@@ -38,8 +37,6 @@ log = logging.getLogger(__name__)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
-# Arenas the broker's threads share (see the module docstring).
-MALLOC_ARENAS = 2
 # glibc refuses mmap thresholds above HEAP_MAX_SIZE / 2 (32 MiB on 64-bit).
 _MMAP_THRESHOLD_MAX = 32 * 1024 * 1024
 

@@ -52,6 +52,7 @@ from npstream.broker.server.errors import StartupError
 from npstream.broker.server.http import HttpEndpoint
 from npstream.broker.server.metric_collectors import ResourceCollector, StreamCollector
 from npstream.broker.server.metrics import BrokerMetrics
+from npstream.broker.server.tuning import MAX_PENDING_CALLS
 from npstream.broker.sink import service as sink_service
 from npstream.broker.storage import Storage
 from npstream.broker.streams import reads as stream_reads
@@ -86,11 +87,8 @@ KEEPALIVE_OPTIONS = (
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_ping_strikes", 0),
 )
-# Calls gRPC core holds until the Python server takes them (one at a time, on its
-# serving thread). Past its defaults (1,000 soft, 3,000 hard) core cancels the waiting
-# calls: 2,000-6,000 long polls arriving at once ended 9-46% CANCELLED unserved
-# (issue 34). Each waits for its turn instead (its request is read later, by its worker).
-MAX_PENDING_CALLS = 65_536
+# Calls gRPC core holds until the Python server takes them: above its defaults
+# (1,000 soft, 3,000 hard), which cancel waiting calls unserved (server/tuning.py).
 PENDING_CALL_OPTIONS = (
     ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
     ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
