@@ -150,24 +150,30 @@ class MessageTooLargeError(InvalidArgumentError):
 
 
 class CorruptRecordError(BrokerError):
-    """A frame before the tail failed its length or CRC check."""
+    """A frame before the tail failed its length or CRC check, or the files hold
+    less than recorded (``short``: nothing is damaged, something is missing)."""
 
     reason = pb.ERROR_REASON_CORRUPT_RECORD
 
-    def __init__(self, path: Path | str, position: int, detail: str) -> None:
+    def __init__(self, path: Path | str, position: int, detail: str, *,
+                 short: bool = False) -> None:
         super().__init__(f"corrupt record in {path} at byte {position}: {detail}")
         self.path = Path(path)
         self.position = position
         self.detail = detail
+        self.short = short
 
 
 class StreamNeedsRepairError(BrokerError):
     reason = pb.ERROR_REASON_STREAM_NEEDS_REPAIR
 
     def __init__(self, stream: str, cause: CorruptRecordError) -> None:
+        remedy = ("to accept what the files hold (an incomplete last frame is cut; "
+                  "what is missing stays lost)"
+                  if cause.short else "to truncate the log there")
         super().__init__(
             f"stream '{stream}' cannot be opened: {cause}; "
-            f"run `npstream streams repair {stream}` to truncate the log there"
+            f"run `npstream streams repair {stream}` {remedy}"
         )
         self.stream = stream
         self.cause = cause

@@ -117,13 +117,13 @@ def check_first_segment(directory: Path, bases: list[int], start_pointer: int,
         if not bases:
             if entry.next_offset > start_pointer:
                 raise CorruptRecordError(segment_path(directory, entry.segment), 0, _missing(
-                    entry, "every segment file is missing"))
+                    entry, "every segment file is missing"), short=True)
         elif entry.first_segment is not None and bases[0] > entry.first_segment:
             raise CorruptRecordError(
                 segment_path(directory, entry.first_segment), 0,
                 f"segment file missing: {entry.source} records the first segment at offset "
                 f"{entry.first_segment}, but the first segment file starts at offset "
-                f"{bases[0]}: offsets [{entry.first_segment}, {bases[0]}) are gone")
+                f"{bases[0]}: offsets [{entry.first_segment}, {bases[0]}) are gone", short=True)
 
 
 def check_tail_size(path: Path, base: int, file_size: int, recorded: list[Recorded]) -> None:
@@ -131,7 +131,8 @@ def check_tail_size(path: Path, base: int, file_size: int, recorded: list[Record
     for entry in recorded:
         if entry.segment == base and file_size < entry.size:
             raise CorruptRecordError(path, file_size, _missing(
-                entry, f"the segment file has {file_size} bytes, {entry.size} were recorded"))
+                entry, f"the segment file has {file_size} bytes, {entry.size} were recorded"),
+                short=True)
 
 
 def check_end(path: Path, end: int, position: int, recorded: list[Recorded],
@@ -142,7 +143,9 @@ def check_end(path: Path, end: int, position: int, recorded: list[Recorded],
         if end < entry.next_offset:
             where = f"{bad_frame}; the frames before it end at offset {end}" if bad_frame \
                 else f"the log ends at offset {end}"
-            raise CorruptRecordError(path, position, _missing(entry, where))
+            # A bad frame is cut by repair; without one, repair accepts the files.
+            raise CorruptRecordError(path, position, _missing(entry, where),
+                                     short=not bad_frame)
 
 
 def shortfall(directory: Path, bases: list[int], start_pointer: int,

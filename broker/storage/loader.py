@@ -50,6 +50,7 @@ from npstream.broker.storage.segment import Segment
 from npstream.broker.storage.settings import SCAN_CHUNK_BYTES
 from npstream.broker.storage.sparse_index import IndexFileError
 from npstream.broker.storage.stream_files import (
+    LogExtent,
     check_schema,
     read_start_offset,
     remove_clean_shutdown,
@@ -166,6 +167,29 @@ def _load_closed(
     return segment
 
 
+def _synced_extent(segments: list[Segment], cache: FileCache, clean: bool,
+                   known: LogExtent | None, stream: str) -> LogExtent | None:
+    """The extent to record at open: only what is on disk for sure (None: keep the old record).
+
+    After a crash the tail may hold writes never fsynced (``ack="write"``); the
+    record, written without an fsync of its own, could reach the disk before
+    them and a power loss would then leave a record above the files (a stream
+    refused until repair). So the tail is fsynced first, unless the clean-shutdown
+    marker says its close already did; one fsync per open after a crash only.
+    """
+    extent = extent_of(segments)
+    if extent is None or extent == known or clean:
+        return extent
+    tail = segments[-1]
+    try:
+        tail.sync(cache)
+    except OSError as exc:
+        log.warning("stream %s: could not fsync %s before recording its extent (%s); the old "
+                    "record stays", stream, tail.path, exc)
+        return None
+    return extent
+
+
 def load_log(
     directory: Path, cache: FileCache, index_interval: int, stream: str
 ) -> LoadedLog:
@@ -193,8 +217,8 @@ def load_log(
     tail, bad = Segment.scan(directory, tail_base, cache, index_interval)
     file_size = os.stat(tail.path).st_size
     check_tail_size(tail.path, tail_base, file_size, recorded)
+    clean = marker is not None and (marker.segment, marker.size) == (tail_base, file_size)
     if bad is not None:
-        clean = marker is not None and (marker.segment, marker.size) == (tail_base, file_size)
         if clean:
             raise CorruptRecordError(tail.path, bad.position, bad.detail)
         check_end(tail.path, tail.next_offset, bad.position, recorded, bad.detail)
@@ -212,7 +236,8 @@ def load_log(
     tail.delete_index_files()
     result.valid_bytes = tail.size
     result.segments.append(tail)
-    record_extent(directory, extent_of(result.segments), stream, durable=False, known=extent)
+    record_extent(directory, _synced_extent(result.segments, cache, clean, extent, stream), stream,
+                  durable=False, known=extent)
     remove_clean_shutdown(directory)
     result.end_offset = tail.next_offset
     result.start_offset = min(max(pointer, bases[0]), result.end_offset)

@@ -35,7 +35,11 @@ from npstream.broker.storage.reader import LogView, decode_frame, iter_frames
 from npstream.broker.storage.segment import Segment
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
 from npstream.broker.storage.staged_segment import StagedSegment, Stamp, StoredSchemas
-from npstream.broker.storage.stream_files import LogExtent, write_retention_config
+from npstream.broker.storage.stream_files import (
+    LogExtent,
+    remove_log_extent,
+    write_retention_config,
+)
 from npstream.proto.frames.record_batch import FLAG_PRODUCER_IDS, FrameHeader, encode_frame
 
 __all__ = ["SegmentList", "UndoFailedError"]
@@ -292,11 +296,35 @@ class SegmentList:
         return doomed
 
     def delete_files(self, doomed: list[Segment]) -> None:
-        """Delete detached head segments; the new first segment is recorded first."""
-        record_extent(self.directory, extent_of(self.segments), self.name, durable=True)
+        """Delete detached head segments; the new first segment is recorded first.
+
+        The tail is fsynced before the (durable) record: it names the tail's
+        size, which may include writes never fsynced (``ack="write"``), and a
+        power loss must not leave the record on disk without them.
+        """
+        if self.segments:
+            self._record_synced(extent_of(self.segments), self.segments[-1])
         for segment in doomed:
             segment.delete(self._cache)
         fsync_dir(self.directory)
+
+    def _record_synced(self, extent: LogExtent | None, tail: Segment) -> None:
+        """Record ``extent`` durably once ``tail`` (whose size it names) is fsynced.
+
+        Without the fsync the record could reach the disk without writes never
+        fsynced (``ack="write"``) and a power loss would refuse the stream. If
+        the fsync fails (a full disk may refuse it) the old record, which may be
+        above what is about to remain, is removed: the next open checks nothing.
+        """
+        try:
+            tail.sync(self._cache)
+        except OSError as exc:
+            log.warning("stream %s: could not fsync %s before recording the log extent (%s); "
+                        "the next open does not check the files against a record",
+                        self.name, tail.path, exc)
+            remove_log_extent(self.directory)
+            return
+        record_extent(self.directory, extent, self.name, durable=True)
 
     def truncate(self, view: LogView, offset: int) -> None:
         """Remove messages [offset, end); a frame cut in the middle is rewritten with its head."""
@@ -309,9 +337,8 @@ class SegmentList:
                 kept = reencode_rows(decode_frame(view, frame_segment, position, header, payload),
                                      0, offset - header.base_offset)
             break
-        record_extent(self.directory, LogExtent(self.segments[0].base_offset,
-                                                segment.base_offset, cut, offset),
-                      self.name, durable=True)  # lowered before the files are cut
+        self._record_synced(LogExtent(self.segments[0].base_offset, segment.base_offset, cut,
+                                      offset), segment)  # lowered before the files are cut
         for later in self.segments[number + 1 :]:
             later.delete(self._cache)
         del self.segments[number + 1 :]

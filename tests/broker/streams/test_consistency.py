@@ -6,6 +6,7 @@ metadata database deleted, a stream's last segment cut, the WAL damaged.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import struct
@@ -97,7 +98,11 @@ def test_start_with_tail_cut_at_frame_boundary_reports_and_refuses_the_stream(br
     with Client(broker.address) as client:
         info = client.stream_info("cut")
         assert info.error.startswith("stream 'cut' cannot be opened: corrupt record in")
-        assert "offsets up to 200" in info.error and "npstream streams repair cut" in info.error
+        assert "offsets up to 200" in info.error
+        # Nothing is damaged, something is missing: repair accepts the files, cuts nothing.
+        assert info.error.endswith(
+            "; run `npstream streams repair cut` to accept what the files hold (an incomplete "
+            "last frame is cut; what is missing stays lost)"), info.error
         with pytest.raises(StreamNeedsRepair):
             client.publish("cut", b"would reuse offset 150")
         assert client.stream_info("whole").end_offset == 1
@@ -191,6 +196,8 @@ def test_restart_after_crash_with_length_flip_mid_tail_refuses_and_keeps_group_p
         assert f"corrupt record in {segment} at byte {position}" in str(error.value)
         assert f"an intact frame follows at byte {frame_positions_after(data, position)}" \
             in str(error.value)
+        assert str(error.value).endswith(
+            "; run `npstream streams repair flipped` to truncate the log there")
         with pytest.raises(StreamNeedsRepair):  # a group needs its stream's end
             client.describe_group("flipped", "readers")
     broker.stop()
@@ -208,3 +215,41 @@ def frame_positions_after(data: bytes | bytearray, position: int) -> int:
     """Where the frame after the one at ``position`` starts (its length read intact)."""
     return position + 48 + int.from_bytes(bytes(data[position + 8:position + 12]), "little") \
         - (0x40 << 24)
+
+
+def read_extent(directory: Path) -> dict[str, int]:
+    return json.loads((directory / "log-extent").read_text())
+
+
+def test_open_after_crash_records_extent_only_after_fsync_of_the_tail(broker_factory):
+    # log-extent is written without an fsync of its own; after a crash the tail may
+    # hold ack="write" data never fsynced. If the record reached the disk before that
+    # data, a power loss would leave a record above the files: the stream refused.
+    # So the open fsyncs the tail first, and when that fsync fails the old record stays.
+    broker = broker_factory()
+    with Client(broker.address) as client:
+        client.create_stream("s")
+        client.publish("s", b"first", ack="fsync")
+    broker.restart()
+    directory = broker.data_dir / "streams" / "s"
+    with Client(broker.address) as client:
+        client.fetch("s", 0)  # the log opens and records its extent
+        before = read_extent(directory)
+        for index in range(50):
+            client.publish("s", f"m{index}".encode(), ack="write")
+    broker.kill()
+    broker.extra_env["NPSTREAM_STORAGE_FAULT"] = "fsync:EIO:s"
+    broker.log_path.write_text("")
+    broker.start()
+    with Client(broker.address) as client:
+        assert client.stream_info("s").end_offset == 51
+        assert len(client.fetch("s", 0, max_messages=100)) == 51
+    assert read_extent(directory) == before  # the fsync failed: nothing above it recorded
+    assert before["next_offset"] < 51
+    assert "could not fsync" in broker.log_text() and "the old record stays" in broker.log_text()
+    broker.stop()
+    del broker.extra_env["NPSTREAM_STORAGE_FAULT"]
+    broker.start()  # a clean stop (its close fsyncs): the next open records the whole log
+    with Client(broker.address) as client:
+        assert len(client.fetch("s", 0, max_messages=100)) == 51  # opens the log
+    assert read_extent(directory)["next_offset"] == 51
