@@ -43,6 +43,7 @@ from npstream.broker.metadata import METADATA_FILE
 from npstream.broker.storage.extent_check import read_records, shortfall
 from npstream.broker.storage.files import list_segment_bases, streams_root
 from npstream.broker.storage.stream_files import read_start_offset
+from npstream.broker.streams.tuning import MAX_LINES_PER_KIND, MAX_WAL_FRAMES_CHECKED
 from npstream.proto.names import STREAM_NAME_RE
 
 __all__ = ["DataDirReport", "MetadataFiles", "check_data_dir", "inspect_metadata_files",
@@ -50,12 +51,7 @@ __all__ = ["DataDirReport", "MetadataFiles", "check_data_dir", "inspect_metadata
 
 log = logging.getLogger(__name__)
 
-# Orphaned directories or short logs named one per line; beyond this, one line counts the rest.
-MAX_LINES_PER_KIND = 100
-
-# Frames of the WAL checked at start, before the database opens (~0.3 ms each in Python):
-# the default autocheckpoint keeps the WAL near 1,000 pages.
-MAX_WAL_FRAMES_CHECKED = 2048
+# SQLite's WAL layout (https://www.sqlite.org/fileformat.html#the_write_ahead_log).
 _WAL_MAGICS = (0x377F0682, 0x377F0683)  # bit 0: checksums over big-endian words
 _WAL_HEADER = 32
 _WAL_FRAME_HEADER = 24

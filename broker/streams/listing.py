@@ -1,6 +1,6 @@
 """Listings: the streams a ListStreams page or an EndOffsets pattern covers, in name order.
 
-Streams as cheap as keys (issue 19, docs/scaling.md): names are read from
+Streams as cheap as keys (docs/scaling.md): names are read from
 SQLite's primary-key order of the ``streams`` table (a prefix, or a glob's
 literal prefix, is a range of it) in chunks instead of sorting every name in
 memory, so a page of a million streams costs the page, not the million. What
@@ -17,12 +17,11 @@ from npstream.broker.errors import InvalidArgumentError, StreamNotFoundError
 from npstream.broker.metadata import Metadata
 from npstream.broker.streams.names import literal_prefix, next_page_token, page_after
 from npstream.broker.streams.records import StreamStatus
+from npstream.broker.streams.tuning import LIST_CHUNK
 from npstream.proto.defaults import DEFAULT_LIST_PAGE_SIZE, MAX_LIST_PAGE_SIZE
 
 __all__ = ["StreamListing"]
 
-# Names read from SQLite per query while a listing filters them (glob, read right).
-_LIST_CHUNK = 2000
 # Above every character a stream name may hold: prefix + this bounds a prefix's range.
 _AFTER_NAME_CHARS = "\x7f"
 
@@ -64,14 +63,14 @@ class StreamListing:
         while True:
             names = [row[0] for row in self._metadata.execute_tuples(
                 f"SELECT name FROM streams WHERE name {'>=' if inclusive else '>'} ? "
-                "AND name < ? ORDER BY name LIMIT ?", (cursor, stop, _LIST_CHUNK))]
+                "AND name < ? ORDER BY name LIMIT ?", (cursor, stop, LIST_CHUNK))]
             for name in names:
                 if ((not pattern or fnmatch.fnmatchcase(name, pattern))
                         and (visible is None or visible(name))):
                     found.append(name)
                     if limit and len(found) >= limit:
                         return found
-            if len(names) < _LIST_CHUNK:
+            if len(names) < LIST_CHUNK:
                 return found
             cursor, inclusive = names[-1], False
 

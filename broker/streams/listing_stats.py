@@ -1,6 +1,6 @@
 """What listings report for idle streams, kept in SQLite so a listing reads no stream files.
 
-Streams as cheap as keys (issue 19, docs/scaling.md): a listing describes each
+Streams as cheap as keys (docs/scaling.md): a listing describes each
 stream of its page. An idle stream was described from its files
 (storage/peek.py: a directory listing and a read of its segment), which is a
 disk read per stream once the kernel has dropped them from its caches: 4.3 s
@@ -29,11 +29,9 @@ import threading
 
 from npstream.broker.metadata import Metadata
 from npstream.broker.storage import LogStats
+from npstream.broker.streams.tuning import FLUSH_ROWS
 
 __all__ = ["ListingStats"]
-
-# Rows buffered before they are written in one transaction.
-FLUSH_ROWS = 1000
 
 _TABLE = """
 CREATE TABLE IF NOT EXISTS stream_stats (

@@ -1,6 +1,6 @@
 """The nursery: streams created by a first publish of one message, kept as SQLite rows.
 
-Streams as cheap as keys (issue 19, docs/scaling.md). A chat or a sensor
+Streams as cheap as keys (docs/scaling.md). A chat or a sensor
 stream is created by publishing its first message, at thousands a second.
 Giving each its directory and files before the ack cost ~1 ms of broker CPU
 (mkdir, two file creations, the log objects), so creation stalled near
@@ -31,11 +31,9 @@ from collections.abc import Iterable
 
 from npstream.broker.metadata import Metadata
 from npstream.broker.storage import LogStats
+from npstream.broker.streams.tuning import EXPIRY_BATCH
 
-__all__ = ["EXPIRY_BATCH", "Nursery"]
-
-# Expired nursery streams written out per retention pass.
-EXPIRY_BATCH = 2000
+__all__ = ["Nursery"]
 
 _NURSERY_TABLE = """
 CREATE TABLE IF NOT EXISTS nursery (

@@ -3,7 +3,7 @@
 Why: a stream per chat or sensor is created by its first publish, thousands a
 second from one client. One request per new stream spent most of the
 broker's time in gRPC's own per-message Python (request iterator, response
-send, thread wake-ups: ~60% of a create's CPU, docs/scaling.md); Kafka's
+send, thread wake-ups; docs/scaling.md has the figures); Kafka's
 ProduceRequest answers the same problem by carrying many topic-partitions'
 data. Here one request carries up to MAX_PUBLISH_MANY_ENTRIES entries.
 

@@ -25,13 +25,11 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from npstream.broker.errors import ShuttingDownError
+from npstream.broker.streams.tuning import POLL_INTERVAL_S
 from npstream.proto import pb
 
 __all__ = ["Reply", "serve_publish_stream"]
 
-# How often the replying thread re-checks that the client is still there and
-# the broker is not stopping while it waits for the next written request.
-POLL_INTERVAL_S = 0.25
 
 # A written request's reply: blocks until its data is as durable as its ack
 # mode promises (the covering fsync for ack=fsync), then returns the response.

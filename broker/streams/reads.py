@@ -38,6 +38,7 @@ from npstream.broker.streams.service import (
     on_log,
     value_schemas_pb,
 )
+from npstream.broker.streams.tuning import READ_RANGE_MAX_MESSAGES
 from npstream.proto import pb
 from npstream.proto.defaults import DEFAULT_FETCH_BYTES, DEFAULT_FETCH_MESSAGES
 from npstream.proto.host_identity import boot_id
@@ -47,8 +48,6 @@ __all__ = ["StreamReadServicer", "add_to_server"]
 
 log = logging.getLogger(__name__)
 
-# Rows per stored read of ReadRange; max_bytes is the real bound per reply.
-READ_RANGE_MAX_MESSAGES = 100_000
 
 
 class StreamReadServicer:

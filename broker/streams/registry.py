@@ -5,7 +5,7 @@ Creating a stream writes one SQLite row (rows.py) and nothing else; the log
 ten thousand rows, not ten thousand directories or file handles. A row holds
 only the config fields a user set (overrides.py).
 
-Streams as cheap as keys (issue 19, docs/scaling.md): the rows of streams
+Streams as cheap as keys (docs/scaling.md): the rows of streams
 created at the same time (thousands of first publishes a second) are inserted
 in one transaction by whichever creator comes first (the group commit of
 storage/group_commit.py), each creator returning once its row is committed.
@@ -82,14 +82,12 @@ from npstream.broker.streams.schemas import (
     refuse_other_schema,
 )
 from npstream.broker.streams.settings import StreamsSettings
+from npstream.broker.streams.tuning import OPEN_LOCKS
 
 __all__ = ["StreamRegistry"]
 
 log = logging.getLogger(__name__)
 
-# Registry locks per name: a fixed set picked by hash (one per stream would cost memory
-# per stream forever); re-entrant since two names may share one.
-_OPEN_LOCKS = 1024
 
 
 CREATING, NURSERY, READY, BROKEN, DELETING = (
@@ -127,7 +125,8 @@ class StreamRegistry:
         # Every stream's record (module docstring); a transition puts a new record.
         self._records: dict[str, StreamRecord] = self._rows.load_all()
         self._creating = 0  # CREATING records among them (not streams yet)
-        self._open_locks = [threading.RLock() for _ in range(_OPEN_LOCKS)]
+        # Picked by hash, re-entrant since two names may share one.
+        self._open_locks = [threading.RLock() for _ in range(OPEN_LOCKS)]
         # Concurrent creators' rows: one transaction per round, led by a creator.
         self._inserts: GroupCommit[NewRow, builtins.list[NewRow]] = GroupCommit(
             self._insert_rows, list, list.append)
@@ -203,7 +202,7 @@ class StreamRegistry:
             return moved
 
     def _open_lock(self, name: str) -> threading.RLock:
-        return self._open_locks[hash(name) % _OPEN_LOCKS]
+        return self._open_locks[hash(name) % OPEN_LOCKS]
 
     def _open(self, name: str) -> StreamLog:
         """The stream's log, opening it on first use; StreamNeedsRepairError if broken."""

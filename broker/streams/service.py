@@ -50,6 +50,7 @@ from npstream.broker.streams.publish_many import serve_publish_many
 from npstream.broker.streams.publish_stream import serve_publish_stream
 from npstream.broker.streams.records import SchemaVersion, StreamStatus
 from npstream.broker.streams.registry import StreamRegistry
+from npstream.broker.streams.tuning import LONG_POLL_SLICE_S
 from npstream.proto import pb, pb_grpc
 from npstream.proto.defaults import DEFAULT_FETCH_BYTES, DEFAULT_FETCH_MESSAGES
 from npstream.proto.schema import normalize_publish_table
@@ -66,11 +67,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# A long poll looks at its log this often (a log closed under it); data
-# arriving, the call's end and the broker's stop wake it at once, so this costs
-# no latency. It was 0.25 s: 2,000 parked polls woke 8,000 times a second and
-# publishes waited behind them for the GIL (issue 34; rpc/long_polls.py).
-LONG_POLL_SLICE_S = 2.0
 
 T = TypeVar("T")
 
