@@ -60,6 +60,7 @@ from npstream.broker.storage import (
 )
 from npstream.broker.storage.group_commit import GroupCommit
 from npstream.broker.storage.small_append import MessageRows, lone_message
+from npstream.broker.streams.disk_reserve import DiskReserve
 from npstream.broker.streams.handover import ListingStatsOwner, StreamRowsOwner
 from npstream.broker.streams.listing import StreamListing
 from npstream.broker.streams.listing_stats import ListingStats
@@ -136,6 +137,9 @@ class StreamRegistry:
             self._insert_nursery_rows, list, list.append, lead=False,
             thread_name="nursery-writer")
         storage.add_retention_task(self._expire_nursery)
+        self._reserve = DiskReserve(storage.settings.data_dir)
+        self._reserve.ensure()
+        storage.add_retention_task(self._keep_reserve)
         self._listing_stats = ListingStats(metadata)
         storage.set_stats_keeper(self._listing_stats)
         storage.add_retention_task(lambda _now: self._listing_stats.flush())
@@ -246,6 +250,10 @@ class StreamRegistry:
         """``_write_out_locked`` under the name's open lock (update, repair, expiry)."""
         with self._open_lock(name):
             self._write_out_locked(name)
+
+    def _keep_reserve(self, _now: int) -> None:
+        """A retention pass: make the disk reserve again once there is room (disk_reserve.py)."""
+        self._reserve.ensure()
 
     def _expire_nursery(self, now: int) -> None:
         """A retention pass: write out nursery streams whose message may have expired."""
@@ -461,8 +469,15 @@ class StreamRegistry:
         """Change only the given fields; the log picks the new config up at once.
 
         ``value_schema`` (DDL or JSON): the stream's new value schema, applied
-        first; when it is refused nothing of the update is applied.
+        first; when it is refused nothing of the update is applied. On a full
+        disk it runs in the disk reserve's room (disk_reserve.py): lowering
+        retention is how space is freed.
         """
+        return self._reserve.freeing(name, "update_stream",
+                                     lambda: self._update(name, overrides, value_schema))
+
+    def _update(self, name: str, overrides: Mapping[str, int],
+                value_schema: str) -> StreamStatus:
         record = self._record(name)
         changes = self._overrides.check(record.name, overrides)
         self._write_out(record.name)  # nursery streams follow the defaults only
@@ -572,7 +587,14 @@ class StreamRegistry:
         return True
 
     def delete_messages(self, name: str, before_offset: int | None) -> StreamStatus:
-        """Move start_offset: to before_offset (exclusive), or to end_offset when None."""
+        """Move start_offset: to before_offset (exclusive), or to end_offset when None.
+
+        On a full disk it runs in the disk reserve's room (disk_reserve.py).
+        """
+        return self._reserve.freeing(name, "delete_messages",
+                                     lambda: self._delete_messages(name, before_offset))
+
+    def _delete_messages(self, name: str, before_offset: int | None) -> StreamStatus:
         stream_log = self.get(name)
         if before_offset is None:
             stream_log.delete_all()

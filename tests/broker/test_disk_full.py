@@ -14,7 +14,10 @@ hold while the disk is full, and after space is freed:
   same way, promptly, instead of hanging or answering INTERNAL;
 * once the filler is deleted, publishing, staging, committing and group
   commits work again, without a restart, and a commit lands exactly once;
-* a kill -9 afterwards loses nothing that was acknowledged.
+* a kill -9 afterwards loses nothing that was acknowledged;
+* with no byte free (a 32 MiB tmpfs), docs/broker.md's remedies free space:
+  delete_messages before an offset, update_stream(max_bytes) then retention,
+  delete_messages of a whole stream (issue 34 item 8, the disk reserve).
 
 Mounting needs root (CAP_SYS_ADMIN); without it the tests skip saying so.
 """
@@ -26,6 +29,7 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -34,20 +38,20 @@ from integrity import check_files, check_streams, read_back
 
 from harness import BrokerProcess
 from npstream import Client, DiskFull
+from npstream.broker.streams.disk_reserve import RESERVE_BYTES, RESERVE_FILE
 
 FS_SIZE = "16m"
 STREAM = "orders"
 
 
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 16 MiB tmpfs mounted for this test, unmounted after it."""
-    mount_point = tmp_path / "small-fs"
+@contextmanager
+def mounted_tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``mount_point`` until the block ends (skips without root)."""
     mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FS_SIZE}", "tmpfs",
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
                              str(mount_point)], capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        pytest.skip(f"cannot mount a {FS_SIZE} tmpfs for the disk-full tests (needs root, "
+        pytest.skip(f"cannot mount a {size} tmpfs for the disk-full tests (needs root, "
                     f"CAP_SYS_ADMIN): {result.stderr.strip()}")
     try:
         yield mount_point
@@ -56,22 +60,34 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.fixture
-def broker(small_fs: Path, tmp_path: Path) -> Iterator[BrokerProcess]:
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MiB tmpfs mounted for this test, unmounted after it."""
+    with mounted_tmpfs(tmp_path / "small-fs", FS_SIZE) as mount_point:
+        yield mount_point
+
+
+def start_broker(data_dir: Path, tmp_path: Path, **env: str) -> BrokerProcess:
     """A broker whose data dir is on the small filesystem (its log is not)."""
-    proc = BrokerProcess(small_fs / "data", env={
+    proc = BrokerProcess(data_dir, env={
         # Small segments: rolls (index files, a new segment) happen near the full
         # point too. O_DIRECT is refused by tmpfs; the sink falls back by itself.
-        "NPSTREAM_SEGMENT_BYTES": "256KiB",
+        "NPSTREAM_SEGMENT_BYTES": "256KiB", **env,
     })
     proc.log_path = tmp_path / "broker.log"
     proc.start()
+    return proc
+
+
+@pytest.fixture
+def broker(small_fs: Path, tmp_path: Path) -> Iterator[BrokerProcess]:
+    proc = start_broker(small_fs / "data", tmp_path)
     yield proc
     proc.kill()
 
 
-def fill(directory: Path) -> Path:
+def fill(directory: Path, name: str = "filler") -> Path:
     """Write a file into ``directory`` until the filesystem has no byte left; returns it."""
-    filler = directory / "filler"
+    filler = directory / name
     with open(filler, "wb", buffering=0) as handle:
         for chunk in (1 << 20, 1 << 12, 1 << 9, 1):
             block = b"\0" * chunk
@@ -224,3 +240,89 @@ def test_sink_stage_and_commit_on_a_full_disk(broker: BrokerProcess, small_fs: P
         assert client.sink().last_batch_id("job") == 2
         check_streams(client)
     assert "unexpected error" not in broker.log_text(), broker.log_text()[-5000:]
+
+
+def free_bytes(directory: Path) -> int:
+    stats = os.statvfs(directory)
+    return stats.f_bavail * stats.f_frsize
+
+
+def fill_past_the_reserve(fs: Path, name: str) -> None:
+    """Take every byte left, once the broker holds its disk reserve again (it takes it
+    back when twice its size is free; a broker without one is filled after 15 s)."""
+    reserve = fs / "data" / RESERVE_FILE
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not (
+            reserve.exists() and reserve.stat().st_size == RESERVE_BYTES):
+        time.sleep(0.05)
+    fill(fs, name)
+
+
+def test_deleting_at_zero_bytes_free_frees_space(tmp_path: Path) -> None:
+    """Issue 34 item 8: docs/broker.md's remedies for a full disk work with no byte free.
+
+    A 32 MiB tmpfs holds three streams; before each remedy a filler takes the
+    last free byte. Each remedy must succeed and free space: delete_messages
+    before an offset, update_stream(max_bytes) then the retention pass, and
+    delete_messages of a whole stream (whose messages also sit in its active
+    segment). Afterwards publishing works again and a kill -9 keeps every
+    deletion and every message that was kept.
+    """
+    with mounted_tmpfs(tmp_path / "fs-32m", "32m") as fs:
+        broker = start_broker(fs / "data", tmp_path, NPSTREAM_RETENTION_CHECK_INTERVAL="200ms")
+        try:
+            with Client(broker.address, retry_deadline=2) as client:
+                client.create_stream(STREAM, max_bytes=0)
+                for part in range(16):  # 16 MB in 256 KiB segments
+                    client.publish_batch(STREAM, rows(f"o{part}", 1000))
+                client.create_stream("archive", max_bytes=0)
+                client.publish_batch("archive", rows("a", 2000))
+                client.create_stream("small", max_bytes=0)
+                client.publish_batch("small", rows("s", 10))  # in its active segment only
+                orders = ids(client)
+
+                fill_past_the_reserve(fs, "filler-1")
+                info = client.delete_messages(STREAM, 5000)
+                assert (info.start_offset, info.end_offset) == (5000, 16_000)
+                assert free_bytes(fs) >= 4 << 20, free_bytes(fs)  # ~5 MB of segments gone
+                assert ids(client) == orders[5000:]
+
+                fill_past_the_reserve(fs, "filler-2")
+                info = client.update_stream(STREAM, max_bytes=2 << 20)
+                assert info.config.max_bytes == 2 << 20
+                deadline = time.monotonic() + 30
+                while client.stream_info(STREAM).start_offset <= 5000:
+                    assert time.monotonic() < deadline, "retention freed nothing"
+                    time.sleep(0.1)
+                start = client.stream_info(STREAM).start_offset
+                assert start >= 16_000 - 2_200  # ~2 MiB of 1 KB messages left
+                assert free_bytes(fs) >= 7 << 20, free_bytes(fs)
+                assert ids(client) == orders[start:]
+
+                for name, end in (("archive", 2000), ("small", 10)):
+                    fill_past_the_reserve(fs, f"filler-{name}")
+                    info = client.delete_messages(name)
+                    assert (info.start_offset, info.end_offset) == (end, end)
+                assert free_bytes(fs) >= 1 << 20, free_bytes(fs)
+
+                released = [line for line in broker.log_text().splitlines()
+                            if "released the 1048576-byte disk reserve" in line]
+                assert [line.split("so that ")[1] for line in released] == [
+                    f"{action} of stream '{name}' can run" for action, name in (
+                        ("delete_messages", STREAM), ("update_stream", STREAM),
+                        ("delete_messages", "archive"), ("delete_messages", "small"))]
+                for filler in fs.glob("filler-*"):
+                    filler.unlink()
+                assert client.publish_batch("small", rows("after", 5)).first_offset == 10
+                assert client.publish_batch(STREAM, rows("after", 5)).first_offset == 16_000
+            broker.kill()
+            check_files(broker.data_dir)
+            broker.start()
+            with Client(broker.address) as client:
+                assert [(s.name, s.start_offset, s.end_offset) for s in sorted(
+                    client.list_streams(), key=lambda s: s.name)] == [
+                    ("archive", 2000, 2000), (STREAM, start, 16_005), ("small", 10, 15)]
+                assert ids(client) == orders[start:] + [f"after-{i}" for i in range(5)]
+                check_streams(client)
+        finally:
+            broker.kill()
