@@ -33,15 +33,12 @@ from typing import TypeVar
 
 from npstream.broker.errors import is_disk_full
 from npstream.broker.log_events import event_fields
+from npstream.broker.streams.tuning import RESERVE_BYTES
 
-__all__ = ["RESERVE_BYTES", "RESERVE_FILE", "DiskReserve"]
+__all__ = ["RESERVE_FILE", "DiskReserve"]
 
 log = logging.getLogger(__name__)
 
-# What a remedy may write on a full disk: a start-offset file, a segment roll's
-# index files and empty segment, a few SQLite pages. 1 MiB is ~100x that, and
-# a small share of any data dir.
-RESERVE_BYTES = 1 << 20
 RESERVE_FILE = "disk-reserve"
 
 T = TypeVar("T")

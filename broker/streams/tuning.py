@@ -38,3 +38,10 @@ MAX_LINES_PER_KIND = 100
 # in Python): the default autocheckpoint keeps the WAL near 1,000 pages. Higher: a
 # longer WAL is checked whole, at a slower start.
 MAX_WAL_FRAMES_CHECKED = 2048
+
+# ---------------------------------------------------------------- disk full
+# The disk reserve (disk_reserve.py): room a deletion or config change may write in
+# when the disk is full (a start-offset file, a roll's index files and empty segment,
+# a few SQLite pages: ~100x less). Larger: more such writes fit, more of the disk held
+# back; it is only made while twice its size is free.
+RESERVE_BYTES = 1 << 20

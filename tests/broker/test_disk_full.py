@@ -38,7 +38,8 @@ from integrity import check_files, check_streams, read_back
 
 from harness import BrokerProcess
 from npstream import Client, DiskFull
-from npstream.broker.streams.disk_reserve import RESERVE_BYTES, RESERVE_FILE
+from npstream.broker.streams.disk_reserve import RESERVE_FILE
+from npstream.broker.streams.tuning import RESERVE_BYTES
 
 FS_SIZE = "16m"
 STREAM = "orders"
