@@ -38,6 +38,7 @@ from npstream.broker.auth.tokens import (
     TokenTable,
     bearer_token,
 )
+from npstream.broker.auth.tuning import POLL_INTERVAL_S
 from npstream.broker.errors import (
     InvalidArgumentError,
     PermissionDeniedError,
@@ -46,13 +47,9 @@ from npstream.broker.errors import (
 from npstream.proto import metadata_keys
 from npstream.proto.names import validate_stream_name
 
-__all__ = ["POLL_INTERVAL_S", "AccessControl", "Right"]
+__all__ = ["AccessControl", "Right"]
 
 log = logging.getLogger(__name__)
-
-# How often the tokens file's stat (inode, size, mtime) is compared with the
-# loaded one. A change takes effect within this long; SIGHUP at once.
-POLL_INTERVAL_S = 1.0
 
 _Stamp = tuple[int, int, int] | None
 

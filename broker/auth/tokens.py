@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from npstream.broker.auth.errors import TokensFileError
+from npstream.broker.auth.tuning import DECISION_CACHE_MAX
 
 __all__ = [
     "AUTH_TOKEN_NAME",
@@ -60,11 +61,6 @@ __all__ = [
 AUTH_TOKEN_NAME = "auth_token"
 # How the [cluster] ``cluster_token`` entry is named in logs and errors.
 CLUSTER_TOKEN_NAME = "cluster"
-# Decisions remembered per token entry, (right, stream) -> allowed; the table is
-# rebuilt on every reload, so a cache never outlives the rights it caches.
-# Cleared when full: a client cycling through many stream names costs only
-# glob matching again.
-DECISION_CACHE_MAX = 4096
 
 _BEARER = "bearer "
 _ENTRY_KEYS = frozenset({"name", "token", "read", "write", "admin"})
@@ -97,6 +93,9 @@ class TokenGrant:
     globs: Mapping[Right, tuple[str, ...]]
     # The cluster's own token (module doc): members' internal calls, no stream right.
     internal: bool = False
+    # (right, stream) -> allowed. The table is rebuilt on every reload, so the cache never
+    # outlives the rights it caches; cleared when full, a client cycling through many
+    # stream names costs only glob matching again.
     _decisions: dict[tuple[Right, str], bool] = field(default_factory=dict, repr=False)
 
     def allows(self, stream: str, right: Right) -> bool:
