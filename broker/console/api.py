@@ -27,6 +27,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from npstream.broker.console.tuning import (
+    DEFAULT_MESSAGES,
+    MAX_MESSAGE_BYTES,
+    MAX_MESSAGES,
+    MAX_STREAMS,
+)
 from npstream.broker.errors import BrokerError, OffsetOutOfRangeError, StreamNotFoundError
 from npstream.broker.groups.group_collector import connected_members, lag_seconds
 from npstream.broker.groups.typed_values import untyped_batch
@@ -47,10 +53,6 @@ __all__ = ["ConsoleApi", "message_json"]
 Readable = Callable[[str], bool]
 Reply = tuple[int, object]
 
-DEFAULT_MESSAGES = 20
-MAX_MESSAGES = 200
-MAX_MESSAGE_BYTES = 4 << 20  # bytes read for one page of messages
-MAX_STREAMS = 1000  # streams listed at once (the page says when there are more)
 
 
 def _text_or_base64(data: bytes | None) -> dict[str, str] | None:

@@ -19,13 +19,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from npstream.broker.console.tuning import MIN_INTERVAL_S, POINTS
+
 __all__ = ["History", "Sample"]
 
 log = logging.getLogger(__name__)
 
-# Samples kept per series, whatever the window: the interval grows with it.
-POINTS = 180
-MIN_INTERVAL_S = 1.0
 
 
 @dataclass
