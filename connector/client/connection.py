@@ -7,7 +7,8 @@ or neither) present a client certificate, for a broker that requires one
 
 Everything that crosses the wire goes through ``Connection.call`` (unary; also
 ``call_serialized`` for requests already in wire bytes) or ``Connection.stream``
-(bidirectional), so the retry rules live in one place:
+(bidirectional), each naming its method by the generated stub's attribute
+(npstream.client.stubs), so the retry rules live in one place:
 
 * ``UNAVAILABLE`` is retried with exponential backoff and full jitter until
   ``retry_deadline`` seconds have passed, then ``BrokerUnavailable`` is raised
@@ -47,6 +48,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from npstream.client.stubs import Rpc, Stubs, path_of
 from npstream.errors import (
     BrokerUnavailable,
     InvalidArgument,
@@ -55,7 +57,7 @@ from npstream.errors import (
     StreamMoving,
     from_rpc_error,
 )
-from npstream.proto import metadata_keys, pb_grpc
+from npstream.proto import metadata_keys
 from npstream.proto.defaults import (
     BROKER_ADDRESS_ENV,
     DEFAULT_BROKER_ADDRESS,
@@ -106,17 +108,6 @@ _NOT_SENT_MARKERS = (
     "name resolution",
     "empty address list",
 )
-
-# The proto package of the services (method paths are /<package>.<Service>/<Method>).
-_PROTO_PACKAGE = "npstream.v1"
-
-_SERVICES: dict[str, Callable[[grpc.Channel], Any]] = {
-    "StreamService": pb_grpc.StreamServiceStub,
-    "StreamReadService": pb_grpc.StreamReadServiceStub,
-    "GroupService": pb_grpc.GroupServiceStub,
-    "SinkService": pb_grpc.SinkServiceStub,
-    "ClusterService": pb_grpc.ClusterServiceStub,
-}
 
 
 # host:port with a DNS name or IPv4 address, or [IPv6]:port.
@@ -210,7 +201,7 @@ class Connection:
             self._channel = grpc.secure_channel(self.address, credentials, options=options)
         else:
             self._channel = grpc.insecure_channel(self.address, options=options)
-        self._stubs = {name: make(self._channel) for name, make in _SERVICES.items()}
+        self.stubs = Stubs(self._channel)
         self._raw_streams: dict[str, Any] = {}
         self._raw_unaries: dict[str, Any] = {}
         self._raw_replies: dict[str, Any] = {}
@@ -218,31 +209,29 @@ class Connection:
 
     # ------------------------------------------------------------ calls
 
-    def _method(self, rpc: str) -> Callable[..., Any]:
+    def _method(self, rpc: Rpc | str) -> tuple[Any, str]:
+        """The stub method ``rpc`` names (npstream.client.stubs) and its name."""
         if self._closed:
             raise NpstreamError(f"client for {self.address} is closed")
-        service, _, method = rpc.partition(".")
-        stub = self._stubs.get(service)
-        target = getattr(stub, method, None) if stub is not None and method else None
-        if target is None:
-            raise InvalidArgument(
-                f"unknown rpc {rpc!r}; use 'Service.Method' with a service from {sorted(_SERVICES)}"
-            )
-        return target
+        return self.stubs.method(rpc)
 
     def call(
         self,
-        rpc: str,
+        rpc: Rpc | str,
         request: Any,
         *,
         timeout: float | None = None,
         idempotent: bool = True,
     ) -> Any:
-        """Send one unary call; retry UNAVAILABLE as the module docstring says."""
-        method = self._method(rpc)
+        """Send one unary call; retry UNAVAILABLE as the module docstring says.
+
+        ``rpc``: the stub method, ``lambda s: s.StreamService.Fetch``
+        (npstream.client.stubs), or its name ``"StreamService.Fetch"``.
+        """
+        method, name = self._method(rpc)
         per_call = self.timeout if timeout is None else timeout
         return self._retrying(
-            rpc, lambda: method(request, timeout=per_call, metadata=self._metadata), idempotent)
+            name, lambda: method(request, timeout=per_call, metadata=self._metadata), idempotent)
 
     def _retrying(self, rpc: str, send: Callable[[], Any], idempotent: bool) -> Any:
         """``send()`` until it succeeds, retrying UNAVAILABLE; the retry rules of ``call``."""
@@ -310,29 +299,29 @@ class Connection:
         return min(backoff * RETRY_BACKOFF_MULTIPLIER, RETRY_MAX_BACKOFF_S)
 
     def stream(
-        self, rpc: str, request_iterator: Iterator[Any], *, timeout: float | None = None
+        self, rpc: Rpc | str, request_iterator: Iterator[Any], *, timeout: float | None = None
     ) -> StreamingCall:
         """Open a bidirectional streaming call (GroupService.Subscribe).
 
         Not retried: the caller owns the session state and reopens it.
         ``timeout`` None means no deadline (a subscription lives until cancelled).
         """
-        method = self._method(rpc)
+        method, _name = self._method(rpc)
         return StreamingCall(
             method(request_iterator, timeout=timeout, metadata=self._metadata), self.address
         )
 
     def server_stream(
-        self, rpc: str, request: Any, *, timeout: float | None = None
+        self, rpc: Rpc | str, request: Any, *, timeout: float | None = None
     ) -> StreamingCall:
         """Open a server-streaming call (StreamReadService.ReadRange); not retried."""
-        method = self._method(rpc)
+        method, _name = self._method(rpc)
         return StreamingCall(
             method(request, timeout=timeout, metadata=self._metadata), self.address
         )
 
     def call_serialized(
-        self, rpc: str, request: bytes, response_type: Any, *,
+        self, rpc: Rpc | str, request: bytes, response_type: Any, *,
         timeout: float | None = None, idempotent: bool = True,
     ) -> Any:
         """Like ``call`` for a request that is already protobuf wire bytes (same retries).
@@ -342,19 +331,20 @@ class Connection:
         is not copied into a message and serialized again. ``response_type``
         is the response message class.
         """
-        self._method(rpc)  # same checks: known rpc, open client
-        unary = self._raw_unaries.get(rpc)
+        _stub, name = self._method(rpc)  # same checks: known rpc, open client
+        unary = self._raw_unaries.get(name)
         if unary is None:
             unary = self._channel.unary_unary(
-                self._path(rpc), request_serializer=None,
+                path_of(name), request_serializer=None,
                 response_deserializer=response_type.FromString)
-            self._raw_unaries[rpc] = unary
+            self._raw_unaries[name] = unary
         per_call = self.timeout if timeout is None else timeout
         return self._retrying(
-            rpc, lambda: unary(request, timeout=per_call, metadata=self._metadata), idempotent)
+            name, lambda: unary(request, timeout=per_call, metadata=self._metadata), idempotent)
 
     def call_raw_reply(
-        self, rpc: str, request: Any, *, timeout: float | None = None, idempotent: bool = True,
+        self, rpc: Rpc | str, request: Any, *, timeout: float | None = None,
+        idempotent: bool = True,
     ) -> bytes:
         """Like ``call``, but the reply is left as its protobuf wire bytes (same retries).
 
@@ -362,20 +352,20 @@ class Connection:
         (ReceiveBatch's Arrow deliveries): ``npstream.proto.wire.split_bytes_field``
         hands it out as a view, where parsing a message would copy it twice.
         """
-        self._method(rpc)  # same checks: known rpc, open client
-        unary = self._raw_replies.get(rpc)
+        _stub, name = self._method(rpc)  # same checks: known rpc, open client
+        unary = self._raw_replies.get(name)
         if unary is None:
             unary = self._channel.unary_unary(
-                self._path(rpc), request_serializer=type(request).SerializeToString,
+                path_of(name), request_serializer=type(request).SerializeToString,
                 response_deserializer=None)
-            self._raw_replies[rpc] = unary
+            self._raw_replies[name] = unary
         per_call = self.timeout if timeout is None else timeout
         reply: bytes = self._retrying(
-            rpc, lambda: unary(request, timeout=per_call, metadata=self._metadata), idempotent)
+            name, lambda: unary(request, timeout=per_call, metadata=self._metadata), idempotent)
         return reply
 
     def stream_serialized(
-        self, rpc: str, request_iterator: Iterator[bytes], response_type: Any, *,
+        self, rpc: Rpc | str, request_iterator: Iterator[bytes], response_type: Any, *,
         timeout: float | None = None,
     ) -> StreamingCall:
         """Like ``stream`` for requests that are already protobuf wire bytes.
@@ -384,23 +374,17 @@ class Connection:
         protobuf can (publish_batch: batching.encode_publish_request).
         ``response_type`` is the response message class.
         """
-        self._method(rpc)  # same checks: known rpc, open client
-        multi = self._raw_streams.get(rpc)
+        _stub, name = self._method(rpc)  # same checks: known rpc, open client
+        multi = self._raw_streams.get(name)
         if multi is None:
             multi = self._channel.stream_stream(
-                self._path(rpc), request_serializer=None,
+                path_of(name), request_serializer=None,
                 response_deserializer=response_type.FromString,
             )
-            self._raw_streams[rpc] = multi
+            self._raw_streams[name] = multi
         return StreamingCall(
             multi(request_iterator, timeout=timeout, metadata=self._metadata), self.address
         )
-
-    @staticmethod
-    def _path(rpc: str) -> str:
-        """The gRPC method path of ``"Service.Method"``."""
-        service, _, method = rpc.partition(".")
-        return f"/{_PROTO_PACKAGE}.{service}/{method}"
 
     def close(self) -> None:
         if not self._closed:

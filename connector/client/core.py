@@ -20,6 +20,7 @@ from typing import Any, Self
 
 from npstream.client.connection import Connection, StreamingCall
 from npstream.client.routing import Brokers, stream_of
+from npstream.client.stubs import Rpc
 
 __all__ = ["ClientCore"]
 
@@ -58,10 +59,13 @@ class ClientCore:
     # ------------------------------------------------------------ plumbing
 
     def call(
-        self, rpc: str, request: Any, *, timeout: float | None = None, idempotent: bool = True,
-        broker: str | None = None,
+        self, rpc: Rpc | str, request: Any, *, timeout: float | None = None,
+        idempotent: bool = True, broker: str | None = None,
     ) -> Any:
-        """Send a unary RPC such as ``"StreamService.Fetch"`` (auth, retries, error mapping).
+        """Send a unary RPC (auth, retries, error mapping).
+
+        ``rpc`` names the generated stub's method, ``lambda s: s.StreamService.Fetch``
+        (npstream.client.stubs); the name ``"StreamService.Fetch"`` works too.
 
         A call about one stream goes to the broker holding it (redirects
         followed); ``broker`` (an address) sends it to that broker as it is.
@@ -76,7 +80,8 @@ class ClientCore:
             rpc, request, timeout=timeout, idempotent=idempotent))
 
     def call_raw_reply(
-        self, rpc: str, request: Any, *, timeout: float | None = None, idempotent: bool = True,
+        self, rpc: Rpc | str, request: Any, *, timeout: float | None = None,
+        idempotent: bool = True,
     ) -> bytes:
         """``call`` (routed the same way) whose reply stays protobuf wire bytes."""
         stream = stream_of(request)
@@ -87,7 +92,7 @@ class ClientCore:
             rpc, request, timeout=timeout, idempotent=idempotent))
 
     def call_serialized(
-        self, rpc: str, request: bytes, response_type: Any, *,
+        self, rpc: Rpc | str, request: bytes, response_type: Any, *,
         timeout: float | None = None, idempotent: bool = True, broker: str | None = None,
     ) -> Any:
         """``call`` with a request already in protobuf wire bytes (npstream.proto.wire builds them).
@@ -100,10 +105,10 @@ class ClientCore:
             rpc, request, response_type, timeout=timeout, idempotent=idempotent)
 
     def stream(
-        self, rpc: str, request_iterator: Iterator[Any], *, timeout: float | None = None,
+        self, rpc: Rpc | str, request_iterator: Iterator[Any], *, timeout: float | None = None,
         stream: str | None = None,
     ) -> StreamingCall:
-        """Open a bidirectional streaming RPC (``"GroupService.Subscribe"``); not retried.
+        """Open a bidirectional streaming RPC (``lambda s: s.GroupService.Subscribe``); not retried.
 
         ``stream``: the stream the call is about; it goes to that stream's broker.
         """

@@ -1,8 +1,8 @@
 """GroupService as typed calls: the one place on the client side that names its methods.
 
 The group code (``npstream.groups``) and the Spark reader build on these
-instead of ``client.call("GroupService.X", request)``, so a method name
-is spelled once, a caller sees the response type it gets back, and the
+instead of ``client.call(lambda s: s.GroupService.X, request)``, so a
+method is named once, a caller sees the response type it gets back, and the
 per-RPC call rules live with the RPC: the timeout of a long poll grows by its
 wait, an auto-commit Pull is never resent (a retry would skip messages).
 
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from npstream.client.core import ClientCore
 
 __all__ = [
-    "SUBSCRIBE_RPC",
     "ack",
     "commit",
     "delete_group",
@@ -42,9 +41,6 @@ __all__ = [
     "subscribe_batches",
 ]
 
-# The rpc subscriptions use; GroupService.Subscribe (one message per delivery)
-# is kept on the broker for older clients.
-SUBSCRIBE_RPC = "GroupService.SubscribeBatches"
 
 
 # ---------------------------------------------------------------- cursor groups
@@ -55,7 +51,7 @@ def open_consumer(client: ClientCore, stream: str, group: str,
     request = pb.OpenConsumerRequest(stream=stream, group=group)
     if start_from is not None:
         request.start_from.CopyFrom(start_from)
-    response: pb.OpenConsumerResponse = client.call("GroupService.OpenConsumer", request)
+    response: pb.OpenConsumerResponse = client.call(lambda s: s.GroupService.OpenConsumer, request)
     return response
 
 
@@ -63,7 +59,7 @@ def pull(client: ClientCore, stream: str, group: str, *, limit: int, wait: float
          auto_commit: bool) -> pb.PullResponse:
     """The next messages after the group's position; ``wait`` seconds long-polls."""
     response: pb.PullResponse = client.call(
-        "GroupService.Pull",
+        lambda s: s.GroupService.Pull,
         pb.PullRequest(stream=stream, group=group,
                        limit=checked_int("limit", limit, "PullRequest.limit"),
                        wait_ms=checked_wait_ms("wait", wait, "PullRequest.wait_ms"),
@@ -83,14 +79,14 @@ def commit(client: ClientCore, stream: str, group: str, *, offset: int | None = 
                                              "CommitRequest.next_offset")
     elif offset is not None:
         request.offset = checked_int("offset", offset, "CommitRequest.offset")
-    response: pb.CommitResponse = client.call("GroupService.Commit", request)
+    response: pb.CommitResponse = client.call(lambda s: s.GroupService.Commit, request)
     return response
 
 
 def seek(client: ClientCore, stream: str, group: str, to: pb.StartFrom) -> pb.SeekResponse:
     """Move the group to ``to`` (clamped to the stream)."""
     response: pb.SeekResponse = client.call(
-        "GroupService.Seek", pb.SeekRequest(stream=stream, group=group, to=to))
+        lambda s: s.GroupService.Seek, pb.SeekRequest(stream=stream, group=group, to=to))
     return response
 
 
@@ -99,21 +95,21 @@ def seek(client: ClientCore, stream: str, group: str, to: pb.StartFrom) -> pb.Se
 def list_groups(client: ClientCore, stream: str) -> pb.ListGroupsResponse:
     """Every group of the stream."""
     response: pb.ListGroupsResponse = client.call(
-        "GroupService.ListGroups", pb.ListGroupsRequest(stream=stream))
+        lambda s: s.GroupService.ListGroups, pb.ListGroupsRequest(stream=stream))
     return response
 
 
 def describe_group(client: ClientCore, stream: str, group: str) -> pb.GroupInfo:
     """One group's state; GroupNotFound when it does not exist."""
     response: pb.GroupInfo = client.call(
-        "GroupService.DescribeGroup", pb.DescribeGroupRequest(stream=stream, group=group))
+        lambda s: s.GroupService.DescribeGroup, pb.DescribeGroupRequest(stream=stream, group=group))
     return response
 
 
 def delete_group(client: ClientCore, stream: str, group: str) -> pb.DeleteGroupResponse:
     """Delete the group's position, settings and leases."""
     response: pb.DeleteGroupResponse = client.call(
-        "GroupService.DeleteGroup", pb.DeleteGroupRequest(stream=stream, group=group))
+        lambda s: s.GroupService.DeleteGroup, pb.DeleteGroupRequest(stream=stream, group=group))
     return response
 
 
@@ -123,7 +119,7 @@ def receive(client: ClientCore, stream: str, group: str, *, member_id: str, max_
             wait: float, config: pb.SharedGroupConfig) -> pb.ReceiveResponse:
     """Lease up to ``max_messages``; ``wait`` seconds long-polls."""
     response: pb.ReceiveResponse = client.call(
-        "GroupService.Receive",
+        lambda s: s.GroupService.Receive,
         pb.ReceiveRequest(stream=stream, group=group, member_id=member_id,
                           max_messages=checked_int("max_messages", max_messages,
                                                    "ReceiveRequest.max_messages"),
@@ -145,7 +141,7 @@ def receive_batch(client: ClientCore, stream: str, group: str, *, member_id: str
     idempotent, so a retried call acks nothing twice).
     """
     reply = client.call_raw_reply(
-        "GroupService.ReceiveBatch",
+        lambda s: s.GroupService.ReceiveBatch,
         pb.ReceiveRequest(stream=stream, group=group, member_id=member_id,
                           max_messages=checked_int("max_messages", max_messages,
                                                    "ReceiveRequest.max_messages"),
@@ -177,7 +173,7 @@ def _offsets(offsets: Sequence[int], field: str) -> Sequence[int]:
 def ack(client: ClientCore, stream: str, group: str, offsets: Sequence[int],
         member_id: str = "", ranges: Sequence[tuple[int, int]] = ()) -> pb.AckResponse:
     """Settle leases as done: ``offsets`` and every offset of the ``[start, end)`` ranges."""
-    response: pb.AckResponse = client.call("GroupService.Ack", pb.AckRequest(
+    response: pb.AckResponse = client.call(lambda s: s.GroupService.Ack, pb.AckRequest(
         stream=stream, group=group, offsets=_offsets(offsets, "AckRequest.offsets"),
         member_id=member_id, ranges=_ranges(ranges)))
     return response
@@ -187,7 +183,7 @@ def nack(client: ClientCore, stream: str, group: str, offsets: Sequence[int], *,
          delay_ms: int, member_id: str = "",
          ranges: Sequence[tuple[int, int]] = ()) -> pb.NackResponse:
     """Settle leases as not done: redeliver after ``delay_ms``."""
-    response: pb.NackResponse = client.call("GroupService.Nack", pb.NackRequest(
+    response: pb.NackResponse = client.call(lambda s: s.GroupService.Nack, pb.NackRequest(
         stream=stream, group=group, offsets=_offsets(offsets, "NackRequest.offsets"),
         delay_ms=checked_int("delay_ms", delay_ms, "NackRequest.delay_ms"),
         member_id=member_id, ranges=_ranges(ranges)))
@@ -202,5 +198,8 @@ def subscribe_batches(client: ClientCore,
     broker that holds it (a cluster's member; ``ClientCore.stream``).
     """
     first = next(requests)
-    return client.stream(SUBSCRIBE_RPC, itertools.chain([first], requests),
+    # GroupService.Subscribe (one message per delivery) is kept on the broker for
+    # older clients.
+    return client.stream(lambda s: s.GroupService.SubscribeBatches,
+                         itertools.chain([first], requests),
                          stream=first.open.stream or None)

@@ -64,7 +64,6 @@ LANES = 4
 # The shortest wait before entries refused with STREAM_MOVING are sent again.
 _MOVING_MIN_WAIT_S = 0.05
 
-_RPC = "StreamService.PublishMany"
 _ENTRY_KEYS = frozenset({"stream", "value", "id", "key", "headers", "messages"})
 _MESSAGE_KEYS = frozenset({"value", "id", "key", "headers"})
 _ENTRY_TAG = b"\x0a"  # PublishManyRequest.entries: field 1, length-delimited
@@ -162,7 +161,8 @@ def _send(brokers: Brokers, owner: str, batch: list[_Entry]) -> list[tuple[_Entr
     conn = brokers.connection(owner)
     raw = b"".join(_ENTRY_TAG + varint(len(e.wire)) + e.wire for e in batch)
     try:
-        reply = conn.call_serialized(_RPC, raw, pb.PublishManyResponse,
+        reply = conn.call_serialized(lambda s: s.StreamService.PublishMany, raw,
+                                     pb.PublishManyResponse,
                                      idempotent=all(e.has_ids for e in batch))
     except NpstreamError as exc:
         return [(entry, exc) for entry in batch]

@@ -156,7 +156,7 @@ class Publisher(ClientCore):
             message.key = encoded_key
         request = pb.PublishRequest(stream=checked_stream(stream), messages=[message],
                                     ack=_ack(ack))
-        response = self.call("StreamService.Publish", request, idempotent=bool(id))
+        response = self.call(lambda s: s.StreamService.Publish, request, idempotent=bool(id))
         if response.duplicates:
             return PublishResult(offset=response.duplicates[0].offset, duplicate=True)
         return PublishResult(offset=response.first_offset, duplicate=False)
@@ -306,7 +306,7 @@ class Publisher(ClientCore):
         ``name``, to the broker that holds it (asked first in a cluster: an iterator of
         requests cannot be resent after a redirect)."""
         conn = self._brokers.connection(self._brokers.owner_of(name))
-        return conn.stream_serialized("StreamService.PublishStream", requests,
+        return conn.stream_serialized(lambda s: s.StreamService.PublishStream, requests,
                                       pb.PublishResponse, timeout=timeout)
 
     def _publish_one_by_one(
@@ -318,7 +318,8 @@ class Publisher(ClientCore):
             request = pb.PublishRequest(
                 stream=name, arrow_stream=encode_ipc_stream(part), ack=ack_mode
             )
-            response = self.call("StreamService.Publish", request, idempotent=safe_to_resend)
+            response = self.call(lambda s: s.StreamService.Publish, request,
+                                 idempotent=safe_to_resend)
             tally.add(start, part.num_rows, response)
 
     def _publish_pipelined(

@@ -109,7 +109,7 @@ class Reader(ClientCore):
             end_offset=0 if end_offset is None else checked_offset(
                 "end_offset", end_offset, "FetchRequest.end_offset"),
         )
-        return self.call("StreamService.Fetch", request, timeout=self.timeout + wait)
+        return self.call(lambda s: s.StreamService.Fetch, request, timeout=self.timeout + wait)
 
     def fetch_batches(
         self,
@@ -214,7 +214,7 @@ class Reader(ClientCore):
             end_offset=0 if end_offset is None else checked_offset(
                 "end_offset", end_offset, "FetchRequest.end_offset"),
         )
-        response = self.call("StreamReadService.Locate", request)
+        response = self.call(lambda s: s.StreamReadService.Locate, request)
         try:
             check_same_host(response)
         except LocalReadUnavailable as exc:
@@ -276,7 +276,8 @@ class Reader(ClientCore):
         first), so following it resends nothing that was read.
         """
         def first_reply(conn: Connection) -> tuple[pb.FetchResponse | None, Iterator[Any]]:
-            call = conn.server_stream("StreamReadService.ReadRange", request, timeout=None)
+            call = conn.server_stream(lambda s: s.StreamReadService.ReadRange, request,
+                                      timeout=None)
             return next(call, None), call
 
         first, rest = self._brokers.routed(request.stream, first_reply)
@@ -300,7 +301,7 @@ class Reader(ClientCore):
         request = pb.OffsetForTimestampRequest(
             stream=checked_stream(stream), timestamp_ms=parsed(parse_timestamp_ms, "ts", ts)
         )
-        return int(self.call("StreamService.OffsetForTimestamp", request).offset)
+        return int(self.call(lambda s: s.StreamService.OffsetForTimestamp, request).offset)
 
     def end_offsets(
         self, streams: Iterable[str] | None = None, pattern: str | None = None
@@ -309,7 +310,6 @@ class Reader(ClientCore):
         names = [checked_stream(name) for name in streams] if streams is not None else []
         if streams is None and pattern is None:
             pattern = "*"
-        response = self.call(
-            "StreamService.EndOffsets", pb.EndOffsetsRequest(streams=names, pattern=pattern or "")
-        )
+        response = self.call(lambda s: s.StreamService.EndOffsets,
+                             pb.EndOffsetsRequest(streams=names, pattern=pattern or ""))
         return {s.stream: (s.start_offset, s.end_offset) for s in response.streams}

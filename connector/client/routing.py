@@ -144,7 +144,7 @@ class Brokers:
         if unknown:
             try:
                 reply: pb.OwnersResponse = self.home.call(
-                    "ClusterService.Owners", pb.OwnersRequest(streams=unknown))
+                    lambda s: s.ClusterService.Owners, pb.OwnersRequest(streams=unknown))
             except NpstreamError as exc:
                 if exc.code != grpc.StatusCode.UNIMPLEMENTED:
                     raise

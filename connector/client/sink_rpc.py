@@ -1,8 +1,8 @@
 """SinkService as typed calls: the one place on the client side that names its methods.
 
 The sink client (``npstream.sink.client``) builds on these instead of
-``client.call("SinkService.X", request)``, as the group code does on
-``group_rpc``: a method name is spelled once, a caller sees the response
+``client.call(lambda s: s.SinkService.X, request)``, as the group code
+does on ``group_rpc``: a method is named once, a caller sees the response
 type it gets back, and the per-RPC call rules live with the RPC. Every
 SinkService call is safe to resend (a re-sent staging id replaces the
 earlier one, a re-sent commit of a recorded batch appends nothing, an abort
@@ -36,7 +36,8 @@ def stage(client: ClientCore, request: bytes, *, idempotent: bool = True,
     """Send a StageRequest already in wire bytes (``encode_stage_request``, or one that
     names an inbox file and carries no data)."""
     response: pb.StageResponse = client.call_serialized(
-        "SinkService.Stage", request, pb.StageResponse, idempotent=idempotent, broker=broker)
+        lambda s: s.SinkService.Stage, request, pb.StageResponse, idempotent=idempotent,
+        broker=broker)
     return response
 
 
@@ -44,9 +45,10 @@ def commit_batch(client: ClientCore, sink_id: str, batch_id: int,
                  staging_ids: Sequence[str], *, broker: str | None = None,
                  ) -> pb.CommitBatchResponse:
     """Append the listed stagings and record the batch (a recorded batch appends nothing)."""
-    response: pb.CommitBatchResponse = client.call("SinkService.CommitBatch", pb.CommitBatchRequest(
-        sink_id=sink_id, batch_id=batch_id, staging_ids=list(staging_ids)), idempotent=True,
-        broker=broker)
+    response: pb.CommitBatchResponse = client.call(
+        lambda s: s.SinkService.CommitBatch, pb.CommitBatchRequest(
+            sink_id=sink_id, batch_id=batch_id, staging_ids=list(staging_ids)),
+        idempotent=True, broker=broker)
     return response
 
 
@@ -54,9 +56,10 @@ def abort_batch(client: ClientCore, sink_id: str, batch_id: int,
                 staging_ids: Sequence[str], *, broker: str | None = None,
                 ) -> pb.AbortBatchResponse:
     """Drop the batch's staging (only ``staging_ids`` when not empty)."""
-    response: pb.AbortBatchResponse = client.call("SinkService.AbortBatch", pb.AbortBatchRequest(
-        sink_id=sink_id, batch_id=batch_id, staging_ids=list(staging_ids)), idempotent=True,
-        broker=broker)
+    response: pb.AbortBatchResponse = client.call(
+        lambda s: s.SinkService.AbortBatch, pb.AbortBatchRequest(
+            sink_id=sink_id, batch_id=batch_id, staging_ids=list(staging_ids)),
+        idempotent=True, broker=broker)
     return response
 
 
@@ -64,7 +67,7 @@ def sink_state(client: ClientCore, sink_id: str, *,
                broker: str | None = None) -> pb.SinkStateResponse:
     """The sink's last committed batch id."""
     response: pb.SinkStateResponse = client.call(
-        "SinkService.SinkState", pb.SinkStateRequest(sink_id=sink_id), idempotent=True,
+        lambda s: s.SinkService.SinkState, pb.SinkStateRequest(sink_id=sink_id), idempotent=True,
         broker=broker)
     return response
 
@@ -72,5 +75,5 @@ def sink_state(client: ClientCore, sink_id: str, *,
 def stage_inbox(client: ClientCore, *, broker: str | None = None) -> pb.StageInboxResponse:
     """Where the broker's stage inbox is (UNIMPLEMENTED from a broker without one)."""
     response: pb.StageInboxResponse = client.call(
-        "SinkService.StageInbox", pb.StageInboxRequest(), broker=broker)
+        lambda s: s.SinkService.StageInbox, pb.StageInboxRequest(), broker=broker)
     return response

@@ -99,14 +99,14 @@ class StreamAdmin(ClientCore):
             exist_ok=exist_ok,
             value_schema=_schema_text(schema),
         )
-        info = StreamInfo.from_pb(self.call("StreamService.CreateStream", request))
+        info = StreamInfo.from_pb(self.call(lambda s: s.StreamService.CreateStream, request))
         log.info("created stream '%s' (or it existed): %s%s", info.name, info.config,
                  f", value schema '{info.value_schema_ddl}'" if info.schema_versions else "")
         return info
 
     def stream_info(self, name: str) -> StreamInfo:
         request = pb.DescribeStreamRequest(name=checked_stream(name))
-        return StreamInfo.from_pb(self.call("StreamService.DescribeStream", request))
+        return StreamInfo.from_pb(self.call(lambda s: s.StreamService.DescribeStream, request))
 
     def list_streams(
         self, prefix: str | None = None, pattern: str | None = None
@@ -116,7 +116,7 @@ class StreamAdmin(ClientCore):
         token = ""
         while True:
             response = self.call(
-                "StreamService.ListStreams",
+                lambda s: s.StreamService.ListStreams,
                 pb.ListStreamsRequest(
                     prefix=prefix or "", pattern=pattern or "", page_size=LIST_PAGE_SIZE,
                     page_token=token,
@@ -137,7 +137,7 @@ class StreamAdmin(ClientCore):
         """
         request = pb.StreamStatsRequest(streams=[checked_stream(s) for s in streams],
                                         pattern=pattern or "")
-        return StreamStats.from_pb(self.call("StreamService.StreamStats", request))
+        return StreamStats.from_pb(self.call(lambda s: s.StreamService.StreamStats, request))
 
     def update_stream(
         self,
@@ -160,7 +160,7 @@ class StreamAdmin(ClientCore):
             config=_config(max_age, max_bytes, dedup_window, max_message_bytes),
             value_schema=_schema_text(schema),
         )
-        info = StreamInfo.from_pb(self.call("StreamService.UpdateStream", request))
+        info = StreamInfo.from_pb(self.call(lambda s: s.StreamService.UpdateStream, request))
         log.info("updated stream '%s': %s%s", info.name, info.config,
                  f", value schema version {info.schema_versions[-1].version} "
                  f"'{info.value_schema_ddl}'" if schema is not None and info.schema_versions
@@ -169,7 +169,7 @@ class StreamAdmin(ClientCore):
 
     def delete_stream(self, name: str) -> bool:
         request = pb.DeleteStreamRequest(name=checked_stream(name))
-        response = self.call("StreamService.DeleteStream", request)
+        response = self.call(lambda s: s.StreamService.DeleteStream, request)
         log.info("deleted stream '%s': %s", name, response.deleted)
         return bool(response.deleted)
 
@@ -179,7 +179,7 @@ class StreamAdmin(ClientCore):
         if before_offset is not None:
             request.before_offset = checked_offset("before_offset", before_offset,
                                                    "DeleteMessagesRequest.before_offset")
-        info = StreamInfo.from_pb(self.call("StreamService.DeleteMessages", request))
+        info = StreamInfo.from_pb(self.call(lambda s: s.StreamService.DeleteMessages, request))
         log.info("deleted messages of stream '%s' before offset %s: now [%d, %d)",
                  name, "end" if before_offset is None else before_offset,
                  info.start_offset, info.end_offset)
@@ -197,7 +197,7 @@ class StreamAdmin(ClientCore):
         if not isinstance(to, str) or not to:
             raise InvalidArgumentType(f"to must be a broker address (host:port), got {to!r}")
         request = pb.MoveStreamRequest(stream=checked_stream(name), to=to)
-        result = MoveResult.from_pb(self.call("ClusterService.MoveStream", request,
+        result = MoveResult.from_pb(self.call(lambda s: s.ClusterService.MoveStream, request,
                                               timeout=timeout))
         self.forget_brokers([name])
         log.info("moved stream '%s' from %s to %s (%d bytes, %d group(s), paused %d ms)%s",
@@ -207,7 +207,7 @@ class StreamAdmin(ClientCore):
 
     def repair_stream(self, name: str) -> RepairResult:
         request = pb.RepairStreamRequest(name=checked_stream(name))
-        response = self.call("StreamService.RepairStream", request)
+        response = self.call(lambda s: s.StreamService.RepairStream, request)
         result = RepairResult.from_pb(response)
         log.warning("repaired stream '%s': truncated %d bytes at %s",
                     name, result.truncated_bytes, result.detail)

@@ -17,6 +17,7 @@ from npstream import BrokerUnavailable, NotOwner
 from npstream.client import publish_many as module
 from npstream.client.publish_many import publish_many
 from npstream.client.routing import Brokers
+from npstream.client.stubs import Rpc, Stubs
 from npstream.proto import metadata_keys, pb
 
 Answer = Callable[[pb.PublishRequest], pb.PublishManyResult]
@@ -42,16 +43,18 @@ class FakeConnection:
         self._answer = answer
         self._log = log
         self._lock = threading.Lock()
+        self._channel = grpc.insecure_channel(address)  # never used: its stubs name methods
+        self.stubs = Stubs(self._channel)
 
-    def call_serialized(self, rpc: str, raw: bytes, response_type: type, **_: object) -> object:
-        assert rpc == "StreamService.PublishMany"
+    def call_serialized(self, rpc: Rpc, raw: bytes, response_type: type, **_: object) -> object:
+        assert self.stubs.method(rpc)[1] == "StreamService.PublishMany"
         request = pb.PublishManyRequest.FromString(raw)
         with self._lock:
             self._log.append((self.address, [e.stream for e in request.entries]))
         return pb.PublishManyResponse(results=[self._answer(e) for e in request.entries])
 
     def close(self) -> None:
-        pass
+        self._channel.close()
 
 
 def test_moving_entries_are_resent_and_redirected_ones_follow_the_owner():
