@@ -45,39 +45,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from npstream.broker.errors import OverloadedError, ShuttingDownError
 from npstream.broker.rpc.status import abort_with
+from npstream.broker.rpc.tuning import (
+    MIN_UNREAD_CALLS,
+    RETRY_AFTER_MS,
+    STREAM_POLL_S,
+    UNARY_WAIT_S,
+    UNREAD_CALL_BYTES,
+    UNREAD_TTL_S,
+)
 
 __all__ = [
-    "MIN_UNREAD_CALLS",
-    "RETRY_AFTER_MS",
-    "UNARY_WAIT_S",
-    "UNREAD_CALL_BYTES",
     "PublishAdmission",
     "PublishBudget",
 ]
-
-# ---------------------------------------------------------------- tuning
-# How long a unary publish waits for room before it is refused: long enough to
-# ride out the write of the requests ahead of it (a few ms each), short enough
-# that a refused client is told quickly and the worker thread is freed.
-UNARY_WAIT_S = 0.1
-# The delay a refused client is asked to wait before sending again: about the
-# time the broker needs to write a few requests' worth of the budget.
-RETRY_AFTER_MS = 100
-# A waiting PublishStream request re-checks for shutdown and a vanished client
-# this often.
-_STREAM_POLL_S = 0.25
-# Calls admitted but not read yet (queued for a worker thread, or being
-# received) are not in the byte count: their size is unknown until read. One
-# may be as large as a client's request (the SDK sends about 4 MiB), so their
-# number is capped at one per this many bytes of budget, and never below
-# MIN_UNREAD_CALLS, so that small publishes from many clients are not refused
-# while the broker is far from its budget.
-UNREAD_CALL_BYTES = 4 << 20
-MIN_UNREAD_CALLS = 8
-# An admitted call that has not started after this long was cancelled before
-# a worker thread took it (gRPC never runs it): it no longer counts as unread.
-_UNREAD_TTL_S = 10.0
-
 
 class PublishBudget:
     """Admission of publish bytes against ``limit`` (0: no limit). Thread-safe."""
@@ -119,7 +99,7 @@ class PublishBudget:
         now = time.monotonic()
         with self._cond:
             if len(self._unread) >= self.unread_limit:
-                stale = [t for t, at in self._unread.items() if now - at > _UNREAD_TTL_S]
+                stale = [t for t, at in self._unread.items() if now - at > UNREAD_TTL_S]
                 for ticket in stale:
                     del self._unread[ticket]
             if self._in_flight >= self.limit or len(self._unread) >= self.unread_limit:
@@ -179,7 +159,7 @@ class PublishBudget:
                     if should_stop():
                         raise ShuttingDownError(f"{what}: the call ended while it waited "
                                                 "for the publish memory budget")
-                    self._cond.wait(_STREAM_POLL_S)
+                    self._cond.wait(STREAM_POLL_S)
                     continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

@@ -36,7 +36,8 @@ from integrity import read_back
 from harness import BrokerProcess
 from npstream import Client, Overloaded
 from npstream.broker.errors import OverloadedError, ShuttingDownError
-from npstream.broker.rpc.budget import MIN_UNREAD_CALLS, PublishBudget
+from npstream.broker.rpc.budget import PublishBudget
+from npstream.broker.rpc.tuning import MIN_UNREAD_CALLS
 from npstream.client.connection import Connection
 from npstream.proto import metadata_keys, pb
 
