@@ -52,8 +52,8 @@ class Stubs:
 
     def method(self, rpc: Rpc | str) -> tuple[Any, str]:
         """The stub method ``rpc`` names on this channel, and its "Service.Method" name."""
-        if not isinstance(rpc, str):
-            target = rpc(self)
+        if type(rpc) is not str:
+            target = rpc(self)  # type: ignore[operator]
             return target, self._names[id(target)]
         service, _, name = rpc.partition(".")
         stub = getattr(self, service) if service in SERVICES else None
