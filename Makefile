@@ -8,6 +8,15 @@
 #   make demo   broker + producer + Spark sensor pipeline, results on the console
 #   make test   the whole test suite (what .ci/run runs)
 #
+# For the edit-test loop:
+#   make test-fast  the unit tests only: no broker process, no Spark, no etcd, no
+#               browser, no slow test (-m "not integration and not slow"; about a
+#               minute and a half on 2 shared cores). A test is marked integration
+#               from its code, not by a list: tests/conftest.py marks every test
+#               whose code, fixtures or module imports start a process
+#               (tests/support/integration_marks.py). Needs only the virtualenv;
+#               `make test-fast PYTEST_ARGS=--lf` reruns the last failures.
+#
 # Generated files, checked in (a test fails when one is stale):
 #   make proto  the gRPC code from proto/npstream/v1/*.proto, and docs/client.md's
 #               error reason table (proto/generate.py); the broker's etcd client
@@ -24,13 +33,16 @@ STAMP := $(VENV)/.npstream-installed
 PYTEST_ARGS ?=
 TYPECHECK_TREE := build/typecheck
 
-.PHONY: demo test setup java chromium etcd lint typecheck-tree proto docs clean
+.PHONY: demo test test-fast setup java chromium etcd lint typecheck-tree proto docs clean
 
 demo: setup
 	$(PY) examples/sensor_pipeline/run_demo.py --brokers $(or $(BROKERS),1)
 
 test: setup lint
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not integration and not slow" $(PYTEST_ARGS)
 
 setup: java chromium etcd $(STAMP)
 

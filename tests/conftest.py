@@ -13,11 +13,18 @@ from pathlib import Path
 import pytest
 
 from harness import BrokerProcess
+from integration_marks import mark_integration
 
 # Spark starts Python workers with `python3` from PATH unless told otherwise;
 # they must run this interpreter, which has npstream and pyarrow installed.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``integration`` every test that starts a process (support/integration_marks.py)."""
+    mark_integration(items)
 
 
 @pytest.fixture(scope="module")
