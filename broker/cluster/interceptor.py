@@ -1,7 +1,7 @@
 """Routing every call of a cluster member: served here, redirected, or answered cluster-wide.
 
 One gRPC server interceptor, installed only when the broker has members, so
-a single broker runs exactly as before and no servicer knows about the
+a single broker runs exactly as if there were no cluster and no servicer knows about the
 cluster. For each method it decides from the proto's shape:
 
 * per-stream methods (``PER_STREAM``: every call whose request names one

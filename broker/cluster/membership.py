@@ -43,6 +43,7 @@ from npstream.broker.cluster.etcd.client import (
     Op,
     Watch,
 )
+from npstream.broker.cluster.tuning import REREGISTER_INTERVAL_S
 
 __all__ = [
     "DISK_ID_FILE",
@@ -57,8 +58,6 @@ log = logging.getLogger(__name__)
 
 MEMBER_ID_FILE = "member-id"
 DISK_ID_FILE = "disk-id"
-# How often a broker that lost its registration tries to register again.
-REREGISTER_INTERVAL_S = 1.0
 
 
 def cluster_prefix(cluster_name: str) -> str:

@@ -76,6 +76,14 @@ import grpc
 from npstream.broker import faults
 from npstream.broker.cluster.move_state import MoveBook, MoveRecord
 from npstream.broker.cluster.peers import forwarded_metadata, member_metadata
+from npstream.broker.cluster.tuning import (
+    CHUNK_BYTES,
+    DRAIN_POLL_S,
+    DRAIN_WAIT_S,
+    PAUSE_WAIT_S,
+    RESUME_INTERVAL_S,
+    STEP_TIMEOUT_S,
+)
 from npstream.broker.errors import (
     AlreadyExistsError,
     BrokerError,
@@ -101,20 +109,6 @@ __all__ = ["MOVE_IN_METHOD", "Mover"]
 log = logging.getLogger(__name__)
 
 MOVE_IN_METHOD = "/npstream.v1.ClusterService/MoveIn"
-# Bytes of a file sent in one MoveIn call.
-CHUNK_BYTES = 1 << 20
-# How long a pause waits for the stream's running calls (a long poll ends
-# sooner: its group is closed; a Fetch long poll runs out by its wait).
-PAUSE_WAIT_S = 30.0
-# How long a move waits for sink batches staged into the stream to commit
-# (step 0, drain); Stage calls into it are refused meanwhile.
-DRAIN_WAIT_S = 5.0
-# How often the drain looks at the staging area again.
-DRAIN_POLL_S = 0.05
-# How often unfinished moves are tried again (a target that was down).
-RESUME_INTERVAL_S = 2.0
-# Per MoveIn call (a chunk, an install).
-STEP_TIMEOUT_S = 60.0
 # A resumed move's calls when no token is known (after a restart, no cluster_token).
 _MEMBER_ONLY = ((metadata_keys.CLUSTER_LOCAL, "1"),)
 

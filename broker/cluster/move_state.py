@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from npstream.broker.cluster.tuning import MOVE_RETRY_AFTER_MS
 from npstream.broker.errors import StreamMovingError
 from npstream.broker.metadata import Metadata
 
@@ -63,8 +64,6 @@ CREATE TABLE IF NOT EXISTS moves_in (
 
 # States of an unfinished move (its stream is paused or redirected).
 ACTIVE_STATES = ("copying", "switching", "removing")
-# How long a client is asked to wait before sending a paused call again.
-RETRY_AFTER_MS = 200
 
 
 def _now_ms() -> int:
@@ -162,7 +161,7 @@ class MoveBook:
         """StreamMovingError while ``stream`` is paused (copying or switching)."""
         record = self._active.get(stream)
         if record is not None and record.state in ("copying", "switching"):
-            raise StreamMovingError(stream, record.target, RETRY_AFTER_MS)
+            raise StreamMovingError(stream, record.target, MOVE_RETRY_AFTER_MS)
 
     @contextmanager
     def calling(self, stream: str) -> Iterator[None]:
@@ -210,7 +209,7 @@ class MoveBook:
         with self._cond:
             target = self._draining.get(stream)
             if target is not None:
-                raise StreamMovingError(stream, target, RETRY_AFTER_MS)
+                raise StreamMovingError(stream, target, MOVE_RETRY_AFTER_MS)
             self.check(stream)
             self._stages[stream] = self._stages.get(stream, 0) + 1
         try:

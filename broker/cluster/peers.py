@@ -29,6 +29,7 @@ from typing import TypeVar
 
 import grpc
 
+from npstream.broker.cluster.tuning import PEER_THREADS
 from npstream.proto import metadata_keys
 
 __all__ = ["PeerFailure", "Peers", "forwarded_metadata", "member_metadata"]
@@ -37,9 +38,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Threads that wait for other members' replies at once (each call to a
-# member holds one while it waits; a fan-out to N-1 members uses N-1).
-PEER_THREADS = 16
 
 
 def forwarded_metadata(context: grpc.ServicerContext) -> tuple[tuple[str, str], ...]:

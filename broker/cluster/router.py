@@ -45,6 +45,7 @@ from npstream.broker.auth.access import AccessControl, Right
 from npstream.broker.cluster.move_state import MoveBook
 from npstream.broker.cluster.peers import Peers, forwarded_metadata, member_metadata
 from npstream.broker.cluster.placement import rendezvous_owner
+from npstream.broker.cluster.tuning import HOLDER_CACHE_MAX, HOLDER_TTL_S
 from npstream.broker.errors import (
     BrokerError,
     DeadLetterElsewhereError,
@@ -55,10 +56,6 @@ from npstream.proto import metadata_keys, pb
 
 __all__ = ["OWNERS_METHOD", "Cluster", "is_member_call"]
 
-# How long a holder learnt from another member is trusted without asking again.
-HOLDER_TTL_S = 10.0
-# Holders remembered at most (least recently used ones forgotten first).
-HOLDER_CACHE_MAX = 100_000
 OWNERS_METHOD = "/npstream.v1.ClusterService/Owners"
 
 T = TypeVar("T")
@@ -323,7 +320,7 @@ class Cluster:
         so that an operator moves one of them. The upkeep thread that
         dead-letters has no caller, so the members are asked as the cluster
         (``cluster_token``); with auth on and no cluster token they refuse,
-        and the stream is created here as before.
+        and the stream is created here, as on a single broker.
         """
         if not self.enabled:
             return

@@ -26,6 +26,7 @@ from npstream.broker.cluster.metrics import ClusterCollector
 from npstream.broker.cluster.move import Mover
 from npstream.broker.cluster.move_in import MoveReceiver
 from npstream.broker.cluster.move_state import MoveBook
+from npstream.broker.cluster.tuning import MAX_OWNERS_NAMES
 from npstream.broker.errors import InvalidArgumentError
 from npstream.broker.rpc.registration import add_service
 from npstream.broker.rpc.status import rpc_method
@@ -37,8 +38,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ClusterServicer", "add_to_server"]
 
-# Names one Owners call may ask about (a sink task asks for its targets).
-MAX_OWNERS_NAMES = 10_000
 
 
 class ClusterServicer(pb_grpc.ClusterServiceServicer):

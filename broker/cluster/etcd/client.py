@@ -34,6 +34,7 @@ import grpc
 from npstream.broker.cluster.etcd.pb.etcdserverpb import rpc_pb2 as rpc
 from npstream.broker.cluster.etcd.pb.etcdserverpb import rpc_pb2_grpc as rpc_grpc
 from npstream.broker.cluster.etcd.pb.mvccpb import kv_pb2
+from npstream.broker.cluster.tuning import ETCD_RECONNECT_DELAY_S, ETCD_TIMEOUT_S
 
 __all__ = ["Compare", "EtcdClient", "EtcdError", "EtcdUnavailable", "Event", "KeyValue",
            "LeaseKeeper", "Op", "TxnResult", "Watch", "parse_endpoints", "prefix_end"]
@@ -42,9 +43,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-DEFAULT_TIMEOUT_S = 5.0
-# A watch or keep-alive that lost its stream waits this long before opening another.
-RECONNECT_DELAY_S = 0.5
 _RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
@@ -192,7 +190,7 @@ class EtcdClient:
     """Calls to an etcd cluster, moving to the next endpoint when one does not answer."""
 
     def __init__(self, endpoints: str | Sequence[str], *,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 timeout_s: float = ETCD_TIMEOUT_S) -> None:
         self.endpoints = parse_endpoints(endpoints)
         if not self.endpoints:
             raise ValueError("no etcd endpoint given (http://HOST:2379[,...])")
@@ -427,7 +425,7 @@ class LeaseKeeper:
             if time.monotonic() - self.last_renewed > self.ttl_s:
                 self._lost(f"etcd was out of reach for more than the lease's {self.ttl_s}s")
                 return
-            self._stop.wait(RECONNECT_DELAY_S)
+            self._stop.wait(ETCD_RECONNECT_DELAY_S)
 
     def _lost(self, why: str) -> None:
         if not self._stop.is_set():
@@ -484,7 +482,7 @@ class Watch:
             finally:
                 requests.close()
             self._started.set()
-            self._stop.wait(RECONNECT_DELAY_S)
+            self._stop.wait(ETCD_RECONNECT_DELAY_S)
 
     def _handle(self, reply: rpc.WatchResponse) -> bool:
         """Deliver one reply; True when the watch must be opened again."""
