@@ -54,13 +54,9 @@ from npstream.broker.storage.small_append import (
     rows_table,
 )
 from npstream.broker.storage.staged_segment import check_sizes
+from npstream.broker.storage.tuning import RECENT_MAX_BYTES
 
 __all__ = ["RECENT_MAX_BYTES", "AppendData", "Appender", "new_id_prefix"]
-
-# A written batch up to this size stays in memory with the view it made (LogView.recent)
-# until the next write: tail readers take it from there instead of reading the file
-# back. Bounded so that an idle stream holds at most this much.
-RECENT_MAX_BYTES = 1 << 20
 
 # Broker-filled message ids are <16 hex digits of the log instance><offset>. Each log
 # opened gets the next value of a random 64-bit start, instead of 8 bytes of

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from npstream.broker.errors import MessageTooLargeError
+from npstream.broker.storage.tuning import CACHED_NULLS_MAX_LENGTH
 from npstream.proto.message_size import first_oversized, message_sizes
 from npstream.proto.schema import MESSAGE_SCHEMA, PUBLISH_COLUMNS
 
@@ -40,8 +41,6 @@ PUBLISH_SCHEMA = pa.schema(
 _TIMESTAMP_TYPE = MESSAGE_SCHEMA.field("timestamp").type
 
 
-_CACHED_NULLS_MAX_LENGTH = 1 << 16
-
 
 def null_array(dtype: pa.DataType, length: int) -> pa.Array:
     """An all-null array whose buffers stay small when sliced and serialized.
@@ -50,7 +49,7 @@ def null_array(dtype: pa.DataType, length: int) -> pa.Array:
     it serializes all of them; this one has empty children. Arrays are
     immutable, so the common lengths are built once and shared.
     """
-    if length <= _CACHED_NULLS_MAX_LENGTH:
+    if length <= CACHED_NULLS_MAX_LENGTH:
         return _cached_null_array(dtype, length)
     return _build_null_array(dtype, length)
 

@@ -33,7 +33,7 @@ from npstream.broker.storage.reader import (
     iter_frames,
     offset_for_timestamp,
 )
-from npstream.broker.storage.settings import SCAN_CHUNK_BYTES
+from npstream.broker.storage.tuning import SCAN_CHUNK_BYTES
 
 __all__ = ["DedupWindow", "IntraDuplicates", "find_intra_duplicates", "rebuild_window"]
 

@@ -22,7 +22,7 @@ does that from the start.
 A later patch of a direct file must read the blocks at the ends of each
 patched range from the disk (O_DIRECT writes whole blocks). ``create_keeping``
 hands back copies of chosen blocks as written, which ``patch`` then uses
-instead of reading them: under load those reads were most of a sink
+instead of reading them: under load those reads would be most of a sink
 commit's stamping.
 
 The price: a reader of the new file reads it from the disk rather than from
@@ -44,6 +44,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from npstream.broker.storage.segment import pwrite_all
+from npstream.broker.storage.tuning import (
+    BUFFER_STEP,
+    KEEP_BLOCKS_MAX_BYTES,
+    KEEP_BUFFERS,
+    KEEP_MAX_BYTES,
+)
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer  # bytes, memoryview, mmap, pyarrow.Buffer...
@@ -53,14 +59,6 @@ __all__ = ["ALIGNMENT", "CreatedFile", "DirectFileWriter", "WrittenBlocks", "edg
 log = logging.getLogger(__name__)
 
 ALIGNMENT = 4096
-# Buffers kept for reuse between calls (Stage requests of several tasks run at
-# once), and the largest kept: a bigger file gets a buffer of its own.
-_KEEP_BUFFERS = 4
-_KEEP_MAX_BYTES = 64 << 20
-_BUFFER_STEP = 1 << 20
-# Kept blocks of created files (WrittenBlocks), oldest forgotten first: ~6 blocks
-# per staged file, so thousands of files' worth.
-_KEEP_BLOCKS_MAX_BYTES = 16 << 20
 
 
 def edge_blocks(ranges: Collection[tuple[int, int]]) -> set[int]:
@@ -88,7 +86,7 @@ class WrittenBlocks:
     oldest entries are forgotten beyond ``max_bytes``.
     """
 
-    def __init__(self, max_bytes: int = _KEEP_BLOCKS_MAX_BYTES) -> None:
+    def __init__(self, max_bytes: int = KEEP_BLOCKS_MAX_BYTES) -> None:
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._files: OrderedDict[str, CreatedFile] = OrderedDict()
@@ -284,14 +282,14 @@ class DirectFileWriter:
                 buffer = min(fitting, key=len)
                 self._buffers.remove(buffer)
                 return buffer
-        return mmap.mmap(-1, max(_BUFFER_STEP, -(-size // _BUFFER_STEP) * _BUFFER_STEP))
+        return mmap.mmap(-1, max(BUFFER_STEP, -(-size // BUFFER_STEP) * BUFFER_STEP))
 
     def _give_back(self, buffer: mmap.mmap) -> None:
         with self._lock:
-            if len(buffer) <= _KEEP_MAX_BYTES:
+            if len(buffer) <= KEEP_MAX_BYTES:
                 self._buffers.append(buffer)
                 self._buffers.sort(key=len, reverse=True)
-                if len(self._buffers) <= _KEEP_BUFFERS:
+                if len(self._buffers) <= KEEP_BUFFERS:
                     return
                 buffer = self._buffers.pop()  # the smallest goes
         buffer.close()

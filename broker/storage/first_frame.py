@@ -1,10 +1,9 @@
 """A new stream's first message as its stored frame, and that frame written out as its log.
 
-Streams as cheap as keys (issue 19, docs/scaling.md): a stream created by its
-first publish used to get its directory, retention file and segment file
-before the ack (a mkdir and two file creations, ~1 ms of this VM's CPU with
-the log objects around them), which capped creation near 1,000 streams/s.
-Instead the broker keeps such a stream's first message as the exact frame
+Streams as cheap as keys (docs/scaling.md): giving a stream created by its
+first publish its directory, retention file and segment file before the ack
+(a mkdir and two file creations, with the log objects around them) would cap
+creation near 1,000 streams/s (docs/benchmarks.md). So the broker keeps such a stream's first message as the exact frame
 its log would have written (``lone_first_frame``: header and payload, byte
 for byte what ``SegmentList.write_payload`` writes at offset 0) in the
 metadata database (the registry's nursery, npstream.broker.streams.nursery),

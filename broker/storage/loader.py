@@ -47,7 +47,6 @@ from npstream.broker.storage.files import (
     segment_path,
 )
 from npstream.broker.storage.segment import Segment
-from npstream.broker.storage.settings import SCAN_CHUNK_BYTES
 from npstream.broker.storage.sparse_index import IndexFileError
 from npstream.broker.storage.stream_files import (
     LogExtent,
@@ -59,6 +58,7 @@ from npstream.broker.storage.stream_files import (
     write_schema,
     write_start_offset,
 )
+from npstream.broker.storage.tuning import SCAN_CHUNK_BYTES
 from npstream.proto.frames.reader import BadFrame, FrameReader
 from npstream.proto.frames.record_batch import HEADER_SIZE, MAGIC
 

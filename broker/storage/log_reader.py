@@ -22,6 +22,7 @@ from npstream.broker.storage.reader import (
 )
 from npstream.broker.storage.results import LogStats, ReadResult, StoredRow
 from npstream.broker.storage.segment_store import SegmentStore
+from npstream.broker.storage.tuning import READ_TABLE_BYTES
 from npstream.broker.storage.value_schemas import ValueSchemas
 from npstream.proto.defaults import DEFAULT_FETCH_BYTES, DEFAULT_FETCH_MESSAGES
 from npstream.proto.frames.payload import decode_payload
@@ -29,7 +30,6 @@ from npstream.proto.value_schema import conform_batch
 
 __all__ = ["LogReader"]
 
-_READ_TABLE_BYTES = 8 << 20  # per read() of read_table: bounds the buffer, no slower
 
 
 class LogReader:
@@ -112,7 +112,7 @@ class LogReader:
         schema = schemas.stored_schema(schemas.current)
         while position < end_offset:
             result = self.read(position, max_messages=end_offset - position,
-                               max_bytes=_READ_TABLE_BYTES, end_offset=end_offset, latest=True)
+                               max_bytes=READ_TABLE_BYTES, end_offset=end_offset, latest=True)
             if result.count == 0:
                 break
             schema = schemas.stored_schema(result.schema_version)

@@ -35,11 +35,11 @@ from npstream.broker.storage.files import (
 )
 from npstream.broker.storage.results import LogStats
 from npstream.broker.storage.stream_files import read_start_offset
+from npstream.broker.storage.tuning import PEEK_MAX_BYTES
 from npstream.proto.frames.record_batch import HEADER_SIZE, FrameError, frame_crc, parse_header
 
-__all__ = ["PEEK_MAX_BYTES", "peek_stats"]
+__all__ = ["peek_stats"]
 
-PEEK_MAX_BYTES = 1 << 20  # larger segments: open the log (it keeps indexes for them)
 
 
 def peek_stats(directory: Path) -> LogStats | None:

@@ -29,7 +29,7 @@ from npstream.broker.storage.batch_builder import reencode_rows
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.results import ReadResult, StoredRow
 from npstream.broker.storage.segment import Segment
-from npstream.broker.storage.settings import LARGE_FRAME_BYTES, MIN_READ_BYTES
+from npstream.broker.storage.tuning import LARGE_FRAME_BYTES, MIN_READ_BYTES
 from npstream.broker.storage.value_schemas import UNTYPED, ValueSchemas
 from npstream.proto.frames.payload import decode_payload
 from npstream.proto.frames.reader import BadFrame

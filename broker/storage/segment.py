@@ -27,9 +27,9 @@ from npstream.broker import faults
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.files import offset_index_path, segment_path, time_index_path
 from npstream.broker.storage.offset_index import OffsetIndex
-from npstream.broker.storage.settings import SCAN_CHUNK_BYTES
 from npstream.broker.storage.sparse_index import IndexFileError, SegmentSeal
 from npstream.broker.storage.time_index import TimeIndex
+from npstream.broker.storage.tuning import SCAN_CHUNK_BYTES
 from npstream.proto.frames.reader import BadFrame, FrameReader
 from npstream.proto.frames.record_batch import FrameHeader
 

@@ -1,4 +1,6 @@
-"""Storage configuration: the per-stream config, the engine settings and the tuning constants.
+"""Storage configuration: the per-stream config and the engine settings.
+
+The tuning constants no operator sets are in tuning.py.
 
 ``StorageSettings`` is the ``[storage]`` table of broker.toml; ``StreamConfig``
 (defined in the contract, npstream.proto.stream_config, and shared with the
@@ -17,31 +19,13 @@ from npstream.broker.errors import InvalidArgumentError
 from npstream.proto.stream_config import StreamConfig  # the contract's, one definition
 
 __all__ = [
-    "LARGE_FRAME_BYTES",
     "MAX_SEGMENT_BYTES",
     "METADATA_SYNC_MODES",
-    "MIN_READ_BYTES",
-    "SCAN_CHUNK_BYTES",
     "AckMode",
     "StorageSettings",
     "StreamConfig",
 ]
 
-# --------------------------------------------------------------- tuning constants
-# Smallest pread issued when walking frames for a fetch. Small fetches of small
-# batches then cost one system call instead of one per frame header.
-MIN_READ_BYTES = 64 * 1024
-# Frames of at least this many bytes are read by a fetch one pread each (the
-# frame and the next header), and a fetch's first pread is at most this long:
-# with reads of up to 16 MiB (a shared group's read-ahead) and stored batches of
-# 10 MB, reading ahead whatever fits copied the next frame in part, then whole
-# again only to find it over the byte limit (3.2 bytes read per byte returned).
-# Smaller frames are read read_size bytes at a time, as before.
-LARGE_FRAME_BYTES = 256 * 1024
-# Read size when a whole segment is scanned (recovery, index rebuild, repair).
-# Large enough that the per-call overhead vanishes next to the CRC work,
-# small enough not to hold a 64 MiB buffer per scanning thread.
-SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 # Index entries store positions and relative offsets as uint32, so a segment
 # can never be larger than this (segment_bytes is capped to it).
 MAX_SEGMENT_BYTES = 2**32 - 1

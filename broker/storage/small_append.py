@@ -43,22 +43,19 @@ from npstream.broker.storage.batch_builder import (
     null_array,
 )
 from npstream.broker.storage.dedup import find_intra_duplicates
+from npstream.broker.storage.tuning import (
+    LONE_TEMPLATE_MAX_BYTES,
+    LONE_TEMPLATES,
+    SMALL_BATCH_MAX_ROWS,
+)
 from npstream.proto.frames.payload import decode_payload
 from npstream.proto.message_size import message_size
 from npstream.proto.schema import MESSAGE_SCHEMA
 
-__all__ = ["LONE_TEMPLATE_MAX_BYTES", "SMALL_BATCH_MAX_ROWS", "LoneMessage", "MessageRows",
+__all__ = ["LoneMessage", "MessageRows",
            "build_stored_batch", "lone_message", "lone_payload", "prepare_rows",
            "remember_lone_template", "rows_table"]
 
-# Up to this many rows a stored batch is built from Python values; above it the
-# columnar builder is cheaper (its cost hardly grows with the row count).
-SMALL_BATCH_MAX_ROWS = 16
-# Lone-message templates: one per value length up to LONE_TEMPLATE_MAX_BYTES (larger
-# values cost their copies anyway), at most LONE_TEMPLATES lengths (oldest dropped
-# first), shared by all streams: at most 64 x ~4.5 KiB.
-LONE_TEMPLATE_MAX_BYTES = 4096
-LONE_TEMPLATES = 64
 
 _INT64 = pa.int64()
 _STRING = pa.string()

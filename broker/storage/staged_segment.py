@@ -1,9 +1,8 @@
 """A staged file that becomes a segment in place: stamped, fsynced and renamed, never copied.
 
-The exactly-once sink's commit used to copy every staged frame into the
-stream's active segment. On a machine where fresh page cache is slow (the
-2-core benchmark VM fills it at ~400 MB/s), that copy was most of a large
-micro-batch's commit, and all Spark tasks waited for it. A staged file in the
+Copying every staged frame into the stream's active segment would be most of
+a large micro-batch's commit on a machine where fresh page cache is slow
+(docs/benchmarks.md), and all Spark tasks wait for the commit. A staged file in the
 *segment layout* (frames with placeholder headers: right payload length,
 count and flags, base offset 0, timestamps 0, CRC 0, so it can never pass for
 a segment by accident) needs no copy: the commit writes each frame's offsets
@@ -53,6 +52,7 @@ from npstream.broker.storage.batch_builder import (
 )
 from npstream.broker.storage.direct_write import DirectFileWriter
 from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload, stamp_ranges
+from npstream.broker.storage.tuning import STAMP_THREADS
 from npstream.proto.frames import crc_patch
 from npstream.proto.frames.payload import decode_payload
 from npstream.proto.frames.record_batch import (
@@ -76,8 +76,6 @@ __all__ = ["FrameSlot", "StagedSegment", "Stamp", "StampSlot", "StoredSchemas", 
 # How stamping patches a file: around the page cache when it was written so.
 _PAGE_CACHE = DirectFileWriter(direct=False)
 _DIRECT = DirectFileWriter(direct=True)
-# Files stamped at once by stamp_all (each waits on the disk most of the time).
-STAMP_THREADS = 4
 _ID_COLUMNS = [0, 1]  # offset, id: what the dedup window remembers of flagged frames
 # The stored batch schema of a frame's value schema version (ValueSchemas.stored_schema).
 StoredSchemas = Callable[[int], pa.Schema]

@@ -40,6 +40,7 @@ from npstream.broker.storage.retention import idle_stream_check
 from npstream.broker.storage.segment_store import SegmentStore
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
 from npstream.broker.storage.stream_files import read_retention_config
+from npstream.broker.storage.tuning import IDLE_RETENTION_BATCH, NAME_LOCKS
 from npstream.broker.storage.value_schemas import UNTYPED, ValueSchemas
 from npstream.proto.names import STREAM_NAME_RE
 
@@ -47,13 +48,6 @@ __all__ = ["StatsKeeper", "Storage", "wall_clock_ms"]
 
 log = logging.getLogger(__name__)
 
-# Name locks: a fixed set shared by all names (a lock per name would cost memory per
-# stream forever). Re-entrant, since two names may share one.
-_NAME_LOCKS = 1024
-# Stream directories a retention pass looks at when they are not open: a million idle
-# streams are covered in slices, one directory listing spread over many passes,
-# instead of a full walk every retention_check_interval.
-IDLE_RETENTION_BATCH = 2000
 
 
 def wall_clock_ms() -> int:
@@ -99,7 +93,8 @@ class Storage:
         self._cache = FileCache(settings.max_open_files)
         self._lock = threading.Lock()
         self._logs = OpenLogs(settings.max_open_logs)
-        self._name_locks = [threading.RLock() for _ in range(_NAME_LOCKS)]
+        # Re-entrant, since two names may share one.
+        self._name_locks = [threading.RLock() for _ in range(NAME_LOCKS)]
         self._idle_due: dict[str, int] = {}
         self._idle_sweep: Iterator[os.DirEntry[str]] | None = None
         self._closed = False
@@ -120,7 +115,7 @@ class Storage:
     def _name_lock(self, name: str) -> threading.RLock:
         if self._closed:
             raise ShuttingDownError("storage is closed")
-        return self._name_locks[hash(name) % _NAME_LOCKS]
+        return self._name_locks[hash(name) % NAME_LOCKS]
 
     def _open_unlocked(self, name: str, config: StreamConfig,
                        value_schemas: ValueSchemas = UNTYPED) -> StreamLog:

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from npstream.broker.errors import CorruptRecordError
-from npstream.broker.storage.settings import LARGE_FRAME_BYTES
+from npstream.broker.storage.tuning import LARGE_FRAME_BYTES
 from npstream.proto.frames import reader as frame_reader
 from npstream.proto.frames.payload import decode_payload
 

@@ -9,8 +9,6 @@ from npstream.broker.errors import MessageTooLargeError
 from npstream.broker.storage.append_plan import prepare_append
 from npstream.broker.storage.batch_builder import build_message_batch
 from npstream.broker.storage.small_append import (
-    LONE_TEMPLATE_MAX_BYTES,
-    SMALL_BATCH_MAX_ROWS,
     LoneMessage,
     MessageRows,
     build_stored_batch,
@@ -19,6 +17,7 @@ from npstream.broker.storage.small_append import (
     prepare_rows,
     remember_lone_template,
 )
+from npstream.broker.storage.tuning import LONE_TEMPLATE_MAX_BYTES, SMALL_BATCH_MAX_ROWS
 from npstream.proto.schema import HEADERS_TYPE
 
 PREFIX = b"0123456789abcdef"
