@@ -1,15 +1,16 @@
 """A new stream's first message as its stored frame, and that frame written out as its log.
 
-Streams as cheap as keys (docs/scaling.md): giving a stream created by its
-first publish its directory, retention file and segment file before the ack
-(a mkdir and two file creations, with the log objects around them) would cap
-creation near 1,000 streams/s (docs/benchmarks.md). So the broker keeps such a stream's first message as the exact frame
-its log would have written (``lone_first_frame``: header and payload, byte
-for byte what ``SegmentList.write_payload`` writes at offset 0) in the
-metadata database (the registry's nursery, npstream.broker.streams.nursery),
-and writes it out as the stream's first segment only when the log is first
-opened (``write_first_segment``): on its next publish, a read, a group, a
-move. A stream nobody touches again never gets a directory.
+Streams as cheap as keys (docs/scaling.md): giving a stream created by its first
+publish its directory, retention file and segment file before the ack (a mkdir
+and two file creations, with the log objects around them) would cap creation
+near 1,000 streams/s (docs/benchmarks.md). So the broker keeps such a stream's
+first message as the exact frame its log would have written
+(``lone_first_frame``: header and payload, byte for byte what
+``SegmentList.write_payload`` writes at offset 0) in the metadata database (the
+registry's nursery, npstream.broker.streams.nursery), and writes it out as the
+stream's first segment only when the log is first opened
+(``write_first_segment``): on its next publish, a read, a group, a move. A
+stream nobody touches again never gets a directory.
 
 Writing it out is idempotent: a crash before the nursery row is deleted
 leaves the row and the file; the next open finds the segment already starting
