@@ -32,6 +32,9 @@ def build_parser(prog: str = "python -m npstream.broker") -> argparse.ArgumentPa
     parser.add_argument("--metrics-port",
                         help="HTTP port of /metrics and the web console (default 7071; "
                              "0 picks a free one; off: none)")
+    parser.add_argument("--kafka-port",
+                        help="serve the Kafka protocol on this port (default 0: off; "
+                             "auto picks a free one; docs/kafka.md)")
     parser.add_argument("--tokens-file", type=Path,
                         help="TOML file of tokens and their read/write/admin stream globs "
                              "(reloaded on SIGHUP and when it changes; docs/broker.md)")
@@ -63,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             "data_dir": args.data_dir, "host": args.host, "port": args.port,
             "log_level": args.log_level, "log_format": args.log_format,
             "metrics_host": args.metrics_host, "metrics_port": args.metrics_port,
+            "kafka_port": args.kafka_port,
             "tokens_file": str(args.tokens_file) if args.tokens_file else None,
             "allow_insecure": args.allow_insecure,
             "members": args.cluster_members, "advertised_address": args.advertised_address,

@@ -145,6 +145,13 @@ class BrokerProcess:
         assert found, f"no metrics address in the broker log:\n{self.log_text()[-2000:]}"
         return found[-1]
 
+    @property
+    def kafka_address(self) -> str:
+        """``127.0.0.1:PORT`` of the Kafka listener (``--kafka-port``; from the log)."""
+        found = re.findall(r" kafka=(\S+:\d+) ", self.log_text())
+        assert found, f"no kafka address in the broker log:\n{self.log_text()[-2000:]}"
+        return found[-1]
+
     def metrics(self, token: str | None = None) -> dict[str, float]:
         """Every sample of the broker's Prometheus endpoint (address from its start-up log).
 

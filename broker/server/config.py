@@ -197,6 +197,26 @@ class SinkSettings:
     sink_stage_inbox: bool
 
 
+@dataclass(frozen=True)
+class KafkaSettings:
+    """``[kafka]``: the Kafka protocol listener (npstream.broker.kafka, docs/kafka.md)."""
+
+    kafka_port: int | None  # None: no listener; 0: an ephemeral port
+    kafka_advertised_address: str  # host:port in Metadata; "": the listener's own
+    kafka_auto_create_topics: bool
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if self.kafka_port is not None and not 0 <= self.kafka_port <= 65535:
+            problems.append(f"kafka_port={self.kafka_port} must be within 1..65535, 0 (off) "
+                            "or 'auto'")
+        address = self.kafka_advertised_address
+        if address and not (address.rpartition(":")[0]
+                            and address.rpartition(":")[2].isdigit()):
+            problems.append(f"kafka_advertised_address={address!r} must be host:port")
+        _refuse(problems)
+
+
 def is_loopback_host(host: str) -> bool:
     """Whether a listen address only this machine can reach (127.0.0.0/8, ::1, localhost)."""
     name = host.strip().strip("[]").lower()
@@ -216,6 +236,7 @@ _SECTION_TYPES: dict[str, type] = {
     "storage": StorageSettings,
     "sink": SinkSettings,
     "cluster": ClusterSettings,
+    "kafka": KafkaSettings,
 }
 
 
@@ -235,6 +256,7 @@ class BrokerConfig:
     storage: StorageSettings
     sink: SinkSettings
     cluster: ClusterSettings
+    kafka: KafkaSettings
 
     def __post_init__(self) -> None:
         """The rules that span sections."""

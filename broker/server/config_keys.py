@@ -58,6 +58,14 @@ def _parse_optional_port(value: object) -> int | None:
     return _parse_int(value)
 
 
+def _parse_kafka_port(value: object) -> int | None:
+    """A port number, 0 or "off" for no listener, "auto" for an ephemeral port."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return 0
+    port = _parse_optional_port(value)
+    return None if port == 0 else port
+
+
 def _parse_level(value: object) -> str:
     level = _parse_str(value).strip().upper()
     if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
@@ -109,7 +117,7 @@ def _storage(name: str, parse: Callable[[object], object], doc: str,
     return ConfigKey(name, "storage", parse, default, field or name, doc, default)
 
 
-SECTIONS = ("server", "auth", "metrics", "streams", "storage", "sink", "cluster")
+SECTIONS = ("server", "auth", "metrics", "streams", "storage", "sink", "cluster", "kafka")
 
 # Every key, its default and what it does (conf/broker.toml and docs/broker.md are made from it).
 KEYS: tuple[ConfigKey, ...] = (
@@ -336,6 +344,18 @@ KEYS: tuple[ConfigKey, ...] = (
          'With it, a move cut off by a restart of the old member finishes by itself; `""`: the'
          " steps carry the token of the admin who ran the move, which a restart forgets, and "
          "such a move waits for an admin to run it again. Ignored without auth. Never logged"),
+    # [kafka]
+    _key("kafka_port", "kafka", _parse_kafka_port, 0,
+         "port of the [Kafka protocol listener](kafka.md) on `host` (`--kafka-port`): Kafka "
+         "producers and consumers read and write streams as topics of one partition. `0` = "
+         'off; `"auto"` = an ephemeral port (logged at start as `kafka=host:port`)'),
+    _key("kafka_advertised_address", "kafka", _parse_str, "",
+         "the `host:port` Kafka clients are told to connect to (Metadata's broker address); "
+         '`""`: `host` and the port bound'),
+    _key("kafka_auto_create_topics", "kafka", _parse_bool, True,
+         "Metadata and Produce naming a missing topic create its stream, as Kafka's "
+         "`auto.create.topics.enable` (with `[streams] auto_create_streams` also on); "
+         "`false`: UNKNOWN_TOPIC_OR_PARTITION"),
 )
 KEYS_BY_NAME: dict[str, ConfigKey] = {k.name: k for k in KEYS}
 KEYS_BY_FIELD: dict[str, ConfigKey] = {k.field: k for k in KEYS}

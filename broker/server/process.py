@@ -42,6 +42,7 @@ from npstream.broker.cluster.wiring import build_cluster, routing_interceptors
 from npstream.broker.console import Console
 from npstream.broker.groups import service as group_service
 from npstream.broker.groups.manager import GroupManager
+from npstream.broker.kafka.listener import KafkaListener
 from npstream.broker.metadata import METADATA_FILE, Metadata
 from npstream.broker.rpc import status as rpc_status
 from npstream.broker.rpc.budget import PublishAdmission, PublishBudget
@@ -127,7 +128,9 @@ class BrokerServer:
         self.metrics_address = ""
         self.console_address = ""
         self.port = 0
+        self.kafka_address = ""
         self._http: HttpEndpoint | None = None
+        self._kafka: KafkaListener | None = None
         self._console: Console | None = None
         self._membership: Membership | None = None
         self._closeables: list[Closeable] = []
@@ -267,6 +270,8 @@ class BrokerServer:
             self._join(port)
         if metrics_config.metrics_port is not None:
             self._serve_http(self.ctx)
+        if self.config.kafka.kafka_port is not None:
+            self._serve_kafka(self.ctx)
         self._retention = threading.Thread(target=self._retention_loop, name="retention",
                                            daemon=True)
         self._retention.start()
@@ -276,9 +281,10 @@ class BrokerServer:
             tls = "on, client certificates required" if server_config.tls_client_ca_file else "on"
         log.info(
             "npstream broker serving on %s (tls=%s, auth=%s) data_dir=%s metrics=%s "
-            "console=%s streams=%d",
+            "console=%s kafka=%s streams=%d",
             self.address, tls, self.ctx.access.describe(), server_config.data_dir.resolve(),
             self.metrics_address or "off", self.console_address or "off",
+            self.kafka_address or "off",
             len(self.ctx.registry),
         )
         if self.ctx.cluster.enabled:
@@ -336,6 +342,23 @@ class BrokerServer:
         self.metrics_address = f"{base}/metrics"
         self.console_address = f"{base}/" if self._console is not None else ""
 
+    def _serve_kafka(self, ctx: BrokerContext) -> None:
+        """The Kafka protocol listener on ``host`` (npstream.broker.kafka, docs/kafka.md)."""
+        config, host = self.config.kafka, self.config.server.host
+        assert config.kafka_port is not None
+        if ctx.access.enabled or self.config.server.tls_enabled:
+            raise StartupError("[kafka] port is set with auth or TLS on, and the Kafka listener "
+                               "serves neither SASL nor TLS yet (docs/kafka.md): set "
+                               "kafka_port = 0 or serve without auth and TLS")
+        self._kafka = KafkaListener(ctx, host, config.kafka_port)
+        try:
+            port = self._kafka.start()
+        except OSError as exc:
+            self._kafka = None
+            raise StartupError(f"cannot serve Kafka on {host}:{config.kafka_port}: "
+                               f"{exc}") from None
+        self.kafka_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
     def reload_tokens(self) -> None:
         """SIGHUP: reload the tokens file on the watcher thread (signal-safe)."""
         if self.ctx is not None:
@@ -351,6 +374,8 @@ class BrokerServer:
             self.ctx.parked_polls.wake_all()  # they answer now, not at their next look
         if self._health is not None:
             self._health.enter_graceful_shutdown()
+        if self._kafka is not None:
+            self._kafka.stop()
         if self._server is not None:
             self._server.stop(self.config.server.shutdown_grace_ms / 1000).wait()
         drained = time.monotonic()
