@@ -41,10 +41,13 @@ def test_wheel_holds_exactly_the_packages_and_builds_without_setuptools_warnings
     top_level = {n.split("/", 1)[0] for n in code}
     assert top_level == {"npstream", "pyspark_npstream.py"}
     assert not [n for n in code if not n.endswith((".py", ".pyi", ".proto"))
-                and not n.startswith("npstream/broker/console/static/")]
+                and not n.startswith(("npstream/broker/console/static/",
+                                      "npstream/broker/kafka/schemas/"))]
     # the web console's files are package data the broker serves
     static = "npstream/broker/console/static/"
     assert {static + name for name in ("index.html", "console.js", "console.css")} <= set(code)
+    # Kafka's message schemas drive the Kafka codec
+    assert "npstream/broker/kafka/schemas/FetchRequest.json" in code
     warnings = [line for line in output.splitlines()
                 if re.search(r"(?i)setuptools.*warning|deprecat|BuildBackendWarning", line)]
     assert warnings == []

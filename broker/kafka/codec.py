@@ -385,5 +385,5 @@ def _copy_default(f: Field) -> Any:
 @cache
 def load_schema(name: str) -> MessageSchema:
     """A schema of ``schemas/`` by message name (``"FetchRequest"``)."""
-    text = resources.files(__package__).joinpath("schemas").joinpath(f"{name}.json").read_text()
+    text = resources.files(f"{__package__}.schemas").joinpath(f"{name}.json").read_text()
     return MessageSchema(json.loads(_strip_comments(text)))
