@@ -27,6 +27,7 @@ from npstream.broker.errors import (
     StreamNotFoundError,
 )
 from npstream.broker.kafka.codec import CodecError
+from npstream.broker.kafka.errors import ErrorCode as Err
 from npstream.broker.kafka.protocol import (
     API_VERSIONS_KEY,
     SERVED,
@@ -39,6 +40,7 @@ from npstream.broker.kafka.records import (
     decode_batches,
     encode_batch,
 )
+from npstream.broker.kafka.tuning import FETCH_WAIT_SLICE_S
 from npstream.broker.server.context import BrokerContext
 from npstream.broker.storage import AckMode, StreamLog
 from npstream.broker.streams.names import check_stream_name
@@ -48,26 +50,10 @@ __all__ = ["KafkaHandlers", "topic_id"]
 
 log = logging.getLogger("npstream.broker.kafka")
 
-# Kafka's error codes (org.apache.kafka.common.protocol.Errors) used here.
-NONE = 0
-OFFSET_OUT_OF_RANGE = 1
-CORRUPT_MESSAGE = 2
-UNKNOWN_TOPIC_OR_PARTITION = 3
-MESSAGE_TOO_LARGE = 10
-INVALID_TOPIC_EXCEPTION = 17
-UNSUPPORTED_VERSION = 35
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
-UNSUPPORTED_COMPRESSION_TYPE = 76
-INVALID_RECORD = 87
-UNKNOWN_TOPIC_ID = 100
-UNKNOWN_SERVER_ERROR = -1
-
 NODE_ID = 0
 CLUSTER_ID = "npstream"
 _TOPIC_NAMESPACE = uuid.UUID("6b1f4c0e-3a52-5d0e-9a51-6e7073747265")
 _EARLIEST, _LATEST = -2, -1
-# The longest a Fetch waits for min_bytes (clients ask 500 ms by default).
-_FETCH_SLICE_S = 1.0
 
 
 def topic_id(name: str, created_ms: int) -> uuid.UUID:
@@ -103,7 +89,7 @@ class KafkaHandlers:
         if not api.min_version <= version <= api.max_version:
             if api.key == API_VERSIONS_KEY:  # KIP-511: answer in v0 with the versions
                 return encode_response(api, 0, request.correlation_id,
-                                       self._versions(UNSUPPORTED_VERSION))
+                                       self._versions(Err.UNSUPPORTED_VERSION))
             raise CodecError(f"{api.name} v{version} is not served "
                              f"(v{api.min_version}-{api.max_version})")
         body = self._calls[api.key](version, decode_body(api, request))
@@ -120,7 +106,7 @@ class KafkaHandlers:
             for a in SERVED.values()]}
 
     def _api_versions(self, _version: int, _body: dict[str, Any]) -> dict[str, Any]:
-        return self._versions(NONE)
+        return self._versions(Err.NONE)
 
     # ------------------------------------------------------------ topics
 
@@ -169,11 +155,11 @@ class KafkaHandlers:
         try:
             self._log(name, create)
         except InvalidArgumentError as exc:
-            return {**topic, "ErrorCode": INVALID_TOPIC_EXCEPTION, "ErrorMessage": str(exc)}
+            return {**topic, "ErrorCode": Err.INVALID_TOPIC_EXCEPTION, "ErrorMessage": str(exc)}
         except StreamNotFoundError:
-            return {**topic, "ErrorCode": UNKNOWN_TOPIC_OR_PARTITION}
-        return {**topic, "ErrorCode": NONE, "TopicId": self._topic_id(name), "Partitions": [
-            {"ErrorCode": NONE, "PartitionIndex": 0, "LeaderId": NODE_ID, "LeaderEpoch": 0,
+            return {**topic, "ErrorCode": Err.UNKNOWN_TOPIC_OR_PARTITION}
+        return {**topic, "ErrorCode": Err.NONE, "TopicId": self._topic_id(name), "Partitions": [
+            {"ErrorCode": Err.NONE, "PartitionIndex": 0, "LeaderId": NODE_ID, "LeaderEpoch": 0,
              "ReplicaNodes": [NODE_ID], "IsrNodes": [NODE_ID], "OfflineReplicas": []}]}
 
     # ------------------------------------------------------------ Produce
@@ -200,43 +186,43 @@ class KafkaHandlers:
             return {**reply, "ErrorCode": code, "ErrorMessage": message}
 
         if body["TransactionalId"] is not None:
-            return error(TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            return error(Err.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                          "transactions are not served by npstream's Kafka listener")
         if data["Index"] != 0:
-            return error(UNKNOWN_TOPIC_OR_PARTITION, f"topic '{name}' has only partition 0")
+            return error(Err.UNKNOWN_TOPIC_OR_PARTITION, f"topic '{name}' has only partition 0")
         try:
             batches = list(decode_batches(data["Records"] or b""))
         except UnsupportedCompressionError as exc:
-            return error(UNSUPPORTED_COMPRESSION_TYPE, str(exc))
+            return error(Err.UNSUPPORTED_COMPRESSION_TYPE, str(exc))
         except CodecError as exc:
-            return error(CORRUPT_MESSAGE, str(exc))
+            return error(Err.CORRUPT_MESSAGE, str(exc))
         if any(b.transactional for b in batches):
-            return error(TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            return error(Err.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                          "transactional batches are not served")
         try:
             stream_log = self._log(name, create=True)
             if not batches:
-                return {**reply, "ErrorCode": NONE, "BaseOffset": stream_log.end_offset}
+                return {**reply, "ErrorCode": Err.NONE, "BaseOffset": stream_log.end_offset}
             rows = normalize_publish_table(pa.concat_tables([b.rows for b in batches]))
             ack = AckMode.WRITE if body["Acks"] == 1 else AckMode.FSYNC
             result = stream_log.append(rows, ack)
         except InvalidArgumentError as exc:
-            code = MESSAGE_TOO_LARGE if isinstance(exc, MessageTooLargeError) \
-                else INVALID_RECORD
+            code = Err.MESSAGE_TOO_LARGE if isinstance(exc, MessageTooLargeError) \
+                else Err.INVALID_RECORD
             if "stream name" in str(exc):
-                code = INVALID_TOPIC_EXCEPTION
+                code = Err.INVALID_TOPIC_EXCEPTION
             return error(code, str(exc))
         except StreamNotFoundError:
-            return error(UNKNOWN_TOPIC_OR_PARTITION, f"topic '{name}' does not exist")
+            return error(Err.UNKNOWN_TOPIC_OR_PARTITION, f"topic '{name}' does not exist")
         except BrokerError as exc:
-            return error(UNKNOWN_SERVER_ERROR, str(exc))
+            return error(Err.UNKNOWN_SERVER_ERROR, str(exc))
         self._metrics.publish_requests.inc()
         self._metrics.published_messages.inc(result.stored_count)
         self._metrics.published_bytes.inc(rows.nbytes)
         self._metrics.count_in(name, result.stored_count, rows.nbytes)
         log.debug("kafka produce: %d message(s) to '%s' at offset %d", result.stored_count,
                   name, result.first_offset)
-        return {**reply, "ErrorCode": NONE, "BaseOffset": result.first_offset,
+        return {**reply, "ErrorCode": Err.NONE, "BaseOffset": result.first_offset,
                 "LogAppendTimeMs": result.timestamp_ms,
                 "LogStartOffset": stream_log.start_offset}
 
@@ -248,9 +234,9 @@ class KafkaHandlers:
             responses, nbytes, logs = self._fetch_once(version, body)
             left = deadline - time.monotonic()
             if nbytes >= max(body["MinBytes"], 1) or left <= 0 or self.stopping.is_set():
-                return {"ThrottleTimeMs": 0, "ErrorCode": NONE, "SessionId": 0,
+                return {"ThrottleTimeMs": 0, "ErrorCode": Err.NONE, "SessionId": 0,
                         "Responses": responses}
-            self._wait_for_append(logs, min(left, _FETCH_SLICE_S))
+            self._wait_for_append(logs, min(left, FETCH_WAIT_SLICE_S))
 
     def _wait_for_append(self, logs: list[StreamLog], wait_s: float) -> None:
         """Until one of the logs is appended to, the wait ends or the broker stops."""
@@ -293,7 +279,7 @@ class KafkaHandlers:
                                  "LastStableOffset": -1, "LogStartOffset": -1,
                                  "AbortedTransactions": None, "PreferredReadReplica": -1,
                                  "Records": b""}
-        missing = UNKNOWN_TOPIC_ID if unknown_id else UNKNOWN_TOPIC_OR_PARTITION
+        missing = Err.UNKNOWN_TOPIC_ID if unknown_id else Err.UNKNOWN_TOPIC_OR_PARTITION
         if name is None or part["Partition"] != 0:
             return {**reply, "ErrorCode": missing}, b"", None
         try:
@@ -304,7 +290,7 @@ class KafkaHandlers:
         reply.update(HighWatermark=stream_log.end_offset, LastStableOffset=stream_log.end_offset,
                      LogStartOffset=stream_log.start_offset)
         if offset == stream_log.end_offset or max_bytes <= 0:
-            return {**reply, "ErrorCode": NONE}, b"", stream_log
+            return {**reply, "ErrorCode": Err.NONE}, b"", stream_log
         try:
             result = stream_log.read(offset, max_bytes=max_bytes)
             records = b""
@@ -312,12 +298,12 @@ class KafkaHandlers:
                 table = stream_log.read_table(offset, result.next_offset)
                 records = encode_batch(table)
         except OffsetOutOfRangeError:
-            return {**reply, "ErrorCode": OFFSET_OUT_OF_RANGE}, b"", stream_log
+            return {**reply, "ErrorCode": Err.OFFSET_OUT_OF_RANGE}, b"", stream_log
         self._metrics.fetch_requests.inc()
         self._metrics.fetched_messages.inc(result.count)
         self._metrics.fetched_bytes.inc(len(records))
         self._metrics.count_out(name, result.count, len(records))
-        return {**reply, "ErrorCode": NONE, "Records": records}, records, stream_log
+        return {**reply, "ErrorCode": Err.NONE, "Records": records}, records, stream_log
 
     # ------------------------------------------------------------ ListOffsets
 
@@ -332,18 +318,18 @@ class KafkaHandlers:
         reply: dict[str, Any] = {"PartitionIndex": part["PartitionIndex"], "Timestamp": -1,
                                  "Offset": -1, "LeaderEpoch": 0}
         if part["PartitionIndex"] != 0:
-            return {**reply, "ErrorCode": UNKNOWN_TOPIC_OR_PARTITION}
+            return {**reply, "ErrorCode": Err.UNKNOWN_TOPIC_OR_PARTITION}
         try:
             stream_log = self._log(name, create=False)
         except (StreamNotFoundError, InvalidArgumentError):
-            return {**reply, "ErrorCode": UNKNOWN_TOPIC_OR_PARTITION}
+            return {**reply, "ErrorCode": Err.UNKNOWN_TOPIC_OR_PARTITION}
         wanted = part["Timestamp"]
         if wanted == _EARLIEST:
-            return {**reply, "ErrorCode": NONE, "Offset": stream_log.start_offset}
+            return {**reply, "ErrorCode": Err.NONE, "Offset": stream_log.start_offset}
         if wanted == _LATEST or wanted < 0:  # -3 (max timestamp) answered as latest
-            return {**reply, "ErrorCode": NONE, "Offset": stream_log.end_offset}
+            return {**reply, "ErrorCode": Err.NONE, "Offset": stream_log.end_offset}
         offset = stream_log.offset_for_timestamp(wanted)
         if offset >= stream_log.end_offset:
-            return {**reply, "ErrorCode": NONE}
-        return {**reply, "ErrorCode": NONE, "Offset": offset,
+            return {**reply, "ErrorCode": Err.NONE}
+        return {**reply, "ErrorCode": Err.NONE, "Offset": offset,
                 "Timestamp": stream_log.timestamp_at(offset)}

@@ -16,7 +16,8 @@ import threading
 
 from npstream.broker.kafka.codec import CodecError
 from npstream.broker.kafka.handlers import KafkaHandlers
-from npstream.broker.kafka.protocol import MAX_FRAME_BYTES, decode_request
+from npstream.broker.kafka.protocol import decode_request
+from npstream.broker.kafka.tuning import MAX_FRAME_BYTES
 from npstream.broker.server.context import BrokerContext
 
 __all__ = ["KafkaListener"]

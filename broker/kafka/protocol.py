@@ -16,7 +16,6 @@ from npstream.broker.kafka.codec import CodecError, Message, MessageSchema, Read
 
 __all__ = [
     "API_VERSIONS_KEY",
-    "MAX_FRAME_BYTES",
     "SERVED",
     "Api",
     "RequestFrame",
@@ -25,9 +24,6 @@ __all__ = [
 ]
 
 API_VERSIONS_KEY = 18
-# Largest request frame accepted; a bigger size prefix closes the connection
-# before anything is read (Kafka's socket.request.max.bytes is 100 MiB).
-MAX_FRAME_BYTES = 100 * 1024 * 1024
 
 
 @dataclass(frozen=True)
