@@ -40,8 +40,7 @@ LEASE_MAX_BYTES = 8 << 20
 # delivery buffer. The buffer keeps the stored Arrow batches and turns rows into
 # Python objects only as they are handed out, so one read serves many
 # Receives/Subscribe batches and a large stored batch is read a few times, not
-# once per Receive (reading 500 rows at a time re-read a 10,000-row stored batch
-# 20 times). It costs at most FRESH_READ_BYTES of memory per group with
+# once per Receive. It costs at most FRESH_READ_BYTES of memory per group with
 # undelivered messages read or messages in flight (the last read is kept for
 # their redeliveries, log_rows.FreshRows.kept; dropped on seek and retention,
 # and when nothing is in flight). A read cut at a

@@ -2,12 +2,10 @@
 
 gRPC's sync server runs every call on a thread of its pool (``max_workers``,
 default 4,096), and a long poll (a Fetch with ``wait_ms`` at the end of its
-stream) holds its thread while it waits. With 2,000-6,000 parked Fetch polls
-(issue 34), publishes to another stream stalled for seconds: each poll woke
-four times a second to look at its client, thousands of wake-ups a second
-that publishes queued behind for the GIL, and past ``max_workers`` polls
-queued for a thread with every publish behind them (DEADLINE_EXCEEDED),
-while polls whose client gave up in the queue ended CANCELLED unserved.
+stream) holds its thread while it waits. Past ``max_workers`` parked polls,
+further calls queue for a thread with every publish behind them
+(DEADLINE_EXCEEDED), and polls whose client gives up in the queue end
+CANCELLED unserved (docs/benchmarks.md has the figures).
 
 ``ParkedPolls`` lets at most ``limit`` polls park at once (the broker uses
 half its worker threads, so the other half always serve everything else);

@@ -4,8 +4,8 @@ Every remedy for a full disk writes before it frees: moving a stream's start
 writes its start-offset file, deleting all of a stream's messages rolls its
 active segment (index files, a new segment file), changing ``max_bytes``
 writes the stream's SQLite row and its retention file. With no byte free
-each of those failed with DISK_FULL, so nothing but deleting a whole stream
-could free space (issue 34).
+each of those would fail with DISK_FULL, so nothing but deleting a whole
+stream could free space.
 
 The broker therefore keeps a file of ``RESERVE_BYTES`` in its data dir
 (``disk-reserve``, allocated, not sparse). A deletion or config change that
@@ -18,7 +18,7 @@ and deleting all messages of a stream whose messages all sit in its active
 segment must create the next segment before it may delete that one.
 
 Anything else (a publish, a stage) may take the released room first; the
-remedy then fails with DISK_FULL as before and the reserve is back once space
+remedy then fails with DISK_FULL and the reserve is back once space
 is free.
 """
 
