@@ -29,7 +29,8 @@ _STREAMS_TABLE = """
 CREATE TABLE IF NOT EXISTS streams (
     name        TEXT PRIMARY KEY,
     config_json TEXT NOT NULL,  -- only fields set explicitly; others follow broker defaults
-    created_ms  INTEGER NOT NULL
+    created_ms  INTEGER NOT NULL,
+    end_floor   INTEGER NOT NULL DEFAULT 0  -- streams/end_floors.py
 ) WITHOUT ROWID
 """
 

@@ -172,7 +172,8 @@ class BrokerServer:
             storage, lambda: self.port, config.server.retain_freed_memory,
             config.server.max_publish_bytes_in_flight))
         self._data_dir_check = start_data_dir_check(data_dir, found, registry.__contains__,
-                                                    metrics.registry, self.stopping)
+                                                    metrics.registry, self.stopping,
+                                                    registry.end_floors)
         storage.set_sync_observer(metrics.observe_fsync)
         rpc_status.observe_errors(metrics.error_counter())
         budget = PublishBudget(config.server.max_publish_bytes_in_flight, metrics.registry)
@@ -400,7 +401,13 @@ class BrokerServer:
         ctx = self.ctx
         storage_started = time.monotonic()
         if ctx is not None:
-            ctx.storage.close()
+            ends = {stream_log.name: stream_log.end_offset
+                    for stream_log in ctx.storage.live_logs()}
+            ctx.storage.close()  # fsyncs them: the ends are durable before they are recorded
+            try:
+                ctx.registry.record_end_floors(ends)
+            except Exception:
+                log.exception("recording the streams' end offsets at stop failed")
         storage_s = time.monotonic() - storage_started
         if ctx is not None:
             ctx.metadata.checkpoint()

@@ -39,7 +39,7 @@ from npstream.broker.storage.results import LogStats
 from npstream.broker.storage.retention import idle_stream_check
 from npstream.broker.storage.segment_store import SegmentStore
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
-from npstream.broker.storage.stream_files import read_retention_config
+from npstream.broker.storage.stream_files import read_retention_config, write_start_offset
 from npstream.broker.storage.tuning import IDLE_RETENTION_BATCH, NAME_LOCKS
 from npstream.broker.storage.value_schemas import UNTYPED, ValueSchemas
 from npstream.proto.names import STREAM_NAME_RE
@@ -248,6 +248,29 @@ class Storage:
                 shutil.rmtree(directory)
                 fsync_dir(streams_root(self.settings.data_dir))
         log.info("stream %s: dropped, files deleted", name)
+
+    def has_directory(self, name: str) -> bool:
+        """Whether ``name``'s directory exists (a nursery stream has none yet)."""
+        return self._directory(name).is_dir()
+
+    def restart_missing_log(self, name: str, offset: int, config: StreamConfig,
+                            value_schemas: ValueSchemas = UNTYPED) -> None:
+        """Give ``name``, whose directory is missing, an empty log starting at ``offset``.
+
+        Repair of a stream whose directory was removed: its offsets below
+        ``offset`` were handed out before and must never be again, so the new
+        directory starts with a start-offset pointer there (files.py).
+        """
+        directory = self._directory(name)
+        with self._name_lock(name):
+            stream_log = self._logs.pop(name)
+            if stream_log is not None:
+                stream_log.close(dropped=True)
+            directory.mkdir(parents=True, exist_ok=True)
+            write_start_offset(directory, offset)
+            fsync_dir(directory)
+            fsync_dir(streams_root(self.settings.data_dir))
+            self._open_unlocked(name, config, value_schemas)
 
     def repair_log(self, name: str, config: StreamConfig,
                    value_schemas: ValueSchemas = UNTYPED) -> tuple[int, str]:

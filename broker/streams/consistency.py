@@ -16,6 +16,9 @@ ERROR line naming the stream and the paths, and the counts are the
   the first bad frame); an unreadable database stops the start (process.py);
 - ``orphaned_directory``: a stream directory with no ``streams`` row (such a
   stream is not served, its files stay);
+- ``missing_directory``: a stream whose row records an end offset
+  (streams/end_floors.py) and whose directory is gone; opening it refuses it
+  (repair restarts it empty at that offset, never reusing one);
 - ``short_log``: a stream whose segment files hold less than its records say
   (storage/extent_check.py: a first or last segment file missing, a last
   segment cut). Opening it refuses it (the stream needs repair, and describe
@@ -32,7 +35,7 @@ import logging
 import os
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,11 +75,13 @@ class DataDirReport:
     metadata: list[str] = field(default_factory=list)
     orphaned_directories: list[str] = field(default_factory=list)
     short_logs: list[str] = field(default_factory=list)
+    missing_directories: list[str] = field(default_factory=list)
     directories: int = 0
 
     def counts(self) -> dict[str, int]:
         return {"metadata": len(self.metadata),
                 "orphaned_directory": len(self.orphaned_directories),
+                "missing_directory": len(self.missing_directories),
                 "short_log": len(self.short_logs)}
 
 
@@ -150,8 +155,13 @@ def _report(kind: str, entries: list[str], line: str, *args: object) -> None:
 
 
 def check_data_dir(data_dir: Path, before: MetadataFiles, has_row: Callable[[str], bool],
-                   stopping: threading.Event | None = None) -> DataDirReport:
-    """Cross-check the registry's rows against the stream directories (module docstring)."""
+                   stopping: threading.Event | None = None,
+                   end_floors: Callable[[], Iterable[tuple[str, int]]] = tuple,
+                   ) -> DataDirReport:
+    """Cross-check the registry's rows against the stream directories (module docstring).
+
+    ``end_floors``: (name, recorded end offset) of the streams that have one.
+    """
     report = DataDirReport()
     root = streams_root(data_dir)
     database = data_dir / METADATA_FILE
@@ -185,11 +195,21 @@ def check_data_dir(data_dir: Path, before: MetadataFiles, has_row: Callable[[str
             _report("short_log", report.short_logs,
                     "stream '%s': its files in %s hold less than recorded, it is refused until "
                     "repaired: %s", name, directory, problem)
+    present = set(names)
+    for name, floor in end_floors():
+        if stopping is not None and stopping.is_set():
+            break
+        if name not in present:
+            _report("missing_directory", report.missing_directories,
+                    "stream '%s': its directory %s is missing while the metadata database %s "
+                    "records offsets up to %d; it is refused until repaired (repair restarts "
+                    "it empty at offset %d)", name, root / name, database, floor, floor)
     return report
 
 
 def start_data_dir_check(data_dir: Path, before: MetadataFiles, has_row: Callable[[str], bool],
                          registry: CollectorRegistry, stopping: threading.Event,
+                         end_floors: Callable[[], Iterable[tuple[str, int]]] = tuple,
                          ) -> threading.Thread:
     """Run check_data_dir in a thread; its counts become the mismatches gauge."""
     gauge = Gauge("npstream_data_dir_mismatches",
@@ -198,7 +218,7 @@ def start_data_dir_check(data_dir: Path, before: MetadataFiles, has_row: Callabl
 
     def run() -> None:
         try:
-            report = check_data_dir(data_dir, before, has_row, stopping)
+            report = check_data_dir(data_dir, before, has_row, stopping, end_floors)
         except Exception:
             log.exception("data dir check failed")
             return

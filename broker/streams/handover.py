@@ -45,11 +45,12 @@ class StreamRowsOwner:
 
     def export(self, stream: str, /) -> list[StateRecord]:
         rows = self._metadata.execute_tuples(
-            "SELECT config_json, created_ms FROM streams WHERE name = ?", (stream,))
+            "SELECT config_json, created_ms, end_floor FROM streams WHERE name = ?", (stream,))
         if not rows:
             return []
         records = [StateRecord(CONFIG, _VERSION, {"overrides": dict(overrides_of(rows[0][0])),
-                                                  "created_ms": int(rows[0][1])})]
+                                                  "created_ms": int(rows[0][1]),
+                                                  "end_floor": int(rows[0][2])})]
         records += [StateRecord(SCHEMA, _VERSION, {
             "version": int(version), "arrow_schema": encode_bytes(bytes(arrow_schema)),
             "ddl": ddl, "created_ms": int(created_ms)})
@@ -69,9 +70,11 @@ class StreamRowsOwner:
             check_version(record, _VERSION)
             body = record.body
             if record.kind == CONFIG:
-                txn.execute("INSERT INTO streams (name, config_json, created_ms) VALUES (?, ?, ?)",
+                # end_floor (end_floors.py): absent from a member of an older version.
+                txn.execute("INSERT INTO streams (name, config_json, created_ms, end_floor) "
+                            "VALUES (?, ?, ?, ?)",
                             (stream, json.dumps(body["overrides"], sort_keys=True),
-                             int(body["created_ms"])))
+                             int(body["created_ms"]), int(body.get("end_floor", 0))))
             elif record.kind == SCHEMA:
                 txn.execute("INSERT INTO stream_schemas (stream, version, arrow_schema, ddl, "
                             "created_ms) VALUES (?, ?, ?, ?, ?)",

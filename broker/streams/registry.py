@@ -36,6 +36,7 @@ from __future__ import annotations
 import builtins
 import json
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -58,9 +59,11 @@ from npstream.broker.storage import (
     StreamLog,
     ValueSchemas,
 )
+from npstream.broker.storage.files import stream_dir
 from npstream.broker.storage.group_commit import GroupCommit
 from npstream.broker.storage.small_append import MessageRows, lone_message
 from npstream.broker.streams.disk_reserve import DiskReserve
+from npstream.broker.streams.end_floors import EndFloors
 from npstream.broker.streams.handover import ListingStatsOwner, StreamRowsOwner
 from npstream.broker.streams.listing import StreamListing
 from npstream.broker.streams.listing_stats import ListingStats
@@ -122,6 +125,7 @@ class StreamRegistry:
         self._schemas = StreamSchemas(metadata, clock)
         self._nursery = Nursery(metadata)  # before the rows: they are read with its table
         self._rows = StreamRows(metadata, self._schemas)
+        self._floors = EndFloors(metadata)
         self._lock = threading.Lock()  # guards the records' changes
         # Every stream's record (module docstring); a transition puts a new record.
         self._records: dict[str, StreamRecord] = self._rows.load_all()
@@ -221,14 +225,45 @@ class StreamRegistry:
                 raise StreamNeedsRepairError(name, record.detail)
             if record.state is DELETING:
                 raise StreamNotFoundError(name)
+            floor = 0
             if record.state is NURSERY:
                 self._write_out_locked(name)
+            else:
+                floor = self._floors.get(name)
+            if floor and not self._storage.has_directory(name):
+                raise self._refuse(name, CorruptRecordError(
+                    stream_dir(self._storage.settings.data_dir, name), 0,
+                    f"the stream directory is missing, but the registry ({self._metadata.path}) "
+                    f"records offsets up to {floor}: acknowledged messages are missing, and "
+                    f"opening the log would reuse their offsets (repair restarts the stream "
+                    f"empty at offset {floor})", short=True))
             try:
-                return self._storage.open_log(name, self.effective_config(record.overrides),
-                                              record.value_schemas())
+                stream_log = self._storage.open_log(
+                    name, self.effective_config(record.overrides), record.value_schemas())
             except CorruptRecordError as exc:
-                self.mark_broken(name, exc)
-                raise StreamNeedsRepairError(name, exc) from None
+                raise self._refuse(name, exc) from None
+            if stream_log.end_offset < floor:
+                self._storage.close_log(name)
+                raise self._refuse(name, CorruptRecordError(
+                    stream_dir(self._storage.settings.data_dir, name), 0,
+                    f"the log ends at offset {stream_log.end_offset}, but the registry "
+                    f"({self._metadata.path}) records offsets up to {floor}: acknowledged "
+                    f"messages are missing, and opening the log would reuse their offsets",
+                    short=True))
+            return stream_log
+
+    def _refuse(self, name: str, exc: CorruptRecordError) -> StreamNeedsRepairError:
+        """Mark ``name`` broken (one ERROR line) and the error its caller raises."""
+        self.mark_broken(name, exc)
+        return StreamNeedsRepairError(name, exc)
+
+    def end_floors(self) -> builtins.list[tuple[str, int]]:
+        """(name, recorded end floor) of every stream with one (consistency.py)."""
+        return self._floors.recorded()
+
+    def record_end_floors(self, ends: Mapping[str, int]) -> None:
+        """Record these streams' ends as reached (end_floors.py); at a clean stop."""
+        self._floors.raise_to({name: end for name, end in ends.items() if name in self._records})
 
     def _write_out_locked(self, name: str) -> None:
         """Give a nursery stream its directory before its log opens (nursery.py): READY.
@@ -540,7 +575,10 @@ class StreamRegistry:
         and still while they are copied (npstream.broker.cluster.move).
         """
         with self._open_lock(name):
+            live = self._storage.live_log(name)
             self._storage.close_log(name)
+            if live is not None:
+                self._floors.raise_to({name: live.end_offset})
 
     def load_row(self, name: str) -> None:
         """Take up the rows another module wrote for ``name`` (a stream moved in).
@@ -569,7 +607,8 @@ class StreamRegistry:
             try:
                 self._storage.close_log(name)
                 # Files before the row: a crash in between leaves an empty stream, never a
-                # new stream that inherits old data.
+                # new stream that inherits old data (its end floor goes first: not refused).
+                self._zero_floor(name)
                 self._storage.drop_log(name)
                 with self._lock, self._metadata.transaction() as txn:
                     self._rows_owner.drop(name, txn)
@@ -585,6 +624,16 @@ class StreamRegistry:
             except Exception:
                 log.exception("stream-deleted listener %r failed for '%s'", listener, name)
         return True
+
+    def _zero_floor(self, name: str) -> None:
+        """Zero the end floor before the files go; on a full disk SQLite may refuse the
+        write: the delete goes on (a crash before the row goes then leaves the stream
+        refused, and deleting it again finishes)."""
+        try:
+            self._floors.set(name, 0)
+        except sqlite3.Error as exc:
+            log.warning("stream '%s': could not clear its recorded end offset before deleting "
+                        "its files (%s)", name, exc)
 
     def delete_messages(self, name: str, before_offset: int | None) -> StreamStatus:
         """Move start_offset: to before_offset (exclusive), or to end_offset when None.
@@ -618,9 +667,22 @@ class StreamRegistry:
         self._write_out(record.name)
         with self._open_lock(record.name):
             self._move(record.name, READY, when=(BROKEN,))
-            truncated, detail = self._storage.repair_log(
-                record.name, self.effective_config(record.overrides), record.value_schemas()
-            )
+            config, schemas = self.effective_config(record.overrides), record.value_schemas()
+            floor = self._floors.get(record.name)
+            if floor and not self._storage.has_directory(record.name):
+                self._storage.restart_missing_log(record.name, floor, config, schemas)
+                log.warning("repaired stream '%s': its directory %s was missing; it restarts "
+                            "empty at offset %d (offsets below it are lost and never assigned "
+                            "again)", record.name,
+                            stream_dir(self._storage.settings.data_dir, record.name), floor)
+                return self.describe(record.name), 0, ""
+            truncated, detail = self._storage.repair_log(record.name, config, schemas)
+            end = self._storage.open_log(record.name, config, schemas).end_offset
+            if end < floor:
+                log.warning("repaired stream '%s': accepted a log that ends at offset %d, below "
+                            "the end offset %d the registry recorded; offsets from %d on are "
+                            "assigned again", record.name, end, floor, end)
+                self._floors.set(record.name, end)
         if truncated:
             log.warning("repaired stream '%s': cut %d bytes at %s", record.name, truncated, detail)
         else:

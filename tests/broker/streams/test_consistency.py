@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import struct
 import time
@@ -45,6 +46,20 @@ def frame_positions(path: Path) -> list[int]:
         os.close(fd)
 
 
+def stopped_with_streams(broker_factory, damaged: str, count: int,
+                         intact: str) -> BrokerProcess:
+    """A broker stopped cleanly after ``count`` publishes to ``damaged`` and one to ``intact``."""
+    broker = broker_factory()
+    with Client(broker.address) as client:
+        client.create_stream(damaged)
+        client.create_stream(intact)
+        for index in range(count):
+            client.publish(damaged, f"m{index}".encode())
+        client.publish(intact, b"w")
+    broker.stop()
+    return broker
+
+
 def error_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if " ERROR " in line]
 
@@ -69,21 +84,15 @@ def test_start_without_metadata_database_reports_every_orphaned_directory(broker
         assert any(f"stream '{name}': directory {broker.data_dir / 'streams' / name} has no row"
                    in line for line in errors), errors
     assert any("data dir check: 3 stream directories; mismatches: metadata 1, "
-               "orphaned_directory 3, short_log 0" in line for line in errors), errors
+               "orphaned_directory 3, missing_directory 0, short_log 0" in line
+               for line in errors), errors
     metrics = broker.metrics()
     assert metrics['npstream_data_dir_mismatches{kind="orphaned_directory"}'] == 3
     assert metrics['npstream_data_dir_mismatches{kind="metadata"}'] == 1
 
 
 def test_start_with_tail_cut_at_frame_boundary_reports_and_refuses_the_stream(broker_factory):
-    broker = broker_factory()
-    with Client(broker.address) as client:
-        client.create_stream("cut")
-        client.create_stream("whole")
-        for index in range(200):
-            client.publish("cut", f"m{index}".encode())
-        client.publish("whole", b"w")
-    broker.stop()
+    broker = stopped_with_streams(broker_factory, "cut", 200, "whole")
     segment = broker.data_dir / "streams" / "cut" / f"{0:020d}.log"
     positions = frame_positions(segment)
     assert len(positions) == 200
@@ -253,3 +262,40 @@ def test_open_after_crash_records_extent_only_after_fsync_of_the_tail(broker_fac
     with Client(broker.address) as client:
         assert len(client.fetch("s", 0, max_messages=100)) == 51  # opens the log
     assert read_extent(directory)["next_offset"] == 51
+
+
+def test_open_with_stream_directory_removed_refuses_then_repair_never_reuses_offsets(
+        broker_factory):
+    # The registry row alone remained: the stream reopened empty at offset 0 and the
+    # next publish got offset 0 again. The row records the end reached at a clean stop.
+    broker = stopped_with_streams(broker_factory, "gone", 20, "kept")
+    directory = broker.data_dir / "streams" / "gone"
+    shutil.rmtree(directory)
+    broker.log_path.write_text("")
+    broker.start()
+    text = wait_for_check(broker)
+    assert any(f"stream 'gone': its directory {directory} is missing" in line
+               and "records offsets up to 20" in line for line in error_lines(text)), text
+    assert broker.metrics()['npstream_data_dir_mismatches{kind="missing_directory"}'] == 1
+    with Client(broker.address) as client:
+        with pytest.raises(StreamNeedsRepair) as error:
+            client.publish("gone", b"would reuse offset 0")
+        message = str(error.value)
+        assert f"corrupt record in {directory} at byte 0: the stream directory is missing" \
+            in message and "records offsets up to 20" in message, message
+        info = client.stream_info("gone")
+        assert "the stream directory is missing" in info.error
+        assert any("stream 'gone' needs repair" in line and str(directory) in line
+                   and "offsets up to 20" in line for line in error_lines(broker.log_text()))
+        assert client.stream_info("kept").end_offset == 1
+        client.repair_stream("gone")
+        info = client.stream_info("gone")
+        assert (info.start_offset, info.end_offset) == (20, 20)
+        assert client.publish("gone", b"after").offset == 20
+        assert client.fetch("gone", 20)["offset"].to_pylist() == [20]
+    assert any("repaired stream 'gone': its directory" in line and "restarts empty at offset 20"
+               in line for line in broker.log_text().splitlines() if " WARNING " in line)
+    broker.restart()
+    with Client(broker.address) as client:
+        assert client.stream_info("gone").end_offset == 21
+        assert client.publish("gone", b"again").offset == 21

@@ -65,6 +65,9 @@ def test_export_then_install_into_fresh_metadata_reads_back_equal(tmp_path: Path
     source, target = _Member(tmp_path / "a"), _Member(tmp_path / "b")
     _typed_stream(source, "sensors")
     _nursery_stream(source, "chat-1")
+    # The end offset the registry recorded travels too (end_floors.py): offsets below it
+    # were handed out and must not be again on the target.
+    source.metadata.execute("UPDATE streams SET end_floor = 42 WHERE name = 'sensors'")
 
     for name in ("sensors", "chat-1"):
         records = export_stream(source.owners, name)
@@ -77,6 +80,8 @@ def test_export_then_install_into_fresh_metadata_reads_back_equal(tmp_path: Path
     assert target.rows_of("sensors")["stream_stats"] == [
         ("sensors", 3, 10, 4096, 1_600_000_000_100, 1_600_000_000_900, 2)]
     assert [v.version for v in target.schemas.load("sensors")] == [1, 2]
+    assert target.metadata.execute_tuples(
+        "SELECT end_floor FROM streams WHERE name = 'sensors'") == [(42,)]
     assert target.nursery.frame_of("chat-1") == b"\x01frame bytes\xff"
 
 
@@ -89,7 +94,7 @@ def test_export_records_are_plain_json_values_with_kind_and_version(tmp_path: Pa
     assert [(r.kind, r.version) for r in records] == [
         ("stream.config", 1), ("stream.schema", 1), ("stream.schema", 1), ("stream.stats", 1)]
     assert records[0].body == {"overrides": {"max_age_ms": 60_000},
-                               "created_ms": 1_600_000_000_000}
+                               "created_ms": 1_600_000_000_000, "end_floor": 0}
     assert json.loads(json.dumps([r.to_json() for r in records])) == [r.to_json() for r in records]
 
 
