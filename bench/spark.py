@@ -22,6 +22,11 @@ own progress figures, so query start-up, equal for every source, is left out); w
 rows/s from start() to termination is printed beside it. A small warm-up query of every
 kind runs first (JIT, Python workers). Goals: read >= 70% of (a); write >= 50% of noop.
 
+Parallel by default (issue 32; --parallel-only runs nothing else): the same ``--rows``
+messages read with ``spark.read`` and no options (the default split: up to the planning
+host's CPUs, local[2] here) vs ``minPartitions=1`` (one task, the old default), into
+the noop sink, --repeats rounds round-robin, median wall time of each action.
+
 Typed streams (issue 17; --skip-typed leaves it out, --typed-only runs nothing else):
 --typed-rows rows (1,000,000) of 5 columns (bench/typed_rows.py: sensorId STRING,
 reading DOUBLE, ts TIMESTAMP, seq BIGINT, ok BOOLEAN) go into a typed stream and, as
@@ -236,6 +241,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="leave out the typed-stream section")
     p.add_argument("--typed-only", action="store_true",
                    help="run only the typed-stream section")
+    p.add_argument("--parallel-only", action="store_true",
+                   help="run only the parallel-by-default batch read section")
     p.add_argument("--json", metavar="PATH", help="also write the raw results here")
     a = p.parse_args(argv)
     a.rows = a.rows or (QUICK_ROWS if a.quick else ROWS)
@@ -246,6 +253,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--rows, --size and --repeats must be >= 1")
     if a.typed_rows < 1 or a.typed_repeats < 1:
         p.error("--typed-rows and --typed-repeats must be >= 1")
+    if a.parallel_only and a.typed_only:
+        p.error("--parallel-only and --typed-only exclude each other")
     if a.typed_only and a.skip_typed:
         p.error("--typed-only and --skip-typed exclude each other")
     return a
@@ -409,6 +418,7 @@ def run_benchmarks(a: argparse.Namespace, spark: Any, broker: BrokerUnderTest, c
         written = results[f"write_npstream_{kind}"]
         written["stream_messages_added"] = client.stream_info(out).end_offset
         written["exact"] = written["stream_messages_added"] == a.rows * a.repeats
+    results["source_stream"] = src
     return results
 
 
@@ -488,6 +498,47 @@ def run_batch(df: Any, broker: BrokerUnderTest) -> dict[str, Any]:
     return {"seconds": round(seconds, 4), "spark_cpu_s": round(spark_cpu, 2),
             "broker_cpu_s": round(broker1 - broker0, 2)
             if broker0 is not None and broker1 is not None else None}
+
+
+def run_parallel(a: argparse.Namespace, spark: Any, broker: BrokerUnderTest,
+                 stream: str) -> dict[str, Any]:
+    """Batch read of ``stream`` with no options (the default split) vs minPartitions=1."""
+    def read(**options: str) -> Any:
+        reader = spark.read.format("npstream").option("broker", broker.address)
+        for key, value in {"stream": stream, **options}.items():
+            reader = reader.option(key, value)
+        return reader.load()
+
+    queries = {"default": {}, "one_task": {"minPartitions": "1"}}
+    out: dict[str, Any] = {key: {"partitions": read(**o).rdd.getNumPartitions(), "runs": []}
+                           for key, o in queries.items()}
+    for options in queries.values():  # untimed round
+        run_batch(read(**options), broker)
+    for i in range(a.repeats):
+        for key, options in queries.items():
+            print(f"# parallel: {key} (run {i + 1}/{a.repeats})", file=sys.stderr)
+            out[key]["runs"].append(run_batch(read(**options), broker))
+    for result in out.values():
+        result["seconds"] = statistics.median(r["seconds"] for r in result["runs"])
+    return out
+
+
+def parallel_report(a: argparse.Namespace, par: dict[str, Any]) -> tuple[str, list[Goal]]:
+    base = par["one_task"]["seconds"]
+    rows = [[what, str(par[key]["partitions"]), f"{par[key]['seconds']:.3f}",
+             fmt(a.rows / par[key]["seconds"]), f"{base / par[key]['seconds']:.2f}x"]
+            for key, what in (("default", "spark.read, no options (default split)"),
+                              ("one_task", "spark.read, minPartitions=1 (one task)"))]
+    speedup = base / par["default"]["seconds"]
+    text = "\n".join([
+        render_table(["batch read -> noop", "partitions", "seconds", "rows/s", "speedup"],
+                     rows),
+        f"median of {a.repeats} round(s), {a.rows:,} x {a.size} B"])
+    goals = [Goal("a large batch read uses every core of local[2] with no options",
+                  par["default"]["partitions"] >= 2 and speedup > 1,
+                  f"{par['default']['partitions']} partitions, {speedup:.2f}x the one-task "
+                  "read")]
+    return text, goals
 
 
 def run_typed(a: argparse.Namespace, spark: Any, broker: BrokerUnderTest,
@@ -632,11 +683,19 @@ def main(argv: list[str] | None = None) -> int:
     spark = make_spark()
     results: dict[str, Any] = {}
     typed: dict[str, Any] | None = None
+    parallel: dict[str, Any] | None = None
     try:
         with BrokerUnderTest() as broker, Client(broker.address) as client:
-            if not a.typed_only:
+            if a.parallel_only:
+                stream = f"bench-par-{uuid.uuid4().hex[:8]}"
+                create_bench_stream(client, stream)
+                print(f"# publishing {a.rows:,} x {a.size} B to {stream}", file=sys.stderr)
+                fill_stream(client, stream, a.rows, a.size)
+                parallel = run_parallel(a, spark, broker, stream)
+            elif not a.typed_only:
                 results = run_benchmarks(a, spark, broker, client, work)
-            if not a.skip_typed:
+                parallel = run_parallel(a, spark, broker, results.pop("source_stream"))
+            if not a.skip_typed and not a.parallel_only:
                 typed = run_typed(a, spark, broker, client)
     finally:
         spark.stop()
@@ -646,6 +705,10 @@ def main(argv: list[str] | None = None) -> int:
     if results:
         text, goals = build_report(a, results)
         sections.append(text)
+    if parallel is not None:
+        parallel_text, parallel_goals = parallel_report(a, parallel)
+        sections.append(parallel_text)
+        goals += parallel_goals
     if typed is not None:
         typed_text, typed_goals = typed_report(a, typed)
         sections.append(typed_text)
@@ -660,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
     print(render_goals(goals))
     if a.json:
         write_json(a.json, {"meta": meta, "args": vars(a), "results": results,
-                            "typed": typed}, goals)
+                            "typed": typed, "parallel": parallel}, goals)
     return 0
 
 

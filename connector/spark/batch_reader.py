@@ -257,6 +257,7 @@ class NpstreamBatchReader(DataSourceReader):
             ranges,
             max_records_per_partition=self._options.max_records_per_partition,
             min_partitions=self._options.min_partitions,
+            parallelism=self._options.parallelism,
         )
         log.info("batch read of %s: %s in %d partitions",
                  self._options.describe_subscription(),

@@ -55,6 +55,7 @@ from npstream.spark.option_values import (
     parse_timestamp,
     parse_value_columns,
 )
+from npstream.spark.partitioning import AUTO_SPLIT_MIN_ROWS
 
 if TYPE_CHECKING:
     from npstream.client.client import Client
@@ -209,11 +210,19 @@ READ_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("minPartitions", None, parse_positive_int, "a positive integer", BOTH,
                "at least this many Spark partitions per batch",
                example="`8`",
-               shown="none (one partition per stream with data)",
+               shown="none (the default split, below)",
                section="Parallelism"),
     OptionSpec("maxRecordsPerPartition", None, parse_positive_int, "a positive integer", BOTH,
                "at most this many messages per Spark partition",
                example="`100000`",
+               section="Parallelism"),
+    OptionSpec("defaultParallelism", None, parse_positive_int, "a positive integer", BOTH,
+               "without `minPartitions` and `maxRecordsPerPartition`, a batch of at least "
+               f"{AUTO_SPLIT_MIN_ROWS:,} messages per partition is split into up to this "
+               "many partitions; "
+               "on a cluster pass `spark.sparkContext.defaultParallelism`",
+               example="`16`",
+               shown="the planning host's CPUs",
                section="Parallelism"),
     OptionSpec("failOnDataLoss", "true", parse_bool, "true or false", BOTH,
                "fail when messages the query needs were removed by retention; `false` "
@@ -303,6 +312,7 @@ class ReadOptions:
     max_trigger_delay_ms: int
     min_partitions: int | None
     max_records_per_partition: int | None
+    parallelism: int
     fail_on_data_loss: bool
     group: str | None
     include_headers: bool
@@ -322,6 +332,20 @@ class ReadOptions:
 
 
 # ---------------------------------------------------------------- parsing
+
+
+def _host_cpus() -> int:
+    """CPUs this process may use: Spark's default parallelism for ``local[*]``.
+
+    The data source is planned in a Python worker that cannot ask the
+    SparkContext for its ``defaultParallelism`` (Spark passes it neither the
+    context nor the setting), so the planning host's CPUs stand in for it;
+    the ``defaultParallelism`` option gives the real figure on a cluster.
+    """
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _closest(name: str, known: list[str]) -> str:
@@ -440,6 +464,7 @@ def _parse(options: Mapping[str, str], mode: ReadMode | None,
         max_trigger_delay_ms=values["maxTriggerDelay"],
         min_partitions=values.get("minPartitions"),
         max_records_per_partition=values.get("maxRecordsPerPartition"),
+        parallelism=values.get("defaultParallelism") or _host_cpus(),
         fail_on_data_loss=values["failOnDataLoss"],
         group=values.get("group"),
         include_headers=values["includeHeaders"],

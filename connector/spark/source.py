@@ -142,6 +142,10 @@ class NpstreamDataSource(DataSource):
         At least this many Spark partitions per batch.
     maxRecordsPerPartition : int, optional
         At most this many messages per Spark partition.
+    defaultParallelism : int, default the planning host's CPUs
+        Without minPartitions and maxRecordsPerPartition, a batch of at
+        least 250,000 messages per partition is split into up to this many
+        partitions; on a cluster pass spark.sparkContext.defaultParallelism.
     failOnDataLoss : bool, default true
         Fail when messages the query needs were removed by retention; false
         skips them with a warning (Data loss).

@@ -297,6 +297,7 @@ class NpstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ranges,
             max_records_per_partition=self._options.max_records_per_partition,
             min_partitions=self._options.min_partitions,
+            parallelism=self._options.parallelism,
         )
         log.debug("planned %d partitions for %s -> %s", len(pieces), start, end)
         read_from = {r.stream: r.start for r in ranges}

@@ -170,7 +170,7 @@ def test_parse_unknown_option_names_it_and_suggests():
     message = error(stream="a", maxOffsetPerTrigger="10")
     assert "Unknown option 'maxoffsetpertrigger'" in message
     assert "Did you mean 'maxOffsetsPerTrigger'?" in message
-    assert "Accepted options: broker, endingOffsets" in message
+    assert "Accepted options: broker, defaultParallelism, endingOffsets" in message
 
 
 def test_parse_path_option_is_unknown():
@@ -339,3 +339,11 @@ def test_value_columns_default_flatten_and_case_insensitive():
     assert error(stream="a", valueColumns="nested") == (
         "Invalid value 'nested' for option 'valueColumns': not a value layout. "
         "Accepted: flatten or struct.")
+
+
+def test_parse_default_parallelism_defaults_to_host_cpus_and_is_overridden():
+    import os
+
+    assert parse(stream="a").parallelism == len(os.sched_getaffinity(0))
+    assert parse(stream="a", defaultParallelism="16").parallelism == 16
+    assert "defaultParallelism" in error(stream="a", defaultParallelism="0")

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from npstream.spark.partitioning import OffsetRange, prorate, split_ranges
+from npstream.spark.partitioning import (
+    AUTO_SPLIT_MIN_ROWS,
+    OffsetRange,
+    auto_partitions,
+    prorate,
+    split_ranges,
+)
 
 R = OffsetRange
 
@@ -55,6 +61,37 @@ def test_split_ranges_covers_every_offset_once(total, min_parts, max_records):
         assert max(p.size for p in pieces) <= max_records
     assert split_ranges(ranges, max_records_per_partition=max_records,
                         min_partitions=min_parts) == pieces  # deterministic
+
+
+M = AUTO_SPLIT_MIN_ROWS
+
+
+@pytest.mark.parametrize("total,parallelism,expected", [
+    (0, 2, 1), (M - 1, 2, 1), (M, 2, 1), (2 * M - 1, 2, 1), (2 * M, 2, 2),
+    (10_000_000, 2, 2), (10_000_000, 8, 8), (10_000_000, 1000, 10_000_000 // M),
+    (3 * M, 8, 3),
+])
+def test_auto_partitions_table(total, parallelism, expected):
+    assert auto_partitions(total, parallelism) == expected
+
+
+@pytest.mark.parametrize("ranges,max_records,min_parts,expected", [
+    # default split: one stream of 10 M messages on 2 cores -> two halves
+    ([R("a", 0, 10_000_000)], None, None, [("a", 0, 5_000_000), ("a", 5_000_000, 10_000_000)]),
+    # a batch too small to split stays one partition per stream
+    ([R("a", 0, 2 * M - 1)], None, None, [("a", 0, 2 * M - 1)]),
+    # already as many streams as the parallelism: nothing split
+    ([R("a", 0, 4 * M), R("b", 0, 4 * M)], None, None, [("a", 0, 4 * M), ("b", 0, 4 * M)]),
+    # either option overrides the default split
+    ([R("a", 0, 10_000_000)], None, 1, [("a", 0, 10_000_000)]),
+    ([R("a", 0, 10_000_000)], 10_000_000, None, [("a", 0, 10_000_000)]),
+])
+def test_split_ranges_with_parallelism_table(ranges, max_records, min_parts, expected):
+    pieces = split_ranges(ranges, max_records_per_partition=max_records,
+                          min_partitions=min_parts, parallelism=2)
+    assert sizes(pieces) == expected
+    assert split_ranges(ranges, max_records_per_partition=max_records,
+                        min_partitions=min_parts, parallelism=2) == pieces  # re-planned: same
 
 
 def test_split_ranges_rejects_non_positive_limits():

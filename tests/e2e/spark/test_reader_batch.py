@@ -198,3 +198,22 @@ def test_batch_read_bad_option_fails_naming_option_value_and_accepted(
              endingOffsets=json.dumps({streams.plain: 500})).collect()
     assert f"offset 500 for stream '{streams.plain}' is beyond its end_offset 50" in str(
         info.value)
+
+
+def test_batch_read_without_split_options_splits_a_large_stream_by_parallelism(
+        npstream_spark, broker):
+    import pyarrow as pa
+
+    from npstream.spark.partitioning import AUTO_SPLIT_MIN_ROWS
+
+    stream = f"batch-auto-{time.time_ns() % 10**8}"
+    rows = 2 * AUTO_SPLIT_MIN_ROWS
+    with Client(broker.address) as client:
+        client.publish_batch(stream, pa.table({"value": pa.array([b"x"] * rows, pa.binary())}))
+    frame = read(npstream_spark, broker, stream=stream)
+    assert frame.rdd.getNumPartitions() == 2  # [0, 250000) and [250000, 500000)
+    assert frame.count() == rows
+    assert read(npstream_spark, broker, stream=stream,
+                minPartitions="1").rdd.getNumPartitions() == 1
+    assert read(npstream_spark, broker, stream=stream,
+                defaultParallelism="1").rdd.getNumPartitions() == 1
