@@ -14,6 +14,7 @@ import base64
 import datetime
 import json
 from collections.abc import Mapping, Sequence
+from itertools import repeat
 from typing import Any
 
 import pyarrow as pa
@@ -108,12 +109,63 @@ def _check_id(message_id: object) -> str | None:
     raise InvalidArgument(f"id must be str, got {type(message_id).__name__}: {message_id!r}")
 
 
+def _field(messages: Sequence[Any], name: str) -> pa.Array:
+    """One field of every message as an Arrow array, typed by pyarrow's inference.
+
+    ``map(dict.get, ...)`` and ``pa.array`` iterate in C: no Python bytecode per row.
+    """
+    return pa.array(list(map(dict.get, messages, repeat(name))))
+
+
+def _columnar_table(messages: Sequence[Mapping[str, Any]]) -> pa.Table | None:
+    """The publish table of the common case, built column by column; None otherwise.
+
+    The common case: plain dicts without headers, every value ``bytes`` or
+    every value ``str`` (so no JSON), ids ``str``, keys all ``bytes`` or all
+    ``str``. Anything else (a missing value, a JSON value, a wrong type, an
+    unknown key) returns None and goes through the row-by-row rules of
+    ``messages_to_table``, which encode it or raise the error naming the
+    message. This path gives the same table for the inputs it accepts, at
+    about a tenth of the cost per message.
+    """
+    if set(map(type, messages)) != {dict} or not set().union(*messages) <= _COLUMNAR_FIELDS:
+        return None
+    try:
+        value = _field(messages, "value")
+        ids = _field(messages, "id")
+        keys = _field(messages, "key")
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return None
+    if (value.type not in _TEXT_OR_BYTES or value.null_count
+            or ids.type not in (pa.string(), pa.null())
+            or keys.type not in (*_TEXT_OR_BYTES, pa.null())):
+        return None
+    columns: dict[str, pa.Array] = {"value": value.cast(pa.binary())}
+    if ids.type != pa.null():
+        columns["id"] = ids
+    if keys.type != pa.null():
+        columns["key"] = keys.cast(pa.binary())
+    return pa.table(columns)
+
+
+_COLUMNAR_FIELDS = frozenset({"value", "id", "key"})
+_TEXT_OR_BYTES = (pa.binary(), pa.string())
+
+
 def messages_to_table(messages: Sequence[Mapping[str, Any]]) -> pa.Table:
     """A publish table (PUBLISH_COLUMNS) from dicts with keys value/id/key/headers.
 
     Columns other than ``value`` appear only when some message sets them, so
-    plain value-only batches stay small on the wire.
+    plain value-only batches stay small on the wire. Plain bytes or text
+    values (the common case) are converted column by column
+    (``_columnar_table``); the rest row by row.
     """
+    table = _columnar_table(messages) if messages else None
+    return table if table is not None else _row_table(messages)
+
+
+def _row_table(messages: Sequence[Mapping[str, Any]]) -> pa.Table:
+    """``messages_to_table`` one message at a time: every encoding rule and error."""
     values: list[bytes] = []
     ids: list[str | None] = []
     keys: list[bytes | None] = []

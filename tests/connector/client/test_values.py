@@ -6,6 +6,8 @@ import pyarrow as pa
 import pytest
 
 from npstream.client.values import (
+    _columnar_table,
+    _row_table,
     decode_text,
     decode_value,
     encode_headers,
@@ -137,3 +139,30 @@ def test_decode_text_non_utf8_is_base64_and_none_stays_none():
 )
 def test_ms_to_iso_formats_utc_with_milliseconds(ms, iso):
     assert ms_to_iso(ms) == iso
+
+
+@pytest.mark.parametrize("messages", [
+    [{"value": b"a"}, {"value": b"bc"}],
+    [{"value": "é"}, {"value": "b", "id": "i2"}],
+    [{"value": b"a", "id": "i1", "key": "k1"}, {"value": b"b", "key": "k2"}],
+    [{"value": b"a", "id": None, "key": None}],
+    [{"value": bytearray(b"a"), "key": b"k"}],
+    [{"value": b"a"}, {"value": "b", "key": b"k"}, {"value": b"c", "key": "k"}],  # mixed
+])
+def test_messages_to_table_plain_values_built_by_column_equal_row_by_row(messages):
+    columnar = _columnar_table(messages)
+    assert columnar is not None
+    assert columnar.equals(_row_table(messages))
+    assert messages_to_table(messages).equals(columnar)
+
+
+@pytest.mark.parametrize("messages", [
+    [{"value": {"n": 1}}],                       # JSON
+    [{"value": b"a", "headers": {"h": "v"}}],    # headers
+    [{"value": b"a", "id": b"i"}],               # bytes id: the row rules reject it
+    [{"value": b"a"}, {"id": "x"}],              # missing value
+    [{"value": b"a", "partition": 1}],           # unknown key
+    [{"value": b"a"}, "raw"],                    # not a dict
+])
+def test_messages_to_table_other_inputs_take_the_row_by_row_rules(messages):
+    assert _columnar_table(messages) is None
