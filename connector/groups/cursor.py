@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from npstream.client import group_rpc
+from npstream.client.checks import checked_offset
 from npstream.errors import IndexOutOfRange, InvalidArgument, InvalidArgumentType
 from npstream.proto import pb
 from npstream.proto.names import validate_group_name, validate_stream_name
@@ -59,20 +60,20 @@ def start_from_pb(value: object, what: str = "start_from") -> pb.StartFrom:
         if text in ("earliest", "latest"):
             return pb.StartFrom(**{text: True})
         if text.isdigit():
-            return pb.StartFrom(offset=int(text))
+            return pb.StartFrom(offset=checked_offset(what, int(text), "StartFrom.offset"))
         try:
             return pb.StartFrom(timestamp_ms=parse_timestamp_ms(text))
         except ValueError:
             pass
     elif isinstance(value, int) and not isinstance(value, bool):
-        return pb.StartFrom(offset=value)
+        return pb.StartFrom(offset=checked_offset(what, value, "StartFrom.offset"))
     elif isinstance(value, dt.datetime):
         return pb.StartFrom(timestamp_ms=parse_timestamp_ms(value))
     elif isinstance(value, Mapping) and len(value) == 1:
         (kind, raw), = value.items()
         try:
             if kind == "offset" and isinstance(raw, int) and not isinstance(raw, bool):
-                return pb.StartFrom(offset=raw)
+                return pb.StartFrom(offset=checked_offset(what, raw, "StartFrom.offset"))
             if kind == "timestamp":
                 return pb.StartFrom(timestamp_ms=parse_timestamp_ms(raw))
         except ValueError as exc:
