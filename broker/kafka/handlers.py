@@ -190,6 +190,20 @@ class KafkaHandlers:
                          "transactions are not served by npstream's Kafka listener")
         if data["Index"] != 0:
             return error(Err.UNKNOWN_TOPIC_OR_PARTITION, f"topic '{name}' has only partition 0")
+        # The records' wire bytes count in the publish memory budget while they are decoded
+        # and written, as a PublishStream request's: past it this connection waits (TCP
+        # holds the producer back) instead of the broker buffering without bound.
+        held = len(data["Records"] or b"")
+        self._ctx.publish_budget.acquire(held, f"a Kafka produce to '{name}'", wait_s=None,
+                                         should_stop=self.stopping.is_set)
+        try:
+            return self._append(name, data, body, reply, error)
+        finally:
+            self._ctx.publish_budget.release(held)
+
+    def _append(self, name: str, data: dict[str, Any], body: dict[str, Any],
+                reply: dict[str, Any],
+                error: Callable[..., dict[str, Any]]) -> dict[str, Any]:
         try:
             batches = list(decode_batches(data["Records"] or b""))
         except UnsupportedCompressionError as exc:
@@ -214,7 +228,7 @@ class KafkaHandlers:
             return error(code, str(exc))
         except StreamNotFoundError:
             return error(Err.UNKNOWN_TOPIC_OR_PARTITION, f"topic '{name}' does not exist")
-        except BrokerError as exc:
+        except BrokerError as exc:  # a full disk, a stream being moved, the broker stopping
             return error(Err.UNKNOWN_SERVER_ERROR, str(exc))
         self._metrics.publish_requests.inc()
         self._metrics.published_messages.inc(result.stored_count)

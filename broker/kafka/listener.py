@@ -69,6 +69,9 @@ class _Connection(socketserver.BaseRequestHandler):
                 except CodecError as exc:
                     log.warning("kafka: closing %s: unreadable request: %s", peer, exc)
                     return
+                except Exception:  # a bug or the broker stopping: this connection only
+                    log.exception("kafka: closing %s: the request failed", peer)
+                    return
                 if response is not None:
                     sock.sendall(response)
         except OSError:
