@@ -123,7 +123,7 @@ def test_close_releases_what_is_held_and_prefetched_to_other_members(client, str
 def test_bad_arguments_fail_before_any_call(client, stream_name):
     with pytest.raises(InvalidArgument, match="max=0"):
         client.receive_batches(stream_name, "g", max=0)
-    with pytest.raises(InvalidArgument, match="wait=-1"):
+    with pytest.raises(InvalidArgument, match=r"wait .*got -1"):
         client.receive_batches(stream_name, "g", wait=-1)
 
 
