@@ -42,6 +42,8 @@ from npstream.groups.batch_stream import DEFAULT_PREFETCH
 __all__ = ["floor_batches", "inflight_memory", "npstream_batches", "peer_batches"]
 
 DRAIN_TIMEOUT_S = 300.0
+# The everyday loop, receive_batch + ack() (two round trips a batch), vs Redis (issue 32).
+GOAL_SIMPLE_LOOP_X = 3.0
 
 
 def _fill(client: Any, stream: str, n: int, size: int, keys: int = 0,
@@ -75,10 +77,12 @@ def _rss_bytes(pid: int | None) -> int:
 
 def npstream_batches(broker: BrokerUnderTest, client: Any, n: int, size: int,
                      batch: int, keys: int = 0, ordering: str | None = None,
-                     prefetch: bool = False, random_keys: bool = False) -> dict[str, Any]:
+                     prefetch: bool = False, random_keys: bool = False,
+                     simple: bool = False) -> dict[str, Any]:
     """Drain n messages of one stream with receive_batch(ack=previous), or with
     receive_batches (its default prefetch: the next batches already asked for, each
-    batch acked when the next is taken)."""
+    batch acked when the next is taken), or (``simple``) the everyday loop:
+    receive_batch, then the batch's ack(), two round trips per batch."""
     stream = f"bench-batches-{uuid.uuid4().hex[:8]}"
     _fill(client, stream, n, size, keys, random_keys)
     group = "bench"
@@ -96,6 +100,10 @@ def npstream_batches(broker: BrokerUnderTest, client: Any, n: int, size: int,
                     if got >= n or time.monotonic() >= deadline:
                         current.ack()
                         break
+        while simple and got < n and time.monotonic() < deadline:
+            taken = client.receive_batch(stream, group, max=batch, wait=1.0, ordering=ordering)
+            taken.ack()
+            got += len(taken)
         while got < n and time.monotonic() < deadline:
             current = client.receive_batch(stream, group, max=batch, wait=1.0, ack=current,
                                            ordering=ordering)
@@ -113,6 +121,8 @@ def npstream_batches(broker: BrokerUnderTest, client: Any, n: int, size: int,
     res["keys"] = keys
     res["method"] = ((f"receive_batches(max={batch}): {DEFAULT_PREFETCH} calls in flight "
                       "(prefetch), each batch acked when the next is taken" if prefetch else
+                      f"receive_batch(max={batch}) then its ack(): two round trips per batch"
+                      if simple else
                       f"receive_batch(max={batch}, ack=previous batch): one round trip per batch")
                      + (f", {keys:,} keys" if keys else "")
                      + (" drawn at random" if keys and random_keys else "")
@@ -213,6 +223,25 @@ def batch_report(sizes: tuple[int, ...], batch: int, counts: list[int], ours: di
                          fmt(ahead.get("server_cores_busy"), 2),
                          "yes" if ahead.get("all_acked") else "no",
                          ahead.get("method", ahead.get("error", "failed"))])
+        loop = ours.get("simple", [])
+        simple = loop[i] if i < len(loop) else {}
+        if simple:
+            rows.append(["npstream, simple loop", f"{size} B", f"{counts[i]:,}",
+                         fmt(simple.get("msgs_per_s")), fmt(simple.get("mb_per_s")),
+                         f"{simple['msgs_per_s'] / plain['msgs_per_s']:.2f}x"
+                         if simple.get("msgs_per_s") and plain.get("msgs_per_s") else "-",
+                         fmt(simple.get("server_cores_busy"), 2),
+                         "yes" if simple.get("all_acked") else "no",
+                         simple.get("method", simple.get("error", "failed"))])
+            redis_runs = peers.get("redis", {}).get("batches", [])
+            redis = redis_runs[i] if i < len(redis_runs) else {}
+            if redis.get("msgs_per_s") and simple.get("msgs_per_s"):
+                x = simple["msgs_per_s"] / redis["msgs_per_s"]
+                goals.append(Goal(f"simple loop (receive_batch(max={batch}) + ack()), {size} B: "
+                                  f">= {GOAL_SIMPLE_LOOP_X:g}x Redis XREADGROUP + XACK",
+                                  x >= GOAL_SIMPLE_LOOP_X,
+                                  f"{x:.2f}x ({fmt(simple['msgs_per_s'])} vs "
+                                  f"{fmt(redis['msgs_per_s'])} msg/s, single runs)"))
         # The goals take our better row of the two (both are one consumer, batches of `batch`).
         mine = max((plain, ahead), key=lambda r: r.get("msgs_per_s") or 0)
         floor = ours.get("floor_batches", [])

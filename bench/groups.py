@@ -329,6 +329,10 @@ def run_npstream(a: argparse.Namespace) -> dict[str, Any]:
                       "prefetched", file=sys.stderr)
                 out.setdefault("prefetched", []).append(
                     npstream_batches(broker, client, n, size, a.batch, prefetch=True))
+                print(f"# npstream shared consumption {n:,} x {size} B, batch {a.batch}, "
+                      "simple loop", file=sys.stderr)
+                out.setdefault("simple", []).append(
+                    npstream_batches(broker, client, n, size, a.batch, simple=True))
             out["floor_batches"] = [floor_batches(_batch_count(a, size), size, a.batch)
                                     for size in BATCH_SIZES]
             keyed = _batch_count(a, BATCH_SIZES[0])
