@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
+import uuid
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -223,3 +224,36 @@ def test_produce_bad_crc_corrupt_message_and_nothing_stored(kbroker):
     partition = body["Responses"][0]["PartitionResponses"][0]
     assert (partition["ErrorCode"], partition["BaseOffset"]) == (2, -1)
     assert len(_stored(kbroker, "guarded")) == len(MESSAGES)
+
+
+def _topic_id(broker: BrokerProcess, topic: str) -> uuid.UUID:
+    w = Writer()
+    load_schema("RequestHeader").write(w, {"RequestApiKey": 3, "RequestApiVersion": 12,
+                                           "CorrelationId": 1, "ClientId": "raw"}, 2)
+    load_schema("MetadataRequest").write(w, {"Topics": [{"Name": topic}],
+                                             "AllowAutoTopicCreation": False}, 12)
+    reply = _raw_call(broker.kafka_address, bytes(w))
+    body = load_schema("MetadataResponse").decode(Reader(reply[5:]), 12)  # header v1
+    (entry,) = body["Topics"]
+    assert entry["ErrorCode"] == 0
+    return entry["TopicId"]
+
+
+def test_metadata_topic_id_same_after_restart_new_after_recreate(broker_factory):
+    proc = broker_factory("ids", args=["--kafka-port", "auto"])
+    _sdk_publish(proc, "ids")
+    first = _topic_id(proc, "ids")
+    proc.restart()
+    assert _topic_id(proc, "ids") == first != uuid.UUID(int=0)
+    with Client(proc.address) as client:
+        client.delete_stream("ids")
+    _sdk_publish(proc, "ids")
+    assert _topic_id(proc, "ids") != first
+
+
+def test_broker_with_auth_and_kafka_port_refuses_to_start_naming_kafka_port(tmp_path):
+    proc = BrokerProcess(tmp_path / "data", args=["--kafka-port", "auto"],
+                         env={"NPSTREAM_AUTH_TOKEN": "secret"})
+    with pytest.raises(RuntimeError, match=r"broker exited with 1"):
+        proc.start(timeout=60)
+    assert "cannot start: [kafka] port is set with auth or TLS on" in proc.log_text()

@@ -256,3 +256,13 @@ def test_auth_section_tokens_file_must_exist_and_client_ca_needs_tls(tmp_path):
     (tmp_path / "ca.pem").write_text("x")
     with pytest.raises(ConfigError, match=r"tls_client_ca_file .* needs TLS"):
         load_config(None, env={"NPSTREAM_TLS_CLIENT_CA_FILE": str(tmp_path / "ca.pem")})
+
+
+def test_load_config_kafka_port_zero_off_auto_ephemeral_bad_refused(tmp_path):
+    assert default_config().kafka.kafka_port is None  # off by default
+    assert load_config(None, {}, cli={"kafka_port": "auto"}).kafka.kafka_port == 0
+    assert load_config(None, {"NPSTREAM_KAFKA_PORT": "9092"}, cli={}).kafka.kafka_port == 9092
+    with pytest.raises(ConfigError, match=r"kafka_port=70000 must be within 1\.\.65535"):
+        load_config(None, {}, cli={"kafka_port": "70000"})
+    with pytest.raises(ConfigError, match="kafka_advertised_address='nohost' must be host:port"):
+        load_config(None, {"NPSTREAM_KAFKA_ADVERTISED_ADDRESS": "nohost"}, cli={})
