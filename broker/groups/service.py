@@ -42,7 +42,7 @@ from npstream.broker.groups.group_collector import GroupCollector
 from npstream.broker.groups.manager import GroupManager, GroupStatus
 from npstream.broker.groups.metrics import GroupMetrics
 from npstream.broker.groups.shared import SharedGroup
-from npstream.broker.groups.shared_config import DEAD_LETTER_SUFFIX
+from npstream.broker.groups.shared_config import DEAD_LETTER_SUFFIX, SharedConfig
 from npstream.broker.groups.tuning import (
     ARROW_DELIVERIES_MIN_ROWS,
     DEFAULT_PULL_LIMIT,
@@ -266,13 +266,7 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
     @rpc_method
     def Receive(self, request: pb.ReceiveRequest,
                 context: grpc.ServicerContext) -> pb.ReceiveResponse:
-        self._shared_access(context, request.stream, request.config)
-        limit = _bounded("receive", request.stream, "max_messages", request.max_messages,
-                         DEFAULT_RECEIVE_MAX, MAX_RECEIVE_MAX)
-        _check_non_negative("receive", request.stream, wait_ms=request.wait_ms)
-        group, config = self._manager.shared(request.stream, request.group, request.config)
-        member = request.member_id or context.peer()
-        ticket = self._ack_first(group, member, request)
+        group, config, member, limit, ticket = self._start_receive(request, context)
         grants = group.receive(member, limit, self._wait_s(request.wait_ms, context),
                                config.ack_wait_ms, should_stop=self._gone(context))
         response = pb.ReceiveResponse()
@@ -280,13 +274,22 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
         self._manager.wait_durable(ticket)
         return response
 
-    def _ack_first(self, group: SharedGroup, member: str, request: pb.ReceiveRequest) -> int:
-        """Apply a receive's piggybacked acks; returns the position writer's ticket (0: none)."""
-        if not request.ack_ranges:
-            return 0
-        _count, _committed, ticket = group.ack(
-            [], member, _ranges("ack", request.stream, request.ack_ranges))
-        return ticket
+    def _start_receive(self, request: pb.ReceiveRequest, context: grpc.ServicerContext,
+                       ) -> tuple[SharedGroup, SharedConfig, str, int, int]:
+        """What Receive and ReceiveBatch share before leasing: access, the checked limit,
+        the group, the member, and the piggybacked acks applied (the position writer's
+        ticket, 0: none)."""
+        self._shared_access(context, request.stream, request.config)
+        limit = _bounded("receive", request.stream, "max_messages", request.max_messages,
+                         DEFAULT_RECEIVE_MAX, MAX_RECEIVE_MAX)
+        _check_non_negative("receive", request.stream, wait_ms=request.wait_ms)
+        group, config = self._manager.shared(request.stream, request.group, request.config)
+        member = request.member_id or context.peer()
+        ticket = 0
+        if request.ack_ranges:
+            _count, _committed, ticket = group.ack(
+                [], member, _ranges("ack", request.stream, request.ack_ranges))
+        return group, config, member, limit, ticket
 
     @rpc_method
     def ReceiveBatch(self, request: pb.ReceiveRequest, context: grpc.ServicerContext) -> bytes:
@@ -295,13 +298,7 @@ class GroupServicer(pb_grpc.GroupServiceServicer):
         Returns the reply's wire bytes (registered with a raw response): the
         Arrow buffer is appended to the small fields, not copied into a message.
         """
-        self._shared_access(context, request.stream, request.config)
-        limit = _bounded("receive", request.stream, "max_messages", request.max_messages,
-                         DEFAULT_RECEIVE_MAX, MAX_RECEIVE_MAX)
-        _check_non_negative("receive", request.stream, wait_ms=request.wait_ms)
-        group, config = self._manager.shared(request.stream, request.group, request.config)
-        member = request.member_id or context.peer()
-        ticket = self._ack_first(group, member, request)
+        group, config, member, limit, ticket = self._start_receive(request, context)
         table = group.receive_batch(member, limit, self._wait_s(request.wait_ms, context),
                                     config.ack_wait_ms, should_stop=self._gone(context))
         head = pb.ReceiveBatchResponse(count=table.num_rows)

@@ -35,6 +35,7 @@ from npstream.cli.common import (
     _pem,
     add_client_options,
     client_from_args,
+    human_size,
 )
 from npstream.client.connection import Connection
 from npstream.errors import BrokerUnavailable, NpstreamError
@@ -157,7 +158,7 @@ def _status(args: argparse.Namespace) -> int:
         return EXIT_ERROR if down else 0
     rows = [[m.address + (" *" if m.asked else ""),
              ("up" if m.up else "down") + (" (error)" if m.up and m.error else ""),
-             _count(m.streams), _count(m.messages), _size(m.bytes)] for m in members]
+             _count(m.streams), _count(m.messages), human_size(m.bytes)] for m in members]
     header = ["MEMBER", "STATUS", "STREAMS", "MESSAGES", "BYTES"]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
@@ -172,17 +173,6 @@ def _status(args: argparse.Namespace) -> int:
 
 def _count(value: int | None) -> str:
     return "-" if value is None else f"{value:,}"
-
-
-def _size(value: int | None) -> str:
-    if value is None:
-        return "-"
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"
 
 
 # ---------------------------------------------------------------- local

@@ -191,3 +191,15 @@ offset_arg = _argtype(parse_offset, "offset")
 count_arg = _argtype(_count, "count")
 positive_count_arg = _argtype(lambda text: _count(text, 1), "count")
 seconds_arg = _argtype(_seconds, "seconds")
+
+
+def human_size(value: int | None) -> str:
+    """Bytes as the CLI's tables show them (binary units, one decimal; "-" when unknown)."""
+    if value is None:
+        return "-"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"

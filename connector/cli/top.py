@@ -40,7 +40,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from npstream.cli.common import CliError, add_client_options, client_from_args
+from npstream.cli.common import CliError, add_client_options, client_from_args, human_size
 from npstream.client import connection
 from npstream.client.models import StreamActivity, StreamStats
 from npstream.errors import NpstreamError
@@ -181,15 +181,6 @@ def _per_s(value: float | None) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
 
 
-def _size(value: int) -> str:
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"
-
-
 def _table(header: Sequence[str], body: Sequence[Sequence[str]], right: set[int]) -> list[str]:
     widths = [max([len(header[i]), *(len(r[i]) for r in body)]) for i in range(len(header))]
 
@@ -245,7 +236,7 @@ def render(screen: Screen, streams: list[StreamRow], groups: list[GroupRow],
     header: tuple[str, ...] = ("STREAM", "IN/s", "OUT/s", "END OFFSET", "MESSAGES", "SIZE")
     body: list[tuple[str, ...]] = [
         (r.name + (" (needs repair)" if r.error else ""), _per_s(r.rate_in),
-         _per_s(r.rate_out), _num(r.end_offset), _num(r.messages), _size(r.size))
+         _per_s(r.rate_out), _num(r.end_offset), _num(r.messages), human_size(r.size))
         for r in ordered]
     if screen.read_groups:
         header = (*header, "GROUPS")
