@@ -52,7 +52,7 @@ java:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; \
 	fi
 
-# tests/broker/console drive a real headless Chromium (tests/browser.py).
+# tests/broker/console drive a real headless Chromium (tests/support/browser.py).
 chromium:
 	@if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then \
 		echo "installing a headless Chromium for the web console tests (apt-get)"; \
@@ -60,7 +60,7 @@ chromium:
 	fi
 
 # A cluster of brokers coordinates through etcd (`npstream broker --etcd`,
-# `npstream cluster local`); the cluster tests start a real one (tests/etcd_process.py).
+# `npstream cluster local`); the cluster tests start a real one (the `etcd` fixture, npstream.cli.local_etcd).
 etcd:
 	@if ! command -v etcd >/dev/null 2>&1; then \
 		echo "installing etcd for clusters of brokers (apt-get etcd-server)"; \

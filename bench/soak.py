@@ -11,7 +11,7 @@ threads (ack=fsync and ack=write), consumes them with a cursor group, a shared g
 pull members and a push subscription), a SinkClient exactly-once writer and a Spark
 streaming query (local[2], copying every stream through the exactly-once sink), kills the
 broker with SIGKILL every 1.5-4 s and restarts it, and at the end checks every
-acknowledged message exactly once (tests/soak_load.py, the same code as
+acknowledged message exactly once (tests/support/soak_load.py, the same code as
 tests/broker/test_soak.py). Prints a one-line verdict with the figures (messages,
 restarts, lost, duplicated, max RSS); exit status 0 on PASS, 1 on FAIL.
 """
@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "tests"))  # the soak, the broker harness, the checks
+sys.path.insert(0, str(REPO_ROOT / "tests" / "support"))  # the soak, the broker harness, the checks
 
 from soak_load import SoakConfig, run_soak  # noqa: E402
 

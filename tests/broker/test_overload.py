@@ -33,7 +33,7 @@ import grpc
 import pytest
 from integrity import read_back
 
-from harness import BrokerProcess
+from harness import SUPPORT_DIR, BrokerProcess
 from npstream import Client, Overloaded
 from npstream.broker.errors import OverloadedError, ShuttingDownError
 from npstream.broker.rpc.budget import PublishBudget
@@ -46,7 +46,7 @@ BUDGET = 16 * MIB
 RETAIN = 64 * MIB
 BOUND = RETAIN + 16 * BUDGET + 64 * MIB  # above the idle RSS (docs/broker.md, Overload)
 PROCESSES, THREADS, REQUESTS, ROWS, ROW_BYTES = 8, 8, 3, 3, 1_000_000
-PUBLISHER = Path(__file__).with_name("overload_publisher.py")
+PUBLISHER = SUPPORT_DIR / "overload_publisher.py"
 STREAM = "flood"
 
 

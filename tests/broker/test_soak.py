@@ -1,6 +1,6 @@
 """Soak with nothing lost (issue 18), and broker restarts under a Spark query and group consumers.
 
-The soak itself is ``tests/soak_load.py`` (shared with ``bench/soak.py``, whose
+The soak itself is ``tests/support/soak_load.py`` (shared with ``bench/soak.py``, whose
 default run is 10 minutes): publishers with ids and checksummed values, a
 cursor group, a shared group with pull members and a push subscription, a
 SinkClient exactly-once writer and a Spark streaming copy of every publisher

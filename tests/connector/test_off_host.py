@@ -5,7 +5,7 @@ only for a process on the broker's machine; anywhere else reads and Stage
 data go over gRPC. One machine plays "another host" with $NPSTREAM_HOST_ID
 (proto/host_identity.py), so both sides of each decision are exercised here
 against one real broker, counted by the broker's metrics. The same with Spark
-executors of a standalone cluster: tests/e2e/cluster/test_standalone.py.
+executors of a standalone cluster: tests/e2e/spark_cluster/test_standalone.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The cluster's rules without processes: placement, configuration, which RPC is routed how.
 
 The brokers themselves, three of them on loopback, are exercised in
-tests/e2e/test_broker_cluster.py.
+tests/e2e/broker_cluster/test_broker_cluster.py.
 """
 
 from __future__ import annotations

@@ -25,15 +25,15 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from harness import SUPPORT_DIR
 from npstream import Client
 
 pytestmark = pytest.mark.slow
 
-LOAD = Path(__file__).with_name("long_poll_load.py")
+LOAD = SUPPORT_DIR / "long_poll_load.py"
 POLLS = int(os.environ.get("NPSTREAM_LONG_POLLS", "1000"))
 SLOW_SUBSCRIBERS = 8
 ROUNDS, BLOCK = 6, 100  # publishes per block; each side gets ROUNDS blocks

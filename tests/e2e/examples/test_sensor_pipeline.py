@@ -1,7 +1,7 @@
 """The sensor pipeline's windows, checked exactly on a fixed event set with invalid and late events.
 
 The events and the windows they must give are in sensor_events.py (shared with
-the run on a standalone cluster, tests/e2e/cluster/test_standalone.py).
+the run on a standalone cluster, tests/e2e/spark_cluster/test_standalone.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e.examples.sensor_events import (
+from harness import BrokerProcess
+from npstream.errors import ValueMismatch
+from sensor_events import (
     EVENTS,
     EXPECTED,
     READING_SCHEMA,
@@ -19,8 +21,6 @@ from e2e.examples.sensor_events import (
     pipeline,
     reading,
 )
-from harness import BrokerProcess
-from npstream.errors import ValueMismatch
 
 pytestmark = [pytest.mark.spark]
 

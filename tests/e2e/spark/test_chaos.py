@@ -38,8 +38,8 @@ from pathlib import Path
 import pytest
 from integrity import check_files, read_back
 
-from e2e.spark.chaos_jobs import expected_windows, source_rows, start_queries, window_rows
-from harness import BrokerProcess
+from chaos_jobs import expected_windows, source_rows, start_queries, window_rows
+from harness import SUPPORT_DIR, BrokerProcess
 from npstream import Client
 from npstream.sink.client import SinkClient
 from npstream.spark.checkpoint import checkpoint_query_id, query_sink_id
@@ -56,7 +56,7 @@ PER_BATCH = 150
 # long run with 2 * KILLS + 4 batches had copied all of A by the 15th of 20
 # kills; it takes about 1.3 batches of the copy per kill.)
 TOTAL = PER_BATCH * (3 * KILLS + 4)
-JOB = Path(__file__).with_name("chaos_jobs.py")
+JOB = SUPPORT_DIR / "chaos_jobs.py"
 PROGRESS_TIMEOUT_S = 240.0
 # A Spark-internal race, seen only with the two queries in one driver: planning the
 # windowed query's watermark node fails with "Task not serializable" caused by

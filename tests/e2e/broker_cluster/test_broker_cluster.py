@@ -24,7 +24,7 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from e2e.cluster_members import LOCAL, free_ports, held, read_ids, start_members
+from cluster_members import LOCAL, free_ports, held, read_ids, start_members
 from harness import BrokerProcess
 from npstream import BrokerUnavailable, Client, StreamNotFound
 from npstream.broker.cluster.placement import rendezvous_owner
@@ -33,7 +33,7 @@ from npstream.proto import pb, pb_grpc
 
 pytestmark = pytest.mark.slow
 
-CLUSTER_SIZE = 3  # the module's cluster_members (tests/e2e/conftest.py)
+CLUSTER_SIZE = 3  # the module's cluster_members (tests/e2e/broker_cluster/conftest.py)
 
 
 @dataclass
@@ -71,7 +71,7 @@ def local_groups(broker: BrokerProcess, stream: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def cluster(cluster_members: list[BrokerProcess]) -> Cluster:
-    """The module's three members (tests/e2e/conftest.py)."""
+    """The module's three members (tests/e2e/broker_cluster/conftest.py)."""
     return Cluster(cluster_members)
 
 

@@ -23,11 +23,13 @@ import grpc
 
 from npstream.proto import pb, pb_grpc
 
-__all__ = ["REPO_ROOT", "BrokerProcess", "build_wheel", "first_publishes",
+__all__ = ["REPO_ROOT", "SUPPORT_DIR", "BrokerProcess", "build_wheel", "first_publishes",
            "write_tokens_file"]
 
 # The repository checkout the tests run from (docs, examples, bench, conf).
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# The test helpers' folder (tests/support): scripts some tests run by path.
+SUPPORT_DIR = Path(__file__).resolve().parent
 
 
 def write_tokens_file(path: Path, admin: str, reader: str, readable: str,

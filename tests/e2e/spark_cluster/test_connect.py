@@ -17,8 +17,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from e2e.cluster import connect_client
-from e2e.cluster.connect_client import ConnectClient
+import connect_client
+from connect_client import ConnectClient
 from harness import REPO_ROOT, BrokerProcess
 from npstream import Client
 from npstream.proto.schema import MESSAGE_SCHEMA

@@ -12,13 +12,13 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from e2e.cluster_members import held, names_on
+from cluster_members import held, names_on
 from npstream import Client
 from npstream.proto import pb, pb_grpc
 
 pytestmark = pytest.mark.slow
 
-CLUSTER_SIZE = 2  # the module's cluster_members (tests/e2e/conftest.py)
+CLUSTER_SIZE = 2  # the module's cluster_members (tests/e2e/broker_cluster/conftest.py)
 
 
 def test_entries_for_the_other_member_follow_its_redirect(cluster_members):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster_members import free_ports, names_on
+from cluster_members import free_ports, names_on
 from harness import BrokerProcess
 from npstream import Client
 
@@ -61,7 +61,7 @@ def consecutive_free_ports(count: int) -> int:
     raise RuntimeError("no consecutive free ports")
 
 
-CLUSTER_SIZE = 3  # the module's cluster_members (tests/e2e/conftest.py)
+CLUSTER_SIZE = 3  # the module's cluster_members (tests/e2e/broker_cluster/conftest.py)
 
 
 @pytest.fixture(scope="module")

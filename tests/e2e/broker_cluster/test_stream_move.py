@@ -27,7 +27,7 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from e2e.cluster_members import LOCAL, held, move_raw, names_on, read_ids, start_members, wait_until
+from cluster_members import LOCAL, held, move_raw, names_on, read_ids, start_members, wait_until
 from harness import BrokerProcess
 from npstream import Client
 from npstream.broker.cluster.placement import rendezvous_owner
@@ -42,7 +42,7 @@ MESSAGES = 40
 
 @pytest.fixture(scope="module")
 def members(cluster_members: list[BrokerProcess]) -> list[BrokerProcess]:
-    """The module's two members (tests/e2e/conftest.py)."""
+    """The module's two members (tests/e2e/broker_cluster/conftest.py)."""
     return cluster_members
 
 

@@ -17,7 +17,7 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from e2e.cluster_members import held, move_raw, names_on, read_ids, start_members, wait_until
+from cluster_members import held, move_raw, names_on, read_ids, start_members, wait_until
 from harness import BrokerProcess, write_tokens_file
 from npstream import Client, NpstreamError
 from npstream.broker.cluster.placement import rendezvous_owner

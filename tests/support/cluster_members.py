@@ -2,7 +2,7 @@
 
 Members of a cluster must know each other's addresses before any of them
 starts, so their ports are picked free first and then given to every
-member's ``--cluster-members``. ``tests/e2e/conftest.py`` builds its
+member's ``--cluster-members``. ``tests/e2e/broker_cluster/conftest.py`` builds its
 module-scoped ``cluster_members`` fixture from ``start_members``; tests that
 need a cluster of their own (auth on, a member added later) call it directly.
 """

@@ -2,7 +2,7 @@
 
 ``cluster_members`` starts ``CLUSTER_SIZE`` members (a module-level constant
 of the test module, default 2) named a, b, c, ... once for the module and
-stops them at its end (helpers: tests/e2e/cluster_members.py).
+stops them at its end (helpers: tests/support/cluster_members.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from e2e.cluster_members import start_members, stop_members
+from cluster_members import start_members, stop_members
 from harness import BrokerProcess
 
 # Members of the module's cluster when the module does not say (CLUSTER_SIZE).

@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from e2e.cluster_members import held, names_on, read_ids, wait_until
+from cluster_members import held, names_on, read_ids, wait_until
 from harness import BrokerProcess
 from npstream import Client, MoveFailed
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def members(cluster_members: list[BrokerProcess]) -> list[BrokerProcess]:
-    """The module's two members (tests/e2e/conftest.py)."""
+    """The module's two members (tests/e2e/broker_cluster/conftest.py)."""
     return cluster_members
 
 

@@ -15,7 +15,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from e2e.examples.sensor_events import (
+from harness import SUPPORT_DIR, BrokerProcess
+from npstream import Client
+from npstream.proto.host_identity import HOST_ID_ENV
+from npstream.proto.schema import MESSAGE_SCHEMA
+from sensor_events import (
     EVENTS,
     EXPECTED,
     READING_SCHEMA,
@@ -23,14 +27,10 @@ from e2e.examples.sensor_events import (
     WebhookReceiver,
     check_windows,
 )
-from harness import BrokerProcess
-from npstream import Client
-from npstream.proto.host_identity import HOST_ID_ENV
-from npstream.proto.schema import MESSAGE_SCHEMA
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-COPY_JOB = Path(__file__).with_name("copy_job.py")
+COPY_JOB = SUPPORT_DIR / "copy_job.py"
 LOCATED = "npstream_located_messages_total"
 FETCHED = "npstream_fetched_messages_total"
 BY_FILE = "npstream_sink_inbox_stages_total"

@@ -1,7 +1,7 @@
 """The sensor pipeline's fixed event set and the windows it must give, exactly.
 
 Shared by the local run (test_sensor_pipeline.py) and the run submitted to a
-standalone cluster (tests/e2e/cluster/test_standalone.py).
+standalone cluster (tests/e2e/spark_cluster/test_standalone.py).
 
 Three micro-batches are forced with maxOffsetsPerTrigger=6. Spark drops a
 late row when its event time is behind the watermark of the *previous*
