@@ -20,8 +20,10 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import cramjam
 import crc32c
 import pyarrow as pa
+import zstandard
 
 from npstream.broker.kafka.codec import CodecError, Reader, Writer
 from npstream.proto.schema import HEADERS_TYPE
@@ -36,6 +38,7 @@ _LENGTH_BASE = 12  # batch length counts the bytes after the length field
 _TRANSACTIONAL = 0x10
 _CONTROL = 0x20
 _COMPRESSION_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
 
 
 class UnsupportedCompressionError(CodecError):
@@ -52,24 +55,35 @@ class ProducedBatch:
     transactional: bool
 
 
+def _snappy(data: memoryview) -> bytes:
+    """Raw snappy (librdkafka) or the Java client's xerial framing of snappy blocks."""
+    if bytes(data[:8]) != _XERIAL_MAGIC:
+        return bytes(cramjam.snappy.decompress_raw(data))
+    r = Reader(data, 16)  # magic, then the framing's version and compatible version
+    blocks = []
+    while r.remaining():
+        blocks.append(bytes(cramjam.snappy.decompress_raw(r.take(r.fixed("int32")))))
+    return b"".join(blocks)
+
+
 def _decompress(codec: int, data: memoryview) -> bytes:
     if codec == 0:
         return bytes(data)
     try:
         if codec == 1:
             return gzip.decompress(data)
+        if codec == 2:
+            return _snappy(data)
+        if codec == 3:  # Kafka's lz4 is the LZ4 frame format
+            return bytes(cramjam.lz4.decompress(data))
         if codec == 4:
-            import zstandard  # optional: the [kafka] extra
-
             return zstandard.ZstdDecompressor().decompressobj().decompress(data)
-    except (OSError, EOFError, zlib.error, ValueError) as exc:
+    except (OSError, EOFError, zlib.error, ValueError, cramjam.DecompressionError) as exc:
         raise CodecError(f"{_COMPRESSION_NAMES[codec]} records do not decompress: {exc}") \
             from None
-    except ImportError:
-        pass
     raise UnsupportedCompressionError(
-        f"record batch compression {_COMPRESSION_NAMES.get(codec, codec)} is not supported; "
-        f"supported: none, gzip, zstd")
+        f"record batch compression {codec} is not supported; "
+        f"supported: none, gzip, snappy, lz4, zstd")
 
 
 def _bytes(r: Reader) -> bytes | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import struct
 
+import cramjam
 import crc32c
 import pyarrow as pa
 import pytest
@@ -37,8 +38,16 @@ def _recompress(batch: bytes, codec: int, compress) -> bytes:
     return out[:17] + struct.pack(">I", crc32c.crc32c(out[21:])) + out[21:]
 
 
+def _xerial(data: bytes) -> bytes:
+    """The Java client's snappy framing: magic, versions, then length-prefixed blocks."""
+    block = bytes(cramjam.snappy.compress_raw(data))
+    return b"\x82SNAPPY\x00" + struct.pack(">iii", 1, 1, len(block)) + block
+
+
 @pytest.mark.parametrize(("codec", "compress"), [
-    (0, bytes), (1, gzip.compress), (4, zstandard.ZstdCompressor().compress)])
+    (0, bytes), (1, gzip.compress), (4, zstandard.ZstdCompressor().compress),
+    (2, lambda d: bytes(cramjam.snappy.compress_raw(d))), (2, _xerial),
+    (3, lambda d: bytes(cramjam.lz4.compress(d)))])
 def test_decode_batches_encoded_rows_give_back_keys_values_headers(codec, compress):
     batch = _recompress(encode_batch(ROWS), codec, compress)
     (decoded,) = list(decode_batches(batch + b""))
@@ -69,9 +78,15 @@ def test_decode_batches_corrupt_batch_codec_error(position, message):
         list(decode_batches(bytes(batch)))
 
 
-def test_decode_batches_snappy_unsupported_compression_error():
-    batch = _recompress(encode_batch(ROWS), 2, bytes)
-    with pytest.raises(UnsupportedCompressionError, match="snappy is not supported"):
+def test_decode_batches_unknown_codec_unsupported_compression_error():
+    batch = _recompress(encode_batch(ROWS), 5, bytes)
+    with pytest.raises(UnsupportedCompressionError, match="compression 5 is not supported"):
+        list(decode_batches(batch))
+
+
+def test_decode_batches_bad_snappy_codec_error():
+    batch = _recompress(encode_batch(ROWS), 2, lambda d: b"\xff" * 10)
+    with pytest.raises(CodecError, match="snappy records do not decompress"):
         list(decode_batches(batch))
 
 
