@@ -22,7 +22,7 @@ def test_metadata_opens_in_wal_mode_with_the_streams_table(tmp_path, meta):
     assert meta.execute("PRAGMA journal_mode")[0][0] == "wal"
     assert (tmp_path / METADATA_FILE).exists()
     columns = [r["name"] for r in meta.execute("PRAGMA table_info(streams)")]
-    assert columns == ["name", "config_json", "created_ms"]
+    assert columns == ["name", "config_json", "created_ms", "end_floor"]
 
 
 def test_transaction_commits_on_success_and_rolls_back_on_error(meta):
