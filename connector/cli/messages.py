@@ -69,7 +69,7 @@ _TABLE: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
         (r"\b\w+Request\.config\.ack_wait_ms=(\d+)", r"--ack-wait \1ms"),
         (r"\b\w+Request\.config\.max_deliver=(\d+)", r"--max-deliver \1"),
         (r"\bReceiveRequest\.wait_ms=(\d+)", r"--wait \1ms"),
-        (r"\bNackRequest\.delay_ms=(\d+)", r"--delay \1ms"),
+        (r"\b(?:NackRequest\.)?delay_ms=(\d+)", r"--delay \1ms"),
         (r"^ack_wait=", "--ack-wait "),
         (r"^max_deliver=", "--max-deliver "),
         # The connection (SDK).
