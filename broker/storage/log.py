@@ -202,9 +202,9 @@ class StreamLog:
         """Make start_offset = end_offset; later appends continue from the same end offset."""
         self._truncation.delete_all()
 
-    def truncate_to(self, offset: int, *, split_frame: bool = False) -> None:
+    def truncate_to(self, offset: int) -> None:
         """Drop messages [offset, end): the end offset becomes ``offset`` (truncation.py)."""
-        self._truncation.truncate_to(offset, split_frame=split_frame)
+        self._truncation.truncate_to(offset)
 
     def apply_retention(self, now_ms: int) -> int:
         """Delete the segments retention no longer keeps; returns how many were deleted."""

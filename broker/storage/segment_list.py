@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from npstream.broker import faults
 from npstream.broker.errors import BrokerError, CorruptRecordError
-from npstream.broker.storage.batch_builder import reencode_rows, serialize_frames
+from npstream.broker.storage.batch_builder import serialize_frames
 from npstream.broker.storage.dir_sync import (
     SYNCFS_AVAILABLE,
     fsync_dir_shared,
@@ -31,7 +31,7 @@ from npstream.broker.storage.extent_check import extent_of, record_extent
 from npstream.broker.storage.file_cache import FileCache
 from npstream.broker.storage.files import fsync_dir, segment_path
 from npstream.broker.storage.prebuilt import PrebuiltFrame, stamp_payload
-from npstream.broker.storage.reader import LogView, decode_frame, iter_frames
+from npstream.broker.storage.reader import LogView, iter_frames
 from npstream.broker.storage.segment import Segment
 from npstream.broker.storage.settings import StorageSettings, StreamConfig
 from npstream.broker.storage.staged_segment import StagedSegment, Stamp, StoredSchemas
@@ -327,15 +327,12 @@ class SegmentList:
         record_extent(self.directory, extent, self.name, durable=True)
 
     def truncate(self, view: LogView, offset: int) -> None:
-        """Remove messages [offset, end); a frame cut in the middle is rewritten with its head."""
+        """Remove messages [offset, end); ``offset`` starts a stored frame (the caller checks)."""
         number = view.segment_number(offset)
         segment = self.segments[number]
-        cut, kept, frame_header = segment.size, b"", None
-        for frame_segment, position, header, payload in iter_frames(view, self._cache, offset):
-            cut, frame_header = position, header
-            if header.base_offset < offset:
-                kept = reencode_rows(decode_frame(view, frame_segment, position, header, payload),
-                                     0, offset - header.base_offset)
+        cut = segment.size
+        for _segment, position, _header, _payload in iter_frames(view, self._cache, offset):
+            cut = position
             break
         self._record_synced(LogExtent(self.segments[0].base_offset, segment.base_offset, cut,
                                       offset), segment)  # lowered before the files are cut
@@ -344,19 +341,7 @@ class SegmentList:
         del self.segments[number + 1 :]
         segment.delete_index_files()
         segment.truncate_file(self._cache, cut)
-        rebuilt = self.rescan(segment.base_offset)
-        if kept and frame_header is not None:
-            header_bytes, header = encode_frame(
-                kept, base_offset=frame_header.base_offset,
-                count=offset - frame_header.base_offset,
-                min_timestamp=frame_header.min_timestamp,
-                max_timestamp=frame_header.max_timestamp, flags=frame_header.flags,
-                schema_version=frame_header.schema_version,
-            )
-            rebuilt.write_frame(self._cache, header_bytes, kept, header,
-                                self._settings.index_interval_bytes)
-            rebuilt.sync(self._cache)
-        self.segments[number] = rebuilt
+        self.segments[number] = self.rescan(segment.base_offset)
         fsync_dir(self.directory)
 
     def rescan(self, base_offset: int) -> Segment:

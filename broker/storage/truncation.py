@@ -115,13 +115,12 @@ class Truncation:
 
     # ------------------------------------------------------------------ the end
 
-    def truncate_to(self, offset: int, *, split_frame: bool = False) -> None:
+    def truncate_to(self, offset: int) -> None:
         """Drop messages [offset, end): the end offset becomes ``offset``.
 
         OffsetOutOfRangeError outside [start, end]; FrameBoundaryError when
-        ``offset`` is inside a stored frame, unless ``split_frame``: then that
-        frame is rewritten with its rows below ``offset`` (same timestamps,
-        flags and schema version). Nothing is changed when it raises.
+        ``offset`` is inside a stored frame: frames are cut whole, as a replica
+        holds the leader's frames byte for byte. Nothing is changed when it raises.
         """
         store = self._store
         with store.lock:
@@ -131,8 +130,7 @@ class Truncation:
                 raise OffsetOutOfRangeError(store.name, offset, view.start, view.end)
             if offset == view.end:
                 return
-            if not split_frame:
-                self._check_frame_boundary(offset)
+            self._check_frame_boundary(offset)
             store.flush()
             # A marker would describe a tail this cut replaces: without it the next open
             # checks the whole tail segment, as after a crash.

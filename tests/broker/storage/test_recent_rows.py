@@ -33,12 +33,12 @@ def test_recent_rows_survives_deletion_of_the_head_but_not_truncation(
     log = make_storage().open_log("changes", config)
     log.append(table_of(3), AckMode.WRITE)
     log.append(table_of(2, tag="x"), AckMode.WRITE)
-    log.delete_before(4)  # only the start moves: rows [3, 5) are unchanged
-    assert log.recent_rows(3) is None  # below the start now
+    log.delete_before(2)  # only the start moves: rows [3, 5) are unchanged
+    assert log.recent_rows(2) is None  # not in the last write
     assert log.recent_rows(4).column("value").to_pylist() == [b"x1"]
-    log.truncate_to(4, split_frame=True)
-    assert log.recent_rows(4) is None
+    log.truncate_to(3)  # the last write's frame goes
     assert log.recent_rows(3) is None
+    assert log.recent_rows(4) is None
 
 
 def test_recent_rows_is_not_kept_for_large_writes(make_storage, config, table_of):

@@ -200,11 +200,12 @@ def test_dedup_window_rebuilds_from_typed_frames(make_storage, clock):
     assert (result.first_offset, result.stored_count, result.duplicates) == (2, 1, [(0, 1)])
 
 
-def test_truncate_rewrites_a_typed_frame_in_its_version(make_storage, config, frames_of,
+def test_truncate_keeps_the_typed_frames_before_the_cut(make_storage, config, frames_of,
                                                         segments_in):
     log = make_storage().open_log("truncate", config, SCHEMAS_1)
-    log.append(json_table(readings(4)))
-    log.truncate_to(2, split_frame=True)
+    log.append(json_table(readings(2)))
+    log.append(json_table(readings(2, start=2)))
+    log.truncate_to(2)
     assert [h.schema_version for _, h in frames_of(segments_in(log.directory)[0])] == [1]
     assert [v["sensorId"] for v in values_of(log.read_table(0, 2))] == ["s0", "s1"]
 
