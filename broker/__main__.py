@@ -41,9 +41,7 @@ def build_parser(prog: str = "python -m npstream.broker") -> argparse.ArgumentPa
     parser.add_argument("--allow-insecure", action="store_true", default=None,
                         help="serve on a non-loopback address without auth or TLS "
                              "(refused otherwise)")
-    parser.add_argument("--cluster-members", metavar="A,B,...",
-                        help="the cluster's brokers, each as host:port (this one included), "
-                             "the same list on every member (default: none, no cluster)")
+    parser.add_argument("--cluster-members", metavar="A,B,...", help=argparse.SUPPRESS)
     parser.add_argument("--etcd", metavar="http://HOST:2379[,...]",
                         help="join a cluster of brokers: register as a member in this etcd "
                              "(default: none, a broker alone with no etcd)")
@@ -58,6 +56,10 @@ def build_parser(prog: str = "python -m npstream.broker") -> argparse.ArgumentPa
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.cluster_members is not None:
+        from npstream.broker.cluster.settings import MEMBERS_GONE
+
+        parser.error(MEMBERS_GONE)
     # Imported after parsing so that --help works even when a dependency is broken.
     from npstream.broker.server.config import ConfigError, load_config
 
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             "kafka_port": args.kafka_port,
             "tokens_file": str(args.tokens_file) if args.tokens_file else None,
             "allow_insecure": args.allow_insecure,
-            "members": args.cluster_members, "advertised_address": args.advertised_address,
+            "advertised_address": args.advertised_address,
             "etcd": args.etcd, "cluster_name": args.cluster_name,
         })
     except ConfigError as exc:

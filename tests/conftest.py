@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import BrokerProcess
+from harness import BrokerProcess, shared_etcd
 from integration_marks import mark_integration
 
 # Spark starts Python workers with `python3` from PATH unless told otherwise;
@@ -66,15 +66,11 @@ def stream_name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+def etcd() -> Iterator[object]:
     """One real etcd (npstream.cli.local_etcd.LocalEtcd) on loopback for the whole
     session; tests keep apart by key prefix (cluster name). Its ``endpoint`` is the
     ``--etcd`` value."""
-    from npstream.cli.local_etcd import LocalEtcd
-
-    proc = LocalEtcd(tmp_path_factory.mktemp("etcd") / "data").start()
-    yield proc
-    proc.stop()
+    yield shared_etcd()
 
 
 @pytest.fixture(scope="session")

@@ -19,8 +19,11 @@ streams it holds, and registers again (with a new lease) once etcd answers.
 Replication will fence such a broker with the leader epoch, not with time.
 
 The key layout (docs/scaling.md), all under ``/npstream/<cluster>/``:
-``members/<id>`` (this module) and ``streams/<name>`` (each stream's
-replica set and leader epoch).
+``members/<id>`` (this module: the live members, under their leases),
+``nodes/<id>`` (this module: every member that joined, without a lease, so
+that one that is down is still known and a cluster-wide answer does not
+silently miss its streams) and ``streams/<name>`` (each stream's replica
+set and leader epoch).
 """
 
 from __future__ import annotations
@@ -116,11 +119,14 @@ class Membership:
         self.lease_ttl_s = lease_ttl_s
         self.prefix = cluster_prefix(cluster_name) + "members/"
         self.key = self.prefix + record.id
+        self.nodes_prefix = cluster_prefix(cluster_name) + "nodes/"
         self._on_change = on_change
         self._lease = 0
         self._keeper: LeaseKeeper | None = None
         self._watch: Watch | None = None
+        self._nodes_watch: Watch | None = None
         self._members: dict[str, MemberRecord] = {}
+        self._nodes: dict[str, MemberRecord] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._lost = threading.Event()
@@ -133,6 +139,7 @@ class Membership:
         self._register()
         self._refresh()
         self._watch = self.client.watch_prefix(self.prefix, self._changed)
+        self._nodes_watch = self.client.watch_prefix(self.nodes_prefix, self._changed)
         self._refresh()  # what changed between the first read and the watch's start
         self._rejoin = threading.Thread(target=self._rejoin_loop, name="etcd-membership",
                                         daemon=True)
@@ -162,6 +169,8 @@ class Membership:
             self.client.put(self.key, self.record.encode(), lease=lease)
             if held is not None and held.lease:
                 self.client.revoke(held.lease)
+        # Known for good (no lease): a member that stopped stays one, shown down.
+        self.client.put(self.nodes_prefix + self.record.id, self.record.encode())
         self._lease = lease
         self._lost.clear()
         self._keeper = self.client.keep_alive(lease, self.lease_ttl_s, self._lease_lost)
@@ -194,8 +203,9 @@ class Membership:
             self._rejoin.join(timeout=5)
         if self._keeper is not None:
             self._keeper.stop()
-        if self._watch is not None:
-            self._watch.cancel()
+        for watch in (self._watch, self._nodes_watch):
+            if watch is not None:
+                watch.cancel()
         if self._lease:
             try:
                 self.client.revoke(self._lease)
@@ -215,32 +225,55 @@ class Membership:
             log.warning("reading the cluster's members failed: %s", exc)
 
     def _refresh(self) -> None:
-        items, _revision = self.client.get_prefix(self.prefix)
-        members: dict[str, MemberRecord] = {}
+        members = self._read(self.prefix)
+        nodes = self._read(self.nodes_prefix)
+        with self._lock:
+            changed = (members, nodes) != (self._members, self._nodes)
+            self._members, self._nodes = members, nodes
+        if changed:
+            log.info("cluster %s members up: %s; down: %s", self.cluster_name,
+                     ", ".join(f"{m.id}={m.address}" for m in members.values()) or "none",
+                     ", ".join(f"{n.id}={n.address}" for n in nodes.values()
+                               if n.id not in members) or "none")
+            if self._on_change is not None:
+                self._on_change()
+
+    def _read(self, prefix: str) -> dict[str, MemberRecord]:
+        items, _revision = self.client.get_prefix(prefix)
+        records: dict[str, MemberRecord] = {}
         for kv in items:
             try:
                 record = MemberRecord.decode(kv.value)
             except (ValueError, KeyError, TypeError):
                 log.warning("etcd key %s is no member record: ignored", kv.key)
                 continue
-            members[record.id] = record
-        with self._lock:
-            changed = members != self._members
-            self._members = members
-        if changed:
-            log.info("cluster %s members: %s", self.cluster_name,
-                     ", ".join(f"{m.id}={m.address}" for m in members.values()) or "none")
-            if self._on_change is not None:
-                self._on_change()
+            records[record.id] = record
+        return records
 
     def members(self) -> dict[str, MemberRecord]:
         """The members etcd lists now, by id (this one included while registered)."""
         with self._lock:
             return dict(self._members)
 
+    def address_of(self, member_id: str) -> str | None:
+        """The address of the member with this id, None when etcd does not list it."""
+        member = self.members().get(member_id)
+        return member.address if member is not None else None
+
+    def id_of(self, address: str) -> str | None:
+        """The id of the member at this address, None when etcd lists none there."""
+        return next((m.id for m in self.members().values() if m.address == address), None)
+
     def addresses(self) -> tuple[str, ...]:
-        """Every member's address, sorted."""
+        """Every live member's address (registered under a lease now), sorted."""
         return tuple(sorted(m.address for m in self.members().values()))
+
+    def known_addresses(self) -> tuple[str, ...]:
+        """Every member that ever joined (``nodes/``) and has not been removed, up or down,
+        by its last address, sorted: those a cluster-wide answer must ask."""
+        with self._lock:
+            known = {**self._nodes, **self._members}
+        return tuple(sorted({m.address for m in known.values()}))
 
     @property
     def registered(self) -> bool:

@@ -302,6 +302,7 @@ class Mover:
                 self._step(record, metadata, pb.MoveInRequest(
                     step=pb.MOVE_STEP_INSTALL, state_json=json.dumps(state).encode()))
             reply.end_offset = end_offset
+            self._ctx.cluster.record_moved(stream, record.target)
             record = self._book.advance(record, "removing")
             faults.hit("move.switched", stream)
         if record.state == "removing":

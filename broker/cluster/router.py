@@ -42,9 +42,12 @@ from typing import TypeVar
 import grpc
 
 from npstream.broker.auth.access import AccessControl, Right
+from npstream.broker.cluster.etcd.client import EtcdError
+from npstream.broker.cluster.membership import Membership
 from npstream.broker.cluster.move_state import MoveBook
 from npstream.broker.cluster.peers import Peers, forwarded_metadata, member_metadata
 from npstream.broker.cluster.placement import rendezvous_owner
+from npstream.broker.cluster.stream_records import StreamRecords
 from npstream.broker.cluster.tuning import HOLDER_CACHE_MAX, HOLDER_TTL_S
 from npstream.broker.errors import (
     BrokerError,
@@ -74,14 +77,17 @@ class Cluster:
     A broker without members gets a disabled one: every name is its own.
     """
 
-    def __init__(self, identity: str, members: Sequence[str], holds: Callable[[str], bool],
-                 access: AccessControl, peers: Peers | None, cluster_token: str = "") -> None:
-        """``cluster_token``: what this member's own calls carry with auth on (peers.py)."""
+    def __init__(self, identity: str, holds: Callable[[str], bool], access: AccessControl,
+                 peers: Peers | None, cluster_token: str = "", *, enabled: bool = False,
+                 ) -> None:
+        """``cluster_token``: what this member's own calls carry with auth on (peers.py).
+        ``enabled``: a member of a cluster in etcd, whose view ``attach`` gives once it
+        registered (the identity is known once the port is bound)."""
         self.identity = identity
         self._own_metadata = member_metadata(cluster_token) if access.enabled else None
-        self.members = tuple(members)
-        self.others = tuple(m for m in self.members if m != identity)
-        self.enabled = bool(self.members)
+        self.enabled = enabled
+        self.membership: Membership | None = None
+        self.records: StreamRecords | None = None
         self._holds = holds
         self._access = access
         self._peers = peers
@@ -89,14 +95,33 @@ class Cluster:
         self._lock = threading.Lock()
         # This member's stream moves (cluster/service.py sets it; None: no moves).
         self.moves: MoveBook | None = None
-        # The members etcd lists (broker/cluster/membership.py), when registered there.
-        self.directory: Callable[[], tuple[str, ...]] | None = None
 
     @classmethod
     def single(cls, holds: Callable[[str], bool] = lambda _name: True,
                access: AccessControl | None = None) -> Cluster:
         """The cluster of one: no routing at all."""
-        return cls("", (), holds, access or AccessControl(), None)
+        return cls("", holds, access or AccessControl(), None)
+
+    def attach(self, identity: str, membership: Membership, records: StreamRecords) -> None:
+        """This member registered in etcd: its address, the members, the stream records."""
+        self.identity = identity
+        self.membership = membership
+        self.records = records
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """Every member's address, up or down, as etcd knows them (this one included):
+        the members a cluster-wide answer asks."""
+        return self.membership.known_addresses() if self.membership is not None else ()
+
+    @property
+    def live_members(self) -> tuple[str, ...]:
+        """The members registered under a lease now: those a new stream may go to."""
+        return self.membership.addresses() if self.membership is not None else ()
+
+    @property
+    def others(self) -> tuple[str, ...]:
+        return tuple(m for m in self.members if m != self.identity)
 
     @property
     def peers(self) -> Peers:
@@ -105,7 +130,8 @@ class Cluster:
 
     def placement(self, stream: str) -> str:
         """The member a new stream of this name is created on."""
-        return rendezvous_owner(stream, self.members) if self.enabled else self.identity
+        live = self.live_members
+        return rendezvous_owner(stream, live) if self.enabled and live else self.identity
 
     # ------------------------------------------------------------ rights
 
@@ -229,32 +255,39 @@ class Cluster:
 
     def _find_holders(self, streams: Iterable[str], metadata: Sequence[tuple[str, str]],
                       refusals_ok: bool = False) -> dict[str, str]:
-        """``find_holders`` with this metadata; ``refusals_ok``: a member refusing the
-        call (UNAUTHENTICATED: asked without a token) counts as not holding them."""
+        """``find_holders``: each stream's leader as its etcd record names it, by address.
+
+        MemberUnavailableError when etcd does not answer, or a record names a
+        member etcd does not list now (down, or cut off from etcd): nobody
+        else may serve or create that stream.
+        """
+        del metadata, refusals_ok  # the records answer, not the members
         wanted = list(dict.fromkeys(streams))
-        if not wanted or not self.others:
+        if not wanted or self.records is None or self.membership is None:
             return {}
-        request = pb.OwnersRequest(streams=wanted).SerializeToString()
-
-        def ask(member: str) -> pb.OwnersResponse:
-            return pb.OwnersResponse.FromString(
-                self.peers.call(member, OWNERS_METHOD, request, metadata))
-
-        replies, failures = self.peers.each(self.others, ask)
-        if refusals_ok:
-            failures = [f for f in failures if f.error is None
-                        or f.error.code() != grpc.StatusCode.UNAUTHENTICATED]
-        found: dict[str, str] = {}
-        for member, reply in replies.items():
-            for entry in reply.owners:
-                if entry.exists and entry.stream in wanted:
-                    found.setdefault(entry.stream, member)
-        if failures and len(found) < len(wanted):
-            missing = [s for s in wanted if s not in found]
+        try:
+            records = {name: self.records.lookup(name) for name in wanted}
+        except EtcdError as exc:
             raise MemberUnavailableError(
-                ", ".join(f.member for f in failures),
-                f"it is unknown whether one of them holds stream(s) {', '.join(missing)}",
-                "; ".join(f"{f.member}: {f.detail}" for f in failures))
+                "etcd", f"it is unknown who holds stream(s) {', '.join(wanted)}",
+                str(exc)) from None
+        own = self.membership.record.id
+        found: dict[str, str] = {}
+        absent: dict[str, list[str]] = {}
+        for name, record in records.items():
+            if record is None or record.leader == own:
+                continue
+            address = self.membership.address_of(record.leader)
+            if address is None:
+                absent.setdefault(record.leader, []).append(name)
+            else:
+                found[name] = address
+        if absent:
+            raise MemberUnavailableError(
+                ", ".join(absent),
+                f"stream(s) {', '.join(n for names in absent.values() for n in names)} "
+                "held there cannot be served", "not registered in etcd now (down, or cut "
+                "off from etcd)")
         for stream, member in found.items():
             self._remember(stream, member)
         return found
@@ -283,8 +316,7 @@ class Cluster:
     def owners_reply(self, request: pb.OwnersRequest,
                      context: grpc.ServicerContext) -> pb.OwnersResponse:
         """Owners: from another member, only the named streams held here; else each one's owner."""
-        members = self.members or (self.directory() if self.directory is not None else ())
-        reply = pb.OwnersResponse(self=self.identity, members=members)
+        reply = pb.OwnersResponse(self=self.identity, members=self.members)
         names = list(request.streams)
         if is_member_call(context):
             reply.owners.extend(pb.StreamOwner(stream=name, owner=self.identity, exists=True)
@@ -309,6 +341,26 @@ class Cluster:
             else:
                 reply.owners.add(stream=name, owner=self.placement(name), exists=False)
         return reply
+
+    def record_moved(self, stream: str, target: str) -> None:
+        """A move's switch: etcd's record of ``stream`` names ``target`` from now on, in a
+        transaction guarded by the record's mod_revision (stream_records.py).
+
+        MemberUnavailableError when etcd does not answer or the target is not
+        registered: the move stays at its switch and is retried.
+        """
+        if self.records is None or self.membership is None:
+            return
+        target_id = self.membership.id_of(target)
+        if target_id is None:
+            raise MemberUnavailableError(target, f"stream '{stream}' cannot switch to it",
+                                         "not registered in etcd now")
+        try:
+            self.records.move_leader(stream, self.membership.record.id, target_id)
+        except EtcdError as exc:
+            raise MemberUnavailableError("etcd", f"the owner record of stream '{stream}' "
+                                         "could not be switched", str(exc)) from None
+        self._remember(stream, target)
 
     def check_dead_letter_create(self, name: str) -> None:
         """Return when a shared group's dead-letter stream ``name`` may be created here.

@@ -66,7 +66,7 @@ class ClusterServicer(pb_grpc.ClusterServiceServicer):
             self._access.require(context, stream, Right.ADMIN)
         if not self._cluster.enabled:
             raise InvalidArgumentError("this broker is no member of a cluster: a stream can "
-                                       "only move between members ([cluster] members)")
+                                       "only move between members ([cluster] etcd)")
 
     @rpc_method
     def MoveStream(self, request: pb.MoveStreamRequest,

@@ -1,10 +1,10 @@
-"""``[cluster]`` of broker.toml: who the members are and who this broker is among them.
+"""``[cluster]`` of broker.toml: the etcd this broker registers in, and how it is reached.
 
 Kept apart from npstream.broker.server.config (which builds it like every
-other section) because the rules are the cluster's own: a member is named by
-the address clients and the other members reach it at, the same string on
-every member, since placement hashes over those strings. A broker without
-members is a cluster of one and behaves as if this section did not exist.
+other section) because the rules are the cluster's own: the members are
+whoever registered in etcd (membership.py), each reached at its advertised
+address; placement of a new stream hashes over those addresses. A broker
+without etcd is a cluster of one and behaves as if this section did not exist.
 """
 
 from __future__ import annotations
@@ -28,21 +28,18 @@ MIN_MEMBER_LEASE_MS = 2000
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 
 
+MEMBERS_GONE = ("[cluster] members (--cluster-members, NPSTREAM_MEMBERS) is gone: a "
+                "cluster's members register in etcd, so start each broker with --etcd "
+                "http://HOST:2379[,...] ([cluster] etcd, NPSTREAM_ETCD) and no member list")
+
+
 def parse_members(value: object) -> tuple[str, ...]:
-    """Members as a TOML list of "host:port" strings, or one comma-separated string (env, flag)."""
-    if isinstance(value, (list, tuple)):
-        items = list(value)
-    elif isinstance(value, str):
-        items = value.split(",")
-    else:
-        raise ValueError(f"expected a list of \"host:port\" strings, got {value!r}")
-    members: list[str] = []
-    for item in items:
-        if not isinstance(item, str):
-            raise ValueError(f"member {item!r} is not a \"host:port\" string")
-        if item.strip():
-            members.append(item.strip())
-    return tuple(members)
+    """The static member list is gone: empty is accepted (so old files load), else refused."""
+    if value in ("", [], ()) or (isinstance(value, (list, tuple)) and not any(
+            str(item).strip() for item in value)) or (
+            isinstance(value, str) and not value.replace(",", "").strip()):
+        return ()
+    raise ValueError(MEMBERS_GONE)
 
 
 def parse_etcd_endpoints(value: object) -> tuple[str, ...]:
@@ -72,10 +69,11 @@ def default_advertised_address(host: str, port: int) -> str:
 
 @dataclass(frozen=True)
 class ClusterSettings:
-    """``[cluster]``: the members (everyone's advertised address) and this broker's own.
+    """``[cluster]``: the etcd endpoints, the cluster's name there, this broker's address.
 
-    ``advertised_address`` "" means the listener's ``host:port``; whichever
-    it is must be among ``members``. ``peer_timeout_ms`` bounds a member's
+    ``advertised_address`` "" means the listener's ``host:port`` (the bound
+    port). ``members`` is the static list that is gone (refused when set).
+    ``peer_timeout_ms`` bounds a member's
     wait for another (an owner lookup, a listing). With TLS on, members call
     each other over TLS, checking certificates against ``peer_ca_file``
     (default: the system's roots) and presenting the broker's own certificate
@@ -97,19 +95,11 @@ class ClusterSettings:
 
     def __post_init__(self) -> None:
         problems: list[str] = []
-        for member in self.members:
-            problem = check_member_address(member)
-            if problem:
-                problems.append(f"cluster member {problem}")
-        duplicates = sorted({m for m in self.members if self.members.count(m) > 1})
-        if duplicates:
-            problems.append(f"cluster members list {', '.join(duplicates)} more than once")
-        if self.advertised_address and not (self.members or self.etcd):
-            problems.append("advertised_address is set but neither [cluster] etcd nor "
-                            "members is: a broker alone is no cluster")
-        if self.etcd and self.members:
-            problems.append("[cluster] etcd and members are set: a cluster's members come "
-                            "from etcd (--etcd); leave members (--cluster-members) empty")
+        if self.members:
+            problems.append(MEMBERS_GONE)
+        if self.advertised_address and not self.etcd:
+            problems.append("advertised_address is set but [cluster] etcd is not: a broker "
+                            "alone is no cluster")
         if not _CLUSTER_NAME.match(self.cluster_name):
             problems.append(f"cluster_name={self.cluster_name!r} must be 1 to 63 letters, "
                             "digits, '.', '_' or '-', starting with a letter or digit")
@@ -140,8 +130,4 @@ class ClusterSettings:
     @property
     def enabled(self) -> bool:
         """Whether this broker is a member of a cluster (of more than itself, usually)."""
-        return bool(self.members)
-
-    def identity(self, host: str, port: int) -> str:
-        """This broker's advertised address: the configured one, else the listener's."""
-        return self.advertised_address or default_advertised_address(host, port)
+        return self.coordinated

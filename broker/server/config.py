@@ -282,19 +282,6 @@ class BrokerConfig:
                 "(and tls_cert_file/tls_key_file), or set allow_insecure = true "
                 "(--allow-insecure, NPSTREAM_ALLOW_INSECURE=true) to serve openly on a "
                 "trusted network")
-        if self.cluster.enabled:
-            identity = self.cluster_identity
-            if not identity:
-                problems.append(
-                    f"[cluster] members is set but this broker listens on "
-                    f"{self.server.host!r} port {self.server.port}, which is no address "
-                    "another member can use: set advertised_address (--advertised-address) "
-                    "to the host:port the others and clients reach it at")
-            elif identity not in self.cluster.members:
-                problems.append(
-                    f"this broker's advertised address {identity} is not among [cluster] "
-                    f"members ({', '.join(self.cluster.members)}): a broker's identity is its "
-                    "advertised address, listed the same way on every member")
         if (self.cluster.coordinated and not self.cluster.advertised_address
                 and not default_advertised_address(self.server.host, 1)):
             problems.append(
@@ -321,13 +308,6 @@ class BrokerConfig:
     def auth_enabled(self) -> bool:
         """Whether calls need a token (``auth_token``, or a tokens file)."""
         return bool(self.server.auth_token or self.auth.tokens_file)
-
-    @property
-    def cluster_identity(self) -> str:
-        """This broker's advertised address in its cluster ("" without one)."""
-        if not self.cluster.enabled:
-            return ""
-        return self.cluster.identity(self.server.host, self.server.port)
 
     def values(self) -> dict[str, object]:
         """Every key's value by field name (``port``, ``segment_age_ms``), across sections."""

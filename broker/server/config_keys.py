@@ -314,17 +314,13 @@ KEYS: tuple[ConfigKey, ...] = (
          "least 2s). It is renewed every third of it; a broker killed without a clean stop "
          "leaves the member list that long after"),
     _key("members", "cluster", parse_members, [],
-         'the brokers of the [cluster](#a-cluster-of-brokers), each `"host:port"`, this one '
-         "included, the same list on every member (`--cluster-members A,B,...`; in the "
-         "environment one comma-separated string, "
-         '`NPSTREAM_MEMBERS="10.0.0.1:7070,10.0.0.2:7070"`). Empty: no cluster, this broker '
-         "alone, exactly as without the section"),
+         "gone: the static member list of earlier versions. A cluster's members register "
+         "in etcd (`etcd`); a non-empty value (or `--cluster-members`) is refused with a "
+         "message pointing to `--etcd`"),
     _key("advertised_address", "cluster", _parse_str, "",
        "this broker's address as clients and the other members reach it, registered in "
-         'etcd (or listed in `members`) (`--advertised-address`); `""`: `host:port` of '
-         "`[server]` (which must then be a usable address, not `0.0.0.0`; with etcd, port 0 "
-         "is the port bound). With `members` it is the broker's identity in the "
-         "cluster: the broker refuses to start when it is not in `members`"),
+         'etcd (`--advertised-address`); `""`: `host:port` of `[server]` (which must then '
+         "be a usable address, not `0.0.0.0`; port 0 is the port bound)"),
     _duration("peer_timeout", "cluster", "5s",
        "how long a member waits for another (finding a stream's owner, its part of a "
          "cluster-wide list) before the call fails with `MEMBER_UNAVAILABLE`"),

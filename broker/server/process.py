@@ -35,10 +35,11 @@ from npstream.broker.auth.access import AccessControl
 from npstream.broker.auth.tokens import TokensFileError
 from npstream.broker.cluster import service as cluster_service
 from npstream.broker.cluster.console_view import ClusterView
-from npstream.broker.cluster.etcd.client import EtcdClient, EtcdError
-from npstream.broker.cluster.membership import Membership, new_record
+from npstream.broker.cluster.etcd.client import EtcdError
+from npstream.broker.cluster.membership import Membership
 from npstream.broker.cluster.settings import default_advertised_address
-from npstream.broker.cluster.wiring import build_cluster, routing_interceptors
+from npstream.broker.cluster.stream_records import StreamRecorder
+from npstream.broker.cluster.wiring import build_cluster, join_cluster, routing_interceptors
 from npstream.broker.console import Console
 from npstream.broker.groups import service as group_service
 from npstream.broker.groups.manager import GroupManager
@@ -301,22 +302,20 @@ class BrokerServer:
     def _join(self, port: int) -> None:
         """Register in etcd ([cluster] etcd); StartupError when etcd refuses or is away."""
         assert self.ctx is not None
-        cluster, server_config = self.config.cluster, self.config.server
+        ctx, cluster, server_config = self.ctx, self.config.cluster, self.config.server
         address = cluster.advertised_address or default_advertised_address(
             server_config.host, port)
-        client = EtcdClient(cluster.etcd, timeout_s=cluster.peer_timeout_ms / 1000)
-        membership = Membership(client, cluster.cluster_name,
-                                new_record(server_config.data_dir, address, cluster.rack),
-                                cluster.member_lease_ms // 1000)
         try:
-            membership.start()
+            self._membership = join_cluster(
+                self.config, ctx.cluster, address, server_config.data_dir,
+                ctx.registry.matching)
         except EtcdError as exc:
-            client.close()
             raise StartupError(f"cannot join cluster {cluster.cluster_name!r} in etcd: "
                                f"{exc}") from None
-        self._membership = membership
-        self.ctx.cluster.identity = address
-        self.ctx.cluster.directory = membership.addresses
+        recorder = StreamRecorder(ctx.cluster)
+        ctx.registry.add_created_listener(recorder.created)
+        ctx.on_stream_deleted.append(recorder.deleted)
+        self._closeables.append(recorder)
 
     def _serve_http(self, ctx: BrokerContext) -> None:
         """The metrics endpoint and, unless ``console = false``, the web console."""

@@ -120,6 +120,7 @@ class StreamRegistry:
         self._settings = settings
         self._defaults = settings.stream_defaults
         self._on_deleted = on_stream_deleted if on_stream_deleted is not None else []
+        self._on_created: builtins.list[Callable[[builtins.list[str]], None]] = []
         self._clock = clock
         self._overrides = ConfigOverrides(self._defaults, max_message_bytes_limit)
         self._schemas = StreamSchemas(metadata, clock)
@@ -434,11 +435,26 @@ class StreamRegistry:
         for row in rows:  # the same event as the usual path's, after the commit
             log.info("created stream '%s' on first publish", row.record.name,
                      extra=event_fields(stream=row.record.name))
+        self._tell_created([row.record.name for row in rows])
 
     def _insert_rows(self, rows: builtins.list[NewRow]) -> None:
         """Group-commit flush: every queued row in one transaction, then in memory."""
         self._rows.insert(rows)
         self._created(rows, ok=True)
+        self._tell_created([row.record.name for row in rows])
+
+    def add_created_listener(self, listener: Callable[[builtins.list[str]], None]) -> None:
+        """``listener(names)`` after each commit of new streams, before their creators
+        hear of it (a cluster member records them in etcd: npstream.broker.cluster)."""
+        self._on_created.append(listener)
+
+    def _tell_created(self, names: builtins.list[str]) -> None:
+        for listener in list(self._on_created):
+            try:
+                listener(names)
+            except Exception:
+                log.exception("stream-created listener %r failed for %d stream(s)", listener,
+                              len(names))
 
     def create(
         self, name: str, overrides: Mapping[str, int], *, exist_ok: bool = False,

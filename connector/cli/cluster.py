@@ -6,8 +6,9 @@ each member for its own streams, the way members ask each other
 (``x-npstream-cluster-local``): a cluster-wide ListStreams would fail as a
 whole when one member is down, and the point of the command is to show which.
 
-``local`` runs N brokers on this machine as one cluster (one Python process
-per core is how a machine's cores serve streams). It execs each broker as
+``local`` runs one etcd (local_etcd.py) and N brokers registered in it on this
+machine as one cluster (one Python process per core is how a machine's cores
+serve streams). It execs each broker as
 ``python -m npstream.broker`` in a subprocess: the client side never imports
 the broker (the layering import-linter checks).
 """
@@ -37,9 +38,10 @@ from npstream.cli.common import (
     client_from_args,
     human_size,
 )
+from npstream.cli.local_etcd import LocalEtcd
 from npstream.client.connection import Connection
 from npstream.errors import BrokerUnavailable, NpstreamError
-from npstream.proto import metadata_keys, pb
+from npstream.proto import metadata_keys, pb, pb_grpc
 from npstream.proto.defaults import MAX_LIST_PAGE_SIZE
 
 __all__ = ["register"]
@@ -197,7 +199,7 @@ class _LocalBroker:
         return text[-2000:]
 
 
-def _start(index: int, port: int, members: list[str], root: Path) -> _LocalBroker:
+def _start(index: int, port: int, etcd: str, root: Path) -> _LocalBroker:
     data_dir = root / f"broker-{index}"
     log_path = root / f"broker-{index}.log"
     ready = root / f"broker-{index}.ready"
@@ -207,7 +209,7 @@ def _start(index: int, port: int, members: list[str], root: Path) -> _LocalBroke
                "--host", "127.0.0.1", "--port", str(port), "--ready-file", str(ready),
                # consecutive gRPC ports leave no room for the default metrics port (port+1)
                "--metrics-port", "0",
-               "--cluster-members", ",".join(members), "--advertised-address", address]
+               "--etcd", etcd, "--advertised-address", address]
     log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 - the child owns it
     try:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
@@ -248,6 +250,19 @@ def _wait_ready(brokers: list[_LocalBroker]) -> None:
         time.sleep(0.05)
 
 
+def _wait_members(addresses: list[str]) -> None:
+    """Until every broker's view of the members (from etcd, watched) lists them all."""
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    for address in addresses:
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.ClusterServiceStub(channel)
+            while set(stub.Owners(pb.OwnersRequest(), timeout=10).members) < set(addresses):
+                if time.monotonic() > deadline:
+                    raise CliError(f"broker {address} does not list every member after "
+                                   f"{START_TIMEOUT_SECONDS:.0f} s")
+                time.sleep(0.05)
+
+
 def _local(args: argparse.Namespace) -> int:
     count, first = args.brokers, args.port
     if count < 1:
@@ -261,15 +276,23 @@ def _local(args: argparse.Namespace) -> int:
     members = [f"127.0.0.1:{port}" for port in ports]
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     brokers: list[_LocalBroker] = []
+    etcd = LocalEtcd(root / "etcd", log_path=root / "etcd.log")
     try:
+        try:
+            etcd.start()
+        except RuntimeError as exc:
+            raise CliError(f"cannot start etcd for the cluster: {exc}") from None
         for index, port in enumerate(ports):
-            brokers.append(_start(index, port, members, root))
+            brokers.append(_start(index, port, etcd.endpoint, root))
         _wait_ready(brokers)
+        _wait_members(members)
         for broker in brokers:
             print(f"{broker.address}  pid={broker.proc.pid}  data_dir={broker.data_dir}  "
                   f"log={broker.log_path}")
-        print(f"cluster of {count} broker(s) serving; clients may use any address, "
-              f"e.g. NPSTREAM_BROKER={members[0]}. Ctrl-C or SIGTERM stops them.", flush=True)
+        print(f"cluster of {count} broker(s) serving (etcd {etcd.endpoint} pid="
+              f"{etcd.proc.pid if etcd.proc else '-'} log={etcd.log_path}); clients may use "
+              f"any address, e.g. NPSTREAM_BROKER={members[0]}. Ctrl-C or SIGTERM stops them.",
+              flush=True)
         while True:
             for broker in brokers:
                 if broker.proc.poll() is not None:
@@ -285,8 +308,10 @@ def _local(args: argparse.Namespace) -> int:
         # SIGTERM to this process alone does not: each gets its own.
         try:  # a second SIGTERM while stopping: kill
             _stop_all(brokers)
+            etcd.stop()  # after the brokers: they leave by revoking their leases
         except KeyboardInterrupt:
             for broker in brokers:
                 if broker.proc.poll() is None:
                     broker.proc.kill()
+            etcd.kill()
         signal.signal(signal.SIGTERM, previous)

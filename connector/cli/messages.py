@@ -48,8 +48,8 @@ _TABLE: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
         (r"^schema is empty: .*",
          "--schema is empty: give DDL ('a INT, b STRING') or Spark's StructType JSON (leave "
          "--schema out for an untyped stream)"),
-        (r"\(\[cluster\] members\)",
-         "(`npstream broker --cluster-members`, or [cluster] members in its config)"),
+        (r"\(\[cluster\] etcd\)",
+         "(`npstream broker --etcd`, or [cluster] etcd in its config)"),
         (r"over the stream's max_message_bytes=(\d+)",
          r"over the stream's --max-message-bytes \1 (`npstream streams update <STREAM> "
          r"--max-message-bytes SIZE` raises it)"),

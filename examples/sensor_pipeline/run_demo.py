@@ -7,7 +7,8 @@ tumbling and sliding windows, prints every finished window on the console and
 finishes with a summary of what reached each sink.
 
 ``--brokers N`` (``make demo BROKERS=2``) runs it on a cluster of N brokers
-on consecutive ports from --broker's (data dirs DATA_DIR/broker-0..N-1), as
+on consecutive ports from --broker's (data dirs DATA_DIR/broker-0..N-1), registered in an
+etcd it starts (DATA_DIR/etcd), as
 ``npstream cluster local`` would, and names its two streams so that they
 live on different members: the producer, Spark's reads and Spark's
 exactly-once writes reach them through whichever member they ask.
@@ -35,7 +36,9 @@ import producer  # noqa: E402
 from webhook import WebhookReceiver  # noqa: E402
 
 from npstream import Client  # noqa: E402
+from npstream.cli.local_etcd import LocalEtcd  # noqa: E402
 from npstream.errors import BrokerUnavailable, StreamNotFound  # noqa: E402
+from npstream.proto import pb  # noqa: E402
 
 log = logging.getLogger("demo")
 
@@ -49,13 +52,11 @@ def broker_answers(address: str) -> bool:
         return False
 
 
-def start_broker(address: str, data_dir: Path,
-                 members: list[str] | None = None) -> subprocess.Popen:
-    """A broker on ``address``; a member of the cluster ``members`` when given."""
+def start_broker(address: str, data_dir: Path, etcd: str | None = None) -> subprocess.Popen:
+    """A broker on ``address``; a member of the cluster in ``etcd`` when given."""
     host, port = address.rsplit(":", 1)
     ready = Path(tempfile.mkdtemp()) / "ready"
-    cluster = (["--cluster-members", ",".join(members), "--metrics-port", "0"]
-               if members else [])
+    cluster = ["--etcd", etcd, "--metrics-port", "0"] if etcd else []
     proc = subprocess.Popen([
         sys.executable, "-m", "npstream.broker", "--data-dir", str(data_dir),
         "--host", "127.0.0.1" if host == "localhost" else host, "--port", port,
@@ -70,13 +71,23 @@ def start_broker(address: str, data_dir: Path,
     return proc
 
 
-def start_cluster(address: str, count: int, data_dir: Path) -> list[subprocess.Popen]:
-    """``count`` brokers on consecutive ports from ``address``'s, one cluster."""
+def start_cluster(address: str, count: int, data_dir: Path,
+                  etcd: LocalEtcd) -> list[subprocess.Popen]:
+    """``count`` brokers on consecutive ports from ``address``'s, one cluster registered
+    in ``etcd`` (started here); returns once every broker lists every member."""
     host, port = address.rsplit(":", 1)
     host = "127.0.0.1" if host == "localhost" else host
     members = [f"{host}:{int(port) + i}" for i in range(count)]
-    return [start_broker(member, data_dir / f"broker-{i}", members)
-            for i, member in enumerate(members)]
+    etcd.start()
+    log.info("started etcd on %s with data dir %s", etcd.endpoint, etcd.data_dir)
+    procs = [start_broker(member, data_dir / f"broker-{i}", etcd.endpoint)
+             for i, member in enumerate(members)]
+    for member in members:
+        with Client(member) as client:
+            while set(client.call("ClusterService.Owners", pb.OwnersRequest()).members) < set(
+                    members):
+                time.sleep(0.05)
+    return procs
 
 
 def spread_names(address: str, run_tag: str) -> tuple[str, str]:
@@ -144,9 +155,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     broker_procs: list[subprocess.Popen] = []
+    etcd = LocalEtcd(args.data_dir / "etcd")  # started for a cluster only
     if not broker_answers(args.broker):
-        broker_procs = (start_cluster(args.broker, args.brokers, args.data_dir)
-                        if args.brokers > 1 else [start_broker(args.broker, args.data_dir)])
+        try:
+            broker_procs = (start_cluster(args.broker, args.brokers, args.data_dir, etcd)
+                            if args.brokers > 1 else [start_broker(args.broker, args.data_dir)])
+        except BaseException:
+            etcd.stop()
+            raise
     out_dir = args.data_dir / "demo-output" / time.strftime("%Y%m%dT%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     receiver = WebhookReceiver(out=out_dir / "webhook.jsonl").start()
@@ -218,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             proc.terminate()
         for proc in broker_procs:
             proc.wait(30)
+        etcd.stop()  # after the brokers: they leave by revoking their leases
     return 0
 
 

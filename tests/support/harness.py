@@ -223,3 +223,23 @@ def build_wheel(work: Path) -> tuple[Path, str]:
                             check=True, timeout=300, capture_output=True, text=True)
     (wheel,) = (work / "dist").glob("npstream-*.whl")
     return wheel, result.stdout + result.stderr
+
+
+_SHARED_ETCD: list[object] = []
+
+
+def shared_etcd() -> object:
+    """One etcd (npstream.cli.local_etcd.LocalEtcd) for the whole test session, started on
+    first use and stopped when the session's process exits; clusters keep apart by their
+    cluster name (key prefix). The ``etcd`` fixture and tests/e2e/cluster_members.py use it."""
+    if not _SHARED_ETCD:
+        import atexit
+        import tempfile
+
+        from npstream.cli.local_etcd import LocalEtcd
+
+        root = Path(tempfile.mkdtemp(prefix="npstream-test-etcd-"))
+        etcd = LocalEtcd(root / "data").start()
+        atexit.register(lambda: (etcd.stop(), shutil.rmtree(root, ignore_errors=True)))
+        _SHARED_ETCD.append(etcd)
+    return _SHARED_ETCD[0]

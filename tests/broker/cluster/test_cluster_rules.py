@@ -6,6 +6,8 @@ tests/e2e/broker_cluster/test_broker_cluster.py.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -55,35 +57,53 @@ def test_adding_a_member_moves_only_names_to_the_new_member():
 
 # ---------------------------------------------------------------- configuration
 
-def test_members_from_toml_list_env_string_or_flag(tmp_path):
+def test_etcd_from_toml_list_env_string_or_flag(tmp_path):
     toml = tmp_path / "broker.toml"
-    toml.write_text('[server]\nport = 7071\n[cluster]\nmembers = ["127.0.0.1:7070", '
-                    '"127.0.0.1:7071"]\n')
+    toml.write_text('[cluster]\netcd = ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]\n')
     config = load_config(toml, env={})
-    assert config.cluster.members == ("127.0.0.1:7070", "127.0.0.1:7071")
-    assert config.cluster_identity == "127.0.0.1:7071"
-    env = load_config(None, env={"NPSTREAM_MEMBERS": "127.0.0.1:7070, 127.0.0.1:7072"})
-    assert env.cluster.members == ("127.0.0.1:7070", "127.0.0.1:7072")
-    flag = load_config(None, env={}, cli={"members": "b:1,127.0.0.1:7070",
-                                          "advertised_address": "b:1"})
-    assert flag.cluster_identity == "b:1"
+    assert config.cluster.etcd == ("http://10.0.0.1:2379", "http://10.0.0.2:2379")
+    assert config.cluster.enabled
+    env = load_config(None, env={"NPSTREAM_ETCD": "http://a:2379, http://b:2379"})
+    assert env.cluster.etcd == ("http://a:2379", "http://b:2379")
+    flag = load_config(None, env={}, cli={"etcd": "http://a:2379", "advertised_address": "b:1"})
+    assert (flag.cluster.etcd, flag.cluster.advertised_address) == (("http://a:2379",), "b:1")
 
 
-def test_no_members_is_no_cluster():
+def test_no_etcd_is_no_cluster():
     config = load_config(None, env={})
-    assert not config.cluster.enabled and config.cluster_identity == ""
+    assert not config.cluster.enabled and config.cluster.etcd == ()
+
+
+@pytest.mark.parametrize(("where", "value"), [
+    ("env", {"NPSTREAM_MEMBERS": "127.0.0.1:7070,127.0.0.1:7071"}),
+    ("toml", '[cluster]\nmembers = ["127.0.0.1:7070"]\n'),
+])
+def test_static_members_are_refused_pointing_to_etcd(tmp_path, where, value):
+    toml = None
+    if where == "toml":
+        toml = tmp_path / "broker.toml"
+        toml.write_text(value)
+    with pytest.raises(ConfigError, match=r"\[cluster\] members \(--cluster-members, "
+                                          r"NPSTREAM_MEMBERS\) is gone: .* start each broker "
+                                          r"with --etcd http://HOST:2379"):
+        load_config(toml, env=value if where == "env" else {})
+
+
+def test_cluster_members_flag_fails_pointing_to_etcd():
+    result = subprocess.run([sys.executable, "-m", "npstream.broker", "--cluster-members",
+                             "127.0.0.1:7070"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "start each broker with --etcd http://HOST:2379" in result.stderr
 
 
 @pytest.mark.parametrize(("cli", "expected"), [
-    ({"members": "127.0.0.1:7071,127.0.0.1:7072"}, "127.0.0.1:7070 is not among"),
-    ({"members": "127.0.0.1:7070", "host": "0.0.0.0", "allow_insecure": True},
+    ({"etcd": "http://127.0.0.1:2379", "host": "0.0.0.0", "allow_insecure": True},
      "set advertised_address"),
-    ({"members": "127.0.0.1:7070", "port": 0}, "set advertised_address"),
-    ({"advertised_address": "127.0.0.1:7070"}, r"neither \[cluster\] etcd nor members is"),
-    ({"members": "127.0.0.1:7070,127.0.0.1:7070"}, "more than once"),
-    ({"members": "127.0.0.1:7070,nohost"}, "'nohost' is not host:port"),
-    ({"members": "127.0.0.1:7070,0.0.0.0:7071"}, "wildcard"),
-    ({"members": "127.0.0.1:7070", "peer_timeout": "0s"}, "peer_timeout"),
+    ({"advertised_address": "127.0.0.1:7070"}, r"\[cluster\] etcd is not"),
+    ({"etcd": "http://127.0.0.1:2379", "advertised_address": "nohost"},
+     "'nohost' is not host:port"),
+    ({"etcd": "http://127.0.0.1:2379", "advertised_address": "0.0.0.0:7071"}, "wildcard"),
+    ({"etcd": "http://127.0.0.1:2379", "peer_timeout": "0s"}, "peer_timeout"),
 ])
 def test_bad_cluster_settings_are_refused_saying_why(cli, expected):
     with pytest.raises(ConfigError, match=expected):

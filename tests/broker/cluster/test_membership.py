@@ -94,7 +94,7 @@ def test_killed_member_leaves_the_list_when_its_lease_runs_out(
 
 
 def test_cluster_status_lists_every_member_registered_in_etcd(
-        tmp_path, etcd, cluster_name):
+        tmp_path, etcd, etcd_client, cluster_name):
     brokers = [_member(tmp_path, etcd, cluster_name, name=f"b{i}") for i in range(2)]
     try:
         result = subprocess.run(
@@ -106,13 +106,17 @@ def test_cluster_status_lists_every_member_registered_in_etcd(
         assert sorted(m["address"] for m in status["members"]) == sorted(
             b.address for b in brokers)
         assert all(m["up"] for m in status["members"])
-        # A member that stops cleanly is gone from the next status at once.
+        # A member that stops cleanly leaves the live members at once, and stays known
+        # (nodes/): the status shows it down, so nothing of it is silently left out.
         brokers[1].stop()
+        assert [m["address"] for m in _members(etcd_client, cluster_name)] == [
+            brokers[0].address]
         result = subprocess.run(
             [sys.executable, "-m", "npstream.cli", "cluster", "status", "--json",
              "--broker", brokers[0].address], capture_output=True, text=True, timeout=60)
-        assert [m["address"] for m in json.loads(result.stdout)["members"]] == [
-            brokers[0].address]
+        assert result.returncode == 1
+        assert {m["address"]: m["up"] for m in json.loads(result.stdout)["members"]} == {
+            brokers[0].address: True, brokers[1].address: False}
     finally:
         for broker in brokers:
             broker.stop()
@@ -142,18 +146,23 @@ def test_broker_with_etcd_out_of_reach_at_start_fails_naming_it(tmp_path, cluste
 
 def test_broker_keeps_serving_when_etcd_is_lost_and_registers_again_when_back(
         tmp_path, cluster_name):
-    from npstream import Client
+    from npstream import BrokerUnavailable, Client
 
     etcd = LocalEtcd(tmp_path / "etcd").start()
     broker = None
     try:
         broker = _member(tmp_path, etcd, cluster_name)
+        with Client(broker.address) as client:
+            client.create_stream("kept")
         port = etcd.client_port
         etcd.stop()
         time.sleep(3.5)  # past the 2 s lease
-        with Client(broker.address) as client:
-            client.create_stream("kept")
+        with Client(broker.address, retry_deadline=1) as client:
             assert client.publish("kept", b"a").offset == 0
+            assert client.fetch("kept", 0).column("value").to_pylist() == [b"a"]
+            # A new name: who holds it is unknown without etcd, so it is not created.
+            with pytest.raises(BrokerUnavailable, match="it is unknown who holds stream"):
+                client.create_stream("new")
         assert "lost its etcd registration" in broker.log_text()
         etcd = LocalEtcd(tmp_path / "etcd", client_port=port).start()
         check = EtcdClient(etcd.endpoint)

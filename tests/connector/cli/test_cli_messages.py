@@ -54,7 +54,7 @@ def test_create_with_empty_schema_names_the_flag_and_no_python_types(cli, stream
 def test_move_on_a_single_broker_names_the_cluster_flag(cli, client, stream_name):
     client.create_stream(stream_name)
     assert error_line(cli("streams", "move", stream_name, "--to", "127.0.0.1:1")).endswith(
-        "(`npstream broker --cluster-members`, or [cluster] members in its config)")
+        "(`npstream broker --etcd`, or [cluster] etcd in its config)")
 
 
 def test_update_untyped_stream_with_messages_names_streams_truncate(cli, client, stream_name):

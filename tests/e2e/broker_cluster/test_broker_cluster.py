@@ -1,4 +1,4 @@
-"""A cluster of three brokers on loopback, each started with --cluster-members naming all three.
+"""A cluster of three brokers on loopback, each registered in etcd (--etcd).
 
 What a user of ``Client("any-member:7070")`` relies on: a new stream lands on
 the member its name is placed on, whoever creates it and however many create
@@ -24,7 +24,7 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from cluster_members import LOCAL, free_ports, held, read_ids, start_members
+from cluster_members import LOCAL, cluster_of, free_ports, held, read_ids, start_members
 from harness import BrokerProcess
 from npstream import BrokerUnavailable, Client, StreamNotFound
 from npstream.broker.cluster.placement import rendezvous_owner
@@ -154,11 +154,7 @@ def test_an_existing_stream_stays_where_it_is_when_a_member_is_added(tmp_path, p
             assert len(consumer.pull(2)) == 2
             consumer.commit()
         holder = next(b for b in first if name in held(b))
-        for broker in first:
-            broker.stop()
-            broker.extra_args = ["--cluster-members", ",".join(members)]
-            broker.start()
-        added = start_members(tmp_path, ["c"], ports=ports[2:], members=members)
+        added = start_members(tmp_path, ["c"], ports=ports[2:], cluster_name=cluster_of(first[0]))
         with Client(added[0].address) as client:  # through the newcomer
             assert client.broker_of(name) == holder.address
             assert client.publish(name, b"after", id="a0").offset == 3

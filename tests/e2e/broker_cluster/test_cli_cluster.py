@@ -83,7 +83,7 @@ def test_status_lists_members_with_their_streams_and_a_killed_one_as_down(member
 
     code, seen = status(b.address)
     assert code == 0
-    assert list(seen) == addresses
+    assert sorted(seen) == sorted(addresses)
     assert [seen[m]["up"] for m in addresses] == [True, True, True]
     assert [seen[m]["streams"] for m in addresses] == [3, 1, 0]
     assert [seen[m]["messages"] for m in addresses] == [6, 2, 0]
@@ -143,6 +143,8 @@ def test_cluster_local_runs_n_brokers_as_one_cluster_and_sigterm_stops_them(tmp_
         addresses = [line.split()[0] for line in lines[:2]]
         assert addresses == [f"127.0.0.1:{first}", f"127.0.0.1:{first + 1}"]
         pids = [int(line.split("pid=")[1].split()[0]) for line in lines[:2]]
+        etcd_pid = int(lines[2].split("pid=")[1].split()[0])  # the cluster's own etcd
+        assert (tmp_path / "d" / "etcd").is_dir()
         assert all((tmp_path / "d" / f"broker-{i}").is_dir() for i in range(2))
 
         prefix = f"loc-{uuid.uuid4().hex[:6]}"
@@ -159,9 +161,9 @@ def test_cluster_local_runs_n_brokers_as_one_cluster_and_sigterm_stops_them(tmp_
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
         deadline = time.monotonic() + 10
-        while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+        while not all(_gone(pid) for pid in [*pids, etcd_pid]) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert all(_gone(pid) for pid in pids)
+        assert all(_gone(pid) for pid in [*pids, etcd_pid])
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 from browser import Browser
 
+from e2e.cluster_members import start_members
 from harness import BrokerProcess
 from npstream import Client
 from npstream.broker.cluster.placement import rendezvous_owner
@@ -30,19 +30,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def members(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[BrokerProcess]]:
-    root = tmp_path_factory.mktemp("observe")
-    sockets = [socket.socket() for _ in range(2)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    addresses = [f"127.0.0.1:{port}" for port in ports]
-    brokers = []
-    for name, port in zip("ab", ports, strict=True):
-        broker = BrokerProcess(root / name, args=["--cluster-members", ",".join(addresses)])
-        broker.port = port
-        brokers.append(broker.start())
+    brokers = start_members(tmp_path_factory.mktemp("observe"), ["a", "b"])
     yield brokers
     for broker in brokers:
         broker.stop()

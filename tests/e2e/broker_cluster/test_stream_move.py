@@ -27,9 +27,19 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from cluster_members import LOCAL, held, move_raw, names_on, read_ids, start_members, wait_until
-from harness import BrokerProcess
+from cluster_members import (
+    LOCAL,
+    cluster_of,
+    held,
+    move_raw,
+    names_on,
+    read_ids,
+    start_members,
+    wait_until,
+)
+from harness import BrokerProcess, shared_etcd
 from npstream import Client
+from npstream.broker.cluster.etcd.client import EtcdClient
 from npstream.broker.cluster.placement import rendezvous_owner
 from npstream.broker.faults import FAULT_EXIT_CODE, MOVE_FAULT_ENV
 from npstream.proto import pb, pb_grpc
@@ -226,6 +236,42 @@ def test_the_cli_moves_a_stream_and_back(members):
     wrong = npstream("streams", "move", stream, "--to", "127.0.0.1:1", "--broker",
                      source.address)
     assert wrong.returncode != 0 and "not a member of the cluster" in wrong.stderr
+
+
+def etcd_record(broker: BrokerProcess, stream: str) -> tuple[dict, int]:
+    """The stream's owner record in etcd and its mod_revision."""
+    client = EtcdClient(shared_etcd().endpoint)  # type: ignore[attr-defined]
+    try:
+        kv = client.get(f"/npstream/{cluster_of(broker)}/streams/{stream}")
+    finally:
+        client.close()
+    assert kv is not None, f"no etcd record of {stream}"
+    return json.loads(kv.value), kv.mod_revision
+
+
+def member_id(broker: BrokerProcess) -> str:
+    return (broker.data_dir / "member-id").read_text().strip()
+
+
+def test_a_move_rewrites_the_streams_etcd_record_to_the_target(members):
+    source, target = members
+    stream = name_on(members, source, f"mvrec{uuid.uuid4().hex[:6]}")
+    with Client(target.address) as client:  # created through the other member
+        client.publish(stream, b"x", id="r0")
+    before, revision = etcd_record(source, stream)
+    assert before == {"replicas": [member_id(source)], "leader": member_id(source),
+                      "leader_epoch": 1, "isr": [member_id(source)]}
+    with Client(source.address) as client:
+        client.move_stream(stream, target.address)
+    after, moved_revision = etcd_record(source, stream)
+    assert after == {"replicas": [member_id(target)], "leader": member_id(target),
+                     "leader_epoch": 1, "isr": [member_id(target)]}
+    assert moved_revision > revision
+    with Client(source.address) as client:  # routed by the record: to the target
+        assert client.broker_of(stream) == target.address
+        client.delete_stream(stream)
+    with pytest.raises(AssertionError, match="no etcd record"):
+        etcd_record(source, stream)
 
 
 def dead_letter_ids(client: Client, stream: str) -> list[str]:
