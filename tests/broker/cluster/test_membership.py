@@ -181,7 +181,7 @@ def test_broker_keeps_serving_when_etcd_is_lost_and_registers_again_when_back(
     ({"NPSTREAM_ETCD": "localhost:2379"},
      "etcd endpoint 'localhost:2379' is not http://HOST:PORT or https://HOST:PORT"),
     ({"NPSTREAM_ETCD": "http://127.0.0.1:2379", "NPSTREAM_MEMBERS": "127.0.0.1:7070"},
-     "[cluster] etcd and members are set"),
+     "[cluster] members (--cluster-members, NPSTREAM_MEMBERS) is gone"),
     ({"NPSTREAM_ETCD": "http://127.0.0.1:2379", "NPSTREAM_CLUSTER_NAME": "a/b"},
      "cluster_name='a/b' must be 1 to 63 letters"),
     ({"NPSTREAM_ETCD": "http://127.0.0.1:2379", "NPSTREAM_MEMBER_LEASE": "1500ms"},

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import pyarrow as pa
@@ -63,6 +64,19 @@ class _Unavailable(grpc.RpcError):
         return "connection refused"
 
 
+class _Membership:
+    """The two members as etcd would list them (no etcd here: no stream records either,
+    so a move's switch of the owner record is left out; tests/e2e test it)."""
+
+    def __init__(self, identity: str) -> None:
+        self.record = SimpleNamespace(id=identity)
+
+    def addresses(self) -> tuple[str, ...]:
+        return ("a:1", "b:1")
+
+    known_addresses = addresses
+
+
 class _Member:
     def __init__(self, root: Path, identity: str, wire: _Wire) -> None:
         config = default_config().with_values(data_dir=root / identity)
@@ -77,8 +91,9 @@ class _Member:
                                  registry=self.registry, metrics=BrokerMetrics(),
                                  on_stream_deleted=listeners,
                                  state_owners=state_owners(self.metadata, self.registry))
-        self.ctx.cluster = Cluster(identity, ("a:1", "b:1"), self.registry.__contains__,
-                                   AccessControl(), wire)  # type: ignore[arg-type]
+        self.ctx.cluster = Cluster(identity, self.registry.__contains__, AccessControl(),
+                                   wire, enabled=True)  # type: ignore[arg-type]
+        self.ctx.cluster.membership = _Membership(identity)  # type: ignore[assignment]
         self.groups = group_manager(self.ctx)
         self.book = MoveBook(self.metadata)
         self.mover = Mover(self.ctx, self.book)
