@@ -1,10 +1,11 @@
 """Which member owns a stream, and the redirect when it is not this one.
 
-A stream lives on exactly one member. This member knows only its own
-streams (its registry); for any other name it asks the other members which
-of them holds it (``ClusterService.Owners`` with ``x-npstream-cluster-local``)
-and remembers a holder for ``HOLDER_TTL_S``. A name no member holds belongs
-to the member rendezvous hashing places it on (placement.py). So:
+A stream lives on exactly one member, recorded in etcd when it is created
+(stream_records.py). This member knows its own streams (its registry); for
+any other name it reads the name's etcd record, which names the holder by
+member id (the members, membership.py, give its address), and remembers a
+holder for ``HOLDER_TTL_S``. A name without a record belongs to the live
+member rendezvous hashing places it on (placement.py). So:
 
 * a stream this member holds is served here, whatever placement says (a
   stream created before members were added stays where it is);
@@ -12,13 +13,12 @@ to the member rendezvous hashing places it on (placement.py). So:
   answered with NOT_OWNER naming that member (the SDK follows it);
 * a new name placed here is served here (created, or NOT_FOUND as usual).
 
-When no member answering holds the name and some member did not answer,
-nobody can tell whether the silent one holds it: the call fails with
-MEMBER_UNAVAILABLE instead of creating a second stream of that name (a name
-has exactly one owner). A holder learnt from another member can go stale (the
-stream deleted and created elsewhere): the redirect then lands on a member
-that does not hold it, which looks again and redirects on; the TTL bounds
-how long a stale entry lives.
+When the record names a member that is not registered now (down), or etcd
+does not answer, the call fails with MEMBER_UNAVAILABLE instead of creating
+a second stream of that name (a name has exactly one owner). A holder
+remembered can go stale (the stream moved): the redirect then lands on a
+member that does not hold it, which looks again and redirects on; the TTL
+bounds how long a stale entry lives.
 
 A stream being moved (move.py, move_state.py) is special: while it is
 copied its holder refuses its calls with STREAM_MOVING (clients send them
@@ -246,10 +246,10 @@ class Cluster:
 
     def find_holders(self, streams: Iterable[str],
                      context: grpc.ServicerContext) -> dict[str, str]:
-        """{stream: member} for the streams another member holds (asked now, all at once).
+        """{stream: member} for the streams another member holds (their etcd records).
 
-        MemberUnavailableError naming the silent members when some of the
-        streams were found nowhere and a member did not answer.
+        MemberUnavailableError when etcd does not answer or a record names a
+        member that is not registered now.
         """
         return self._find_holders(streams, forwarded_metadata(context))
 

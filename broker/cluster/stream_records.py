@@ -9,7 +9,7 @@ so a move from a stale view fails instead of overwriting a newer owner.
 Today a stream has one replica and ``leader_epoch`` stays 1; replication
 will bump the epoch in the same kind of guarded transaction.
 
-Records found are cached for ``LOOKUP_TTL_S`` (a record changes only at a
+Records found are cached for ``RECORD_TTL_S`` (a record changes only at a
 create, delete or move, and a redirect to a member that no longer holds a
 stream is followed on by that member); a name without a record is asked
 again each time.
@@ -28,6 +28,12 @@ from typing import TYPE_CHECKING
 
 from npstream.broker.cluster.etcd.client import Compare, EtcdClient, EtcdError, KeyValue, Op
 from npstream.broker.cluster.membership import cluster_prefix
+from npstream.broker.cluster.tuning import (
+    RECORD_CACHE_MAX,
+    RECORD_CREATE_BATCH,
+    RECORD_RETRY_S,
+    RECORD_TTL_S,
+)
 
 if TYPE_CHECKING:
     from npstream.broker.cluster.router import Cluster
@@ -36,10 +42,6 @@ __all__ = ["OwnerRecord", "StreamRecorder", "StreamRecords"]
 
 log = logging.getLogger(__name__)
 
-LOOKUP_TTL_S = 5.0
-LOOKUP_CACHE_MAX = 100_000
-# Records written per etcd transaction (etcd's default limit is 128 operations).
-CREATE_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class StreamRecords:
         return record, kv
 
     def lookup(self, stream: str) -> OwnerRecord | None:
-        """The record, from the cache when read less than LOOKUP_TTL_S ago (EtcdError)."""
+        """The record, from the cache when read less than RECORD_TTL_S ago (EtcdError)."""
         with self._lock:
             entry = self._cache.get(stream)
             if entry is not None and entry[1] > time.monotonic():
@@ -105,9 +107,9 @@ class StreamRecords:
             if record is None:
                 self._cache.pop(stream, None)
                 return
-            self._cache[stream] = (record, time.monotonic() + LOOKUP_TTL_S)
+            self._cache[stream] = (record, time.monotonic() + RECORD_TTL_S)
             self._cache.move_to_end(stream)
-            while len(self._cache) > LOOKUP_CACHE_MAX:
+            while len(self._cache) > RECORD_CACHE_MAX:
                 self._cache.popitem(last=False)
 
     def names(self) -> set[str]:
@@ -123,8 +125,8 @@ class StreamRecords:
         names = list(dict.fromkeys(streams))
         value = OwnerRecord.single(member_id).encode()
         conflicts: list[str] = []
-        for start in range(0, len(names), CREATE_BATCH):
-            batch = names[start:start + CREATE_BATCH]
+        for start in range(0, len(names), RECORD_CREATE_BATCH):
+            batch = names[start:start + RECORD_CREATE_BATCH]
             done = self.client.txn([Compare.version(self.key(n), "=", 0) for n in batch],
                                    [Op.put(self.key(n), value) for n in batch]).succeeded
             if done:
@@ -177,9 +179,7 @@ class StreamRecords:
 class StreamRecorder:
     """Keeps the records of this member's streams: written as they are created here,
     removed as they are deleted here. A create etcd did not take (out of reach) is
-    tried again every RETRY_S on a thread; the stream is served here meanwhile."""
-
-    RETRY_S = 1.0
+    tried again every RECORD_RETRY_S on a thread; the stream is served here meanwhile."""
 
     def __init__(self, cluster: Cluster) -> None:
         assert cluster.records is not None and cluster.membership is not None
@@ -199,7 +199,7 @@ class StreamRecorder:
         except EtcdError as exc:
             log.warning("%d stream(s) created here (%s) are not recorded in etcd yet: %s; "
                         "tried again every %gs", len(names), ", ".join(names[:5]), exc,
-                        self.RETRY_S)
+                        RECORD_RETRY_S)
             with self._lock:
                 self._pending.update(names)
             return
@@ -217,7 +217,7 @@ class StreamRecorder:
             log.warning("the etcd record of deleted stream '%s' stays: %s", name, exc)
 
     def _retry(self) -> None:
-        while not self._stop.wait(self.RETRY_S):
+        while not self._stop.wait(RECORD_RETRY_S):
             with self._lock:
                 names, self._pending = sorted(self._pending), set()
             if names:

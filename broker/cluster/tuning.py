@@ -18,6 +18,19 @@ HOLDER_CACHE_MAX = 100_000
 # calls are refused; higher allows bigger requests and replies held in memory.
 MAX_OWNERS_NAMES = 10_000
 
+# ---------------------------------------------------------------- etcd
+# How long a stream's etcd owner record, once read, is trusted without reading it
+# again. Longer: fewer etcd reads, but a stream that moved is looked for at its old
+# member (which redirects) for longer. Names without a record are never cached.
+RECORD_TTL_S = 5.0
+# Records remembered at most (least recently used ones forgotten first).
+RECORD_CACHE_MAX = 100_000
+# Records written per etcd transaction when many streams are created at once
+# (etcd refuses transactions of more than 128 operations by default).
+RECORD_CREATE_BATCH = 64
+# How often a stream created here while etcd was out of reach is recorded again.
+RECORD_RETRY_S = 1.0
+
 # ---------------------------------------------------------------- stream moves
 # Bytes of a file sent in one MoveIn call: larger means fewer calls and more memory
 # per call on both members.

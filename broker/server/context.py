@@ -50,7 +50,7 @@ class BrokerContext:
     # where it knows the stream (off, allowing everything, without auth configured).
     access: AccessControl = field(default_factory=AccessControl)
     # The cluster this broker is a member of (npstream.broker.cluster): who owns
-    # which stream; a cluster of one (no routing) without ``[cluster] members``.
+    # which stream; a cluster of one (no routing) without ``[cluster] etcd``.
     cluster: Cluster = field(default_factory=Cluster.single)
     # Bytes of publish data decoded and written at once (max_publish_bytes_in_flight):
     # Publish, PublishStream and Stage are admitted against it (off: no limit).
