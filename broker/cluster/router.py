@@ -349,8 +349,11 @@ class Cluster:
         MemberUnavailableError when etcd does not answer or the target is not
         registered: the move stays at its switch and is retried.
         """
-        if self.records is None or self.membership is None:
+        if not self.enabled:
             return
+        if self.records is None or self.membership is None:  # a move resumed at start
+            raise MemberUnavailableError("etcd", f"stream '{stream}' cannot switch to {target}",
+                                         "this member has not joined the cluster in etcd yet")
         target_id = self.membership.id_of(target)
         if target_id is None:
             raise MemberUnavailableError(target, f"stream '{stream}' cannot switch to it",

@@ -65,8 +65,8 @@ class _Unavailable(grpc.RpcError):
 
 
 class _Membership:
-    """The two members as etcd would list them (no etcd here: no stream records either,
-    so a move's switch of the owner record is left out; tests/e2e test it)."""
+    """The two members as etcd would list them (no etcd here; the owner records are
+    _Records, the real ones are tested in tests/e2e/test_stream_move.py)."""
 
     def __init__(self, identity: str) -> None:
         self.record = SimpleNamespace(id=identity)
@@ -75,6 +75,22 @@ class _Membership:
         return ("a:1", "b:1")
 
     known_addresses = addresses
+
+    def id_of(self, address: str) -> str:
+        return address
+
+
+class _Records:
+    """The owner records, in memory: what each switch wrote."""
+
+    def __init__(self) -> None:
+        self.leaders: dict[str, str] = {}
+
+    def lookup(self, stream: str) -> None:
+        return None
+
+    def move_leader(self, stream: str, source: str, target: str) -> None:
+        self.leaders[stream] = target
 
 
 class _Member:
@@ -94,6 +110,7 @@ class _Member:
         self.ctx.cluster = Cluster(identity, self.registry.__contains__, AccessControl(),
                                    wire, enabled=True)  # type: ignore[arg-type]
         self.ctx.cluster.membership = _Membership(identity)  # type: ignore[assignment]
+        self.ctx.cluster.records = _Records()  # type: ignore[assignment]
         self.groups = group_manager(self.ctx)
         self.book = MoveBook(self.metadata)
         self.mover = Mover(self.ctx, self.book)
@@ -154,6 +171,7 @@ def test_move_carries_messages_config_groups_and_sink_floors(members) -> None:
     reply = _move(source, "orders")
 
     assert (reply.end_offset, reply.groups, reply.source, reply.target) == (4, 1, "a:1", "b:1")
+    assert source.ctx.cluster.records.leaders == {"orders": "b:1"}  # the switch recorded it
     assert _values(target, "orders") == [(0, b"m0"), (1, b"m1"), (2, b"m2"), (3, b"m3")]
     assert target.registry.describe("orders").config.max_age_ms == 86_400_000
     billing = GroupStore(target.metadata).get("orders", "billing")
