@@ -231,7 +231,7 @@ _SHARED_ETCD: list[object] = []
 def shared_etcd() -> object:
     """One etcd (npstream.cli.local_etcd.LocalEtcd) for the whole test session, started on
     first use and stopped when the session's process exits; clusters keep apart by their
-    cluster name (key prefix). The ``etcd`` fixture and tests/e2e/cluster_members.py use it."""
+    cluster name (key prefix). The ``etcd`` fixture and tests/support/cluster_members.py use it."""
     if not _SHARED_ETCD:
         import atexit
         import tempfile

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from browser import Browser
 
-from e2e.cluster_members import start_members
+from cluster_members import start_members
 from harness import BrokerProcess
 from npstream import Client
 from npstream.broker.cluster.placement import rendezvous_owner
