@@ -1,4 +1,4 @@
-"""The cluster package's own error: a member's error answer, passed on as it is."""
+"""The cluster package's own errors: a member's error answer passed on as it is, and etcd's."""
 
 from __future__ import annotations
 
@@ -9,7 +9,19 @@ import grpc
 if TYPE_CHECKING:
     from npstream.broker.cluster.peers import PeerFailure
 
-__all__ = ["PeerError"]
+__all__ = ["EtcdError", "EtcdUnavailable", "MemberIdTaken", "PeerError"]
+
+
+class EtcdError(Exception):
+    """etcd refused a request (the gRPC error's details say why)."""
+
+
+class EtcdUnavailable(EtcdError):
+    """No etcd endpoint answered."""
+
+
+class MemberIdTaken(EtcdError):
+    """Another live broker is registered with this member id (a copied data dir)."""
 
 
 class PeerError(Exception):

@@ -37,10 +37,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from npstream.broker.cluster.errors import EtcdError, MemberIdTaken
 from npstream.broker.cluster.etcd.client import (
     Compare,
     EtcdClient,
-    EtcdError,
     Event,
     LeaseKeeper,
     Op,
@@ -102,10 +102,6 @@ class MemberRecord:
         fields = json.loads(raw)
         return cls(str(fields["id"]), str(fields["address"]), str(fields.get("rack", "")),
                    str(fields.get("disk_id", "")), float(fields.get("started_at", 0)))
-
-
-class MemberIdTaken(EtcdError):
-    """Another live broker is registered with this member id (a copied data dir)."""
 
 
 class Membership:

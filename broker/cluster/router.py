@@ -42,7 +42,7 @@ from typing import TypeVar
 import grpc
 
 from npstream.broker.auth.access import AccessControl, Right
-from npstream.broker.cluster.etcd.client import EtcdError
+from npstream.broker.cluster.errors import EtcdError
 from npstream.broker.cluster.membership import Membership
 from npstream.broker.cluster.move_state import MoveBook
 from npstream.broker.cluster.peers import Peers, forwarded_metadata, member_metadata

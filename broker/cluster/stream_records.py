@@ -26,7 +26,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from npstream.broker.cluster.etcd.client import Compare, EtcdClient, EtcdError, KeyValue, Op
+from npstream.broker.cluster.errors import EtcdError
+from npstream.broker.cluster.etcd.client import Compare, EtcdClient, KeyValue, Op
 from npstream.broker.cluster.membership import cluster_prefix
 from npstream.broker.cluster.tuning import (
     RECORD_CACHE_MAX,

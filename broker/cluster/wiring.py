@@ -9,7 +9,8 @@ from pathlib import Path
 import grpc
 
 from npstream.broker.auth.access import AccessControl
-from npstream.broker.cluster.etcd.client import EtcdClient, EtcdError
+from npstream.broker.cluster.errors import EtcdError
+from npstream.broker.cluster.etcd.client import EtcdClient
 from npstream.broker.cluster.interceptor import RoutingInterceptor
 from npstream.broker.cluster.membership import Membership, new_record
 from npstream.broker.cluster.peers import Peers

@@ -36,7 +36,8 @@ from npstream.broker.groups.tuning import (
     WRITER_IDLE_LOOK_S,
 )
 from npstream.broker.metadata import Metadata
-from npstream.broker.storage.group_commit import GroupCommit, GroupCommitClosedError
+from npstream.broker.storage.errors import GroupCommitClosedError
+from npstream.broker.storage.group_commit import GroupCommit
 
 __all__ = ["GroupRow", "GroupStore", "PositionWriter"]
 

@@ -23,6 +23,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from npstream.broker.kafka.errors import CodecError
+
 __all__ = [
     "CodecError",
     "MessageSchema",
@@ -43,10 +45,6 @@ _INT = {
     "float64": struct.Struct(">d"),
 }
 _NULL_UUID = uuid.UUID(int=0)
-
-
-class CodecError(ValueError):
-    """A request that does not decode: truncated, a length past its end, a bad value."""
 
 
 class Reader:

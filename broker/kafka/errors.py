@@ -1,10 +1,19 @@
-"""Kafka's error codes that the listener answers (org.apache.kafka.common.protocol.Errors)."""
+"""Kafka's error codes that the listener answers (org.apache.kafka.common.protocol.Errors),
+and the listener's own decoding errors."""
 
 from __future__ import annotations
 
 import enum
 
-__all__ = ["ErrorCode"]
+__all__ = ["CodecError", "ErrorCode", "UnsupportedCompressionError"]
+
+
+class CodecError(ValueError):
+    """A request that does not decode: truncated, a length past its end, a bad value."""
+
+
+class UnsupportedCompressionError(CodecError):
+    """A codec this broker cannot read (Kafka's UNSUPPORTED_COMPRESSION_TYPE)."""
 
 
 class ErrorCode(enum.IntEnum):

@@ -26,7 +26,7 @@ from npstream.broker.errors import (
     OffsetOutOfRangeError,
     StreamNotFoundError,
 )
-from npstream.broker.kafka.codec import CodecError
+from npstream.broker.kafka.errors import CodecError
 from npstream.broker.kafka.errors import ErrorCode as Err
 from npstream.broker.kafka.protocol import (
     API_VERSIONS_KEY,

@@ -14,7 +14,7 @@ import socket
 import socketserver
 import threading
 
-from npstream.broker.kafka.codec import CodecError
+from npstream.broker.kafka.errors import CodecError
 from npstream.broker.kafka.handlers import KafkaHandlers
 from npstream.broker.kafka.protocol import decode_request
 from npstream.broker.kafka.tuning import MAX_FRAME_BYTES

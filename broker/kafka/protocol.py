@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from npstream.broker.kafka.codec import CodecError, Message, MessageSchema, Reader, load_schema
+from npstream.broker.kafka.codec import Message, MessageSchema, Reader, load_schema
+from npstream.broker.kafka.errors import CodecError
 
 __all__ = [
     "API_VERSIONS_KEY",

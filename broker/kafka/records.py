@@ -25,7 +25,8 @@ import crc32c
 import pyarrow as pa
 import zstandard
 
-from npstream.broker.kafka.codec import CodecError, Reader, Writer
+from npstream.broker.kafka.codec import Reader, Writer
+from npstream.broker.kafka.errors import CodecError, UnsupportedCompressionError
 from npstream.proto.schema import HEADERS_TYPE
 
 __all__ = ["ProducedBatch", "UnsupportedCompressionError", "decode_batches", "encode_batch"]
@@ -39,10 +40,6 @@ _TRANSACTIONAL = 0x10
 _CONTROL = 0x20
 _COMPRESSION_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
-
-
-class UnsupportedCompressionError(CodecError):
-    """A codec this broker cannot read (Kafka's UNSUPPORTED_COMPRESSION_TYPE)."""
 
 
 @dataclass(frozen=True)

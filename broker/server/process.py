@@ -35,7 +35,7 @@ from npstream.broker.auth.access import AccessControl
 from npstream.broker.auth.tokens import TokensFileError
 from npstream.broker.cluster import service as cluster_service
 from npstream.broker.cluster.console_view import ClusterView
-from npstream.broker.cluster.etcd.client import EtcdError
+from npstream.broker.cluster.errors import EtcdError
 from npstream.broker.cluster.membership import Membership
 from npstream.broker.cluster.settings import default_advertised_address
 from npstream.broker.cluster.stream_records import StreamRecorder

@@ -10,7 +10,8 @@ engine's errors a client sees are BrokerErrors (npstream.broker.errors).
 
 from __future__ import annotations
 
-__all__ = ["FrameBoundaryError", "IndexFileError", "UndoFailedError", "UnreadableFile"]
+__all__ = ["FrameBoundaryError", "GroupCommitClosedError", "IndexFileError", "UndoFailedError",
+           "UnreadableFile"]
 
 
 class IndexFileError(ValueError):
@@ -42,3 +43,7 @@ class FrameBoundaryError(ValueError):
 
 class UnreadableFile(ValueError):
     """A small file that exists but does not parse (its content is not what was written)."""
+
+
+class GroupCommitClosedError(RuntimeError):
+    """``submit`` after ``close`` of a group commit: nothing will flush the item."""

@@ -40,14 +40,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from npstream.broker.storage.errors import GroupCommitClosedError
+
 __all__ = ["CommitQueue", "CommitRequest", "GroupCommit", "GroupCommitClosedError", "Round"]
 
 T = TypeVar("T")
 B = TypeVar("B")
-
-
-class GroupCommitClosedError(RuntimeError):
-    """``submit`` after ``close``: nothing will flush the item."""
 
 
 class Round(Generic[B]):

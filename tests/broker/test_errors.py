@@ -35,4 +35,5 @@ def test_every_broker_exception_class_lives_in_an_errors_module() -> None:
     assert {c.__module__ for c in classes} == {
         "npstream.broker.errors", "npstream.broker.auth.errors",
         "npstream.broker.cluster.errors", "npstream.broker.server.errors",
-        "npstream.broker.sink.errors", "npstream.broker.storage.errors"}
+        "npstream.broker.sink.errors", "npstream.broker.storage.errors",
+        "npstream.broker.kafka.errors"}

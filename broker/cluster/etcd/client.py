@@ -31,12 +31,13 @@ from urllib.parse import urlsplit
 
 import grpc
 
+from npstream.broker.cluster.errors import EtcdError, EtcdUnavailable
 from npstream.broker.cluster.etcd.pb.etcdserverpb import rpc_pb2 as rpc
 from npstream.broker.cluster.etcd.pb.etcdserverpb import rpc_pb2_grpc as rpc_grpc
 from npstream.broker.cluster.etcd.pb.mvccpb import kv_pb2
 from npstream.broker.cluster.tuning import ETCD_RECONNECT_DELAY_S, ETCD_TIMEOUT_S
 
-__all__ = ["Compare", "EtcdClient", "EtcdError", "EtcdUnavailable", "Event", "KeyValue",
+__all__ = ["Compare", "EtcdClient", "Event", "KeyValue",
            "LeaseKeeper", "Op", "TxnResult", "Watch", "parse_endpoints", "prefix_end"]
 
 log = logging.getLogger(__name__)
@@ -44,14 +45,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-
-
-class EtcdError(Exception):
-    """etcd refused a request (the gRPC error's details say why)."""
-
-
-class EtcdUnavailable(EtcdError):
-    """No etcd endpoint answered."""
 
 
 def parse_endpoints(value: str | Sequence[str]) -> tuple[str, ...]:

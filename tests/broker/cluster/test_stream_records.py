@@ -7,7 +7,8 @@ import uuid
 
 import pytest
 
-from npstream.broker.cluster.etcd.client import EtcdClient, EtcdError
+from npstream.broker.cluster.errors import EtcdError
+from npstream.broker.cluster.etcd.client import EtcdClient
 from npstream.broker.cluster.stream_records import OwnerRecord, StreamRecords
 
 

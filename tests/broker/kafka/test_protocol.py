@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npstream.broker.kafka.codec import CodecError, Reader, Writer, load_schema
+from npstream.broker.kafka.codec import Reader, Writer, load_schema
+from npstream.broker.kafka.errors import CodecError
 from npstream.broker.kafka.protocol import SERVED, decode_body, decode_request, encode_response
 
 # One request and one response per served API, using fields of every kind the

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 import zstandard
 
-from npstream.broker.kafka.codec import CodecError
+from npstream.broker.kafka.errors import CodecError
 from npstream.broker.kafka.records import (
     UnsupportedCompressionError,
     decode_batches,
