@@ -119,7 +119,7 @@ def _member_status(address: str, asked: bool, args: argparse.Namespace) -> Membe
     try:
         token = ""
         while True:
-            reply = conn.call("StreamService.ListStreams", pb.ListStreamsRequest(
+            reply = conn.call(lambda s: s.StreamService.ListStreams, pb.ListStreamsRequest(
                 page_size=MAX_LIST_PAGE_SIZE, page_token=token))
             for info in reply.streams:
                 status.streams = (status.streams or 0) + 1
@@ -140,7 +140,8 @@ def cluster_status(args: argparse.Namespace) -> tuple[str, list[MemberStatus]]:
     """(the asked broker's identity, every member's status); one member without a cluster."""
     with client_from_args(args) as client:
         try:
-            reply: pb.OwnersResponse = client.call("ClusterService.Owners", pb.OwnersRequest())
+            reply: pb.OwnersResponse = client.call(lambda s: s.ClusterService.Owners,
+                                                    pb.OwnersRequest())
         except NpstreamError as exc:
             if exc.code != grpc.StatusCode.UNIMPLEMENTED:
                 raise

@@ -157,7 +157,7 @@ def take_sample(client: Any, pattern: str, with_groups: bool) -> Sample:
     sample = Sample(stats)
     names = [activity.info.name for activity in stats.streams][:MAX_OWNERS]
     with contextlib.suppress(NpstreamError):  # an older broker: no owners, one broker
-        reply = client.call("ClusterService.Owners", pb.OwnersRequest(streams=names))
+        reply = client.call(lambda s: s.ClusterService.Owners, pb.OwnersRequest(streams=names))
         sample.members = list(reply.members)
         if sample.members:
             sample.owners = {entry.stream: entry.owner for entry in reply.owners}
