@@ -96,7 +96,16 @@ def test_broker_bench_quick_without_peers_prints_our_rows(tmp_path: Path) -> Non
     # Goals that need peers (and the typed publish ratio at --quick sizes) are reported as
     # not measured, never as passed; our own integrity checks pass.
     assert "FAIL" not in out
-    assert out.count("N/A ") == 11
+    assert out.count("N/A ") == 13
+    dicts_goals = re.findall(r"^N/A   publish of dicts (\S+) x (\d+) B >= 5x Redis Streams XADD "
+                             r"pipelined \(publish_batch of (\d+) dicts per call\): not "
+                             r"measured in this run$", out, re.M)
+    assert dicts_goals == [("20,000", "100", "1000"), ("5,000", "1000", "500")]
+    dicts_rows = re.findall(r"^npstream\s+publish (\S+) x (\d+) B, list of (\d+) "
+                            r"dicts/publish_batch, ack=fsync\s+([\d,]+)", out, re.M)
+    assert [(n, s, b) for n, s, b, _rate in dicts_rows] == [
+        ("20,000", "100", "1000"), ("5,000", "1000", "500")]
+    assert all(_number(rate) > 0 for *_x, rate in dicts_rows)
     intact = re.findall(r"^PASS  npstream stored and replayed all (\S+) x (\d+) B intact "
                         r"\((local reads|over gRPC)\): "
                         r"stored \1, replayed \1, offsets 0..n-1 ok, payload bytes ok$",
