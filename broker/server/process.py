@@ -25,7 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
-from typing import IO, Protocol
+from typing import IO, TYPE_CHECKING, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -43,7 +43,6 @@ from npstream.broker.cluster.wiring import build_cluster, join_cluster, routing_
 from npstream.broker.console import Console
 from npstream.broker.groups import service as group_service
 from npstream.broker.groups.manager import GroupManager
-from npstream.broker.kafka.listener import KafkaListener
 from npstream.broker.metadata import METADATA_FILE, Metadata
 from npstream.broker.rpc import status as rpc_status
 from npstream.broker.rpc.budget import PublishAdmission, PublishBudget
@@ -64,6 +63,10 @@ from npstream.broker.streams.registry import StreamRegistry
 from npstream.proto import pb
 
 __all__ = ["BrokerServer", "run"]
+
+
+if TYPE_CHECKING:
+    from npstream.broker.kafka.listener import KafkaListener
 
 log = logging.getLogger("npstream.broker")
 
@@ -350,6 +353,9 @@ class BrokerServer:
             raise StartupError("[kafka] port is set with auth or TLS on, and the Kafka listener "
                                "serves neither SASL nor TLS yet (docs/kafka.md): set "
                                "kafka_port = 0 or serve without auth and TLS")
+        # Imported here: the codecs (cramjam, zstandard) load only when Kafka is served.
+        from npstream.broker.kafka.listener import KafkaListener
+
         self._kafka = KafkaListener(ctx, host, config.kafka_port)
         try:
             port = self._kafka.start()
